@@ -1,0 +1,48 @@
+// trellis: train GPT models in C++ on one process or many (mpirun/srun).
+#include <cstdio>
+#include <exception>
+
+#include "trellis/cli/commands.h"
+#include "trellis/comm/communicator.h"
+#include "trellis/core/error.h"
+
+int main(int argc, char** argv) {
+  using namespace trellis;
+  std::unique_ptr<Communicator> world;
+  try {
+    world = make_world_communicator(&argc, &argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "trellis: error: %s\n", e.what());
+    return 1;
+  }
+  CLI::App app{"trellis: GPT training in C++ with data, tensor and pipeline parallelism"};
+  app.require_subcommand(1);
+  const std::vector<Command> commands = {add_train_command(app),   add_eval_command(app),
+                                         add_sample_command(app),  add_prepare_command(app),
+                                         add_plot_command(app),    add_grad_command(app)};
+  int code = 0;
+  try {
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+      if (world->rank() != 0 && e.get_exit_code() == 0) return 0;
+      code = app.exit(e);
+      finalize_communication();
+      return code == 0 ? 0 : 2;
+    }
+    for (const auto& c : commands)
+      if (c.sub->parsed()) code = c.run(*world);
+  } catch (const Error& e) {
+    const int exit_code = e.kind() == ErrorKind::Input ? 2 : 1;
+    if (world->size() > 1) world->abort(e.what(), exit_code);
+    std::fprintf(stderr, "trellis: error: %s\n", e.what());
+    return exit_code;
+  } catch (const std::exception& e) {
+    if (world->size() > 1) world->abort(e.what(), 1);
+    std::fprintf(stderr, "trellis: error: %s\n", e.what());
+    return 1;
+  }
+  world.reset();
+  finalize_communication();
+  return code;
+}

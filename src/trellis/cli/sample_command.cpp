@@ -1,0 +1,93 @@
+// `trellis sample`: generate text from a checkpoint (temperature / top-k sampling).
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+
+#include "trellis/cli/commands.h"
+#include "trellis/comm/communicator.h"
+#include "trellis/core/error.h"
+#include "trellis/core/error.h"
+#include "trellis/core/philox.h"
+#include "trellis/data/tokenizer.h"
+#include "trellis/io/checkpoint.h"
+#include "trellis/model/gpt.h"
+
+namespace trellis {
+
+namespace {
+struct SampleArgs {
+  std::string checkpoint, prompt = "\n", tokenizer_dir;
+  int64_t tokens = 200;
+  double temperature = 0.8;
+  int top_k = 40;
+  uint64_t seed = 1;
+  int threads = 0;
+};
+
+// Draws from softmax(logits / temperature) restricted to the top_k largest logits.
+int sample_token(std::vector<float> logits, const SampleArgs& a, uint64_t i) {
+  if (a.temperature <= 0.0) return int(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  std::vector<int> idx(logits.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  const size_t k = a.top_k > 0 ? std::min(size_t(a.top_k), idx.size()) : idx.size();
+  std::partial_sort(idx.begin(), idx.begin() + long(k), idx.end(),
+                    [&](int x, int y) { return logits[size_t(x)] > logits[size_t(y)]; });
+  const double mx = logits[size_t(idx[0])];
+  std::vector<double> p(k);
+  double sum = 0.0;
+  for (size_t j = 0; j < k; ++j) sum += p[j] = std::exp((logits[size_t(idx[j])] - mx) / a.temperature);
+  double u = philox_uniform(a.seed, 0x5a3b1e, i) * sum;
+  for (size_t j = 0; j < k; ++j) {
+    if ((u -= p[j]) <= 0.0) return idx[j];
+  }
+  return idx[k - 1];
+}
+}  // namespace
+
+Command add_sample_command(CLI::App& app) {
+  auto a = std::make_shared<SampleArgs>();
+  CLI::App* sub = app.add_subcommand("sample", "generate text from a checkpoint");
+  sub->add_option("--checkpoint", a->checkpoint, "checkpoint directory")->required();
+  sub->add_option("--prompt", a->prompt, "text to continue")->capture_default_str();
+  sub->add_option("--tokens", a->tokens, "tokens to generate")->capture_default_str();
+  sub->add_option("--temperature", a->temperature, "softmax temperature (0 = greedy)")
+      ->capture_default_str();
+  sub->add_option("--top-k", a->top_k, "sample among the k most likely tokens (0 = all)")
+      ->capture_default_str();
+  sub->add_option("--seed", a->seed, "sampling seed")->capture_default_str();
+  sub->add_option("--tokenizer-dir", a->tokenizer_dir,
+                  "GPT-2 tokenizer directory (default: the one recorded in the checkpoint)");
+  sub->add_option("--threads", a->threads, "OpenMP threads (0 = all cores)");
+  return {sub, [a](Communicator& world) {
+            if (world.rank() != 0) return 0;
+            if (a->threads > 0) omp_set_num_threads(a->threads);
+            CheckpointData ck = load_checkpoint(a->checkpoint, false);
+            auto tok = make_tokenizer(ck.tokenizer.kind,
+                                      a->tokenizer_dir.empty() ? ck.tokenizer.dir : a->tokenizer_dir);
+            std::vector<int> ids = tok->encode(a->prompt);
+            TRELLIS_REQUIRE(!ids.empty(), "--prompt must not be empty");
+            const ParamLayout layout(ck.model);
+            GPT model(ck.model, layout, ck.params.data(), nullptr);
+            Context ctx;
+            std::fputs(a->prompt.c_str(), stdout);
+            for (int64_t i = 0; i < a->tokens; ++i) {
+              // Condition on at most the context length of most recent tokens.
+              const size_t T = std::min(ids.size(), size_t(ck.model.block_size));
+              ctx.resize(ck.model, 1, int64_t(T));
+              std::copy(ids.end() - long(T), ids.end(), ctx.tokens.begin());
+              const int next = sample_token(model.last_logits(ctx), *a, uint64_t(i));
+              ids.push_back(next);
+              // Tokens decode to bytes, so streaming them one by one reassembles any UTF-8.
+              const std::string piece = tok->decode({next});
+              std::fwrite(piece.data(), 1, piece.size(), stdout);
+              std::fflush(stdout);
+            }
+            std::fputs("\n", stdout);
+            return 0;
+          }};
+}
+
+}  // namespace trellis

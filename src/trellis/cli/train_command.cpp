@@ -1,0 +1,72 @@
+// `trellis train`: every config key is a flag (--batch-size for batch_size), settable from a
+// TOML file (--config) and --set key=value too. Precedence: defaults < file < --set < flags.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "trellis/cli/commands.h"
+#include "trellis/comm/communicator.h"
+#include "trellis/core/error.h"
+#include "trellis/train/config.h"
+#include "trellis/train/trainer.h"
+
+namespace trellis {
+
+namespace {
+
+std::string flag_name(std::string key) {
+  std::replace(key.begin(), key.end(), '_', '-');
+  return "--" + key;
+}
+
+struct TrainArgs {
+  TrainConfig cfg;
+  std::vector<ConfigKey> keys = config_keys(cfg);
+  std::string config_file;
+  std::vector<std::string> sets;
+  bool dump = false;
+  std::vector<std::pair<std::string, CLI::Option*>> flag_opts;
+  std::vector<std::string> flag_values;
+};
+
+}  // namespace
+
+Command add_train_command(CLI::App& app) {
+  auto args = std::make_shared<TrainArgs>();
+  CLI::App* sub = app.add_subcommand("train", "train a GPT model (one process or under mpirun)");
+  sub->add_option("--config", args->config_file, "TOML file of key = value settings")
+      ->check(CLI::ExistingFile);
+  sub->add_option("--set", args->sets, "override one setting: --set key=value (repeatable)");
+  sub->add_flag("--dump-config", args->dump, "print the effective configuration as TOML and exit");
+  args->flag_values.resize(args->keys.size());
+  for (size_t i = 0; i < args->keys.size(); ++i) {
+    ConfigKey& k = args->keys[i];
+    const std::string def = k.get();
+    CLI::Option* opt;
+    if (def == "true" || def == "false") {
+      opt = sub->add_flag(flag_name(k.name) + "{true}", args->flag_values[i], k.help);
+    } else {
+      opt = sub->add_option(flag_name(k.name), args->flag_values[i], k.help)->default_str(def);
+    }
+    args->flag_opts.emplace_back(k.name, opt);
+  }
+  auto run = [args](Communicator& world) {
+    if (!args->config_file.empty()) apply_toml_file(args->keys, args->config_file);
+    for (const std::string& s : args->sets) {
+      const size_t eq = s.find('=');
+      TRELLIS_REQUIRE(eq != std::string::npos && eq > 0, "--set expects key=value, got '{}'", s);
+      apply_setting(args->keys, s.substr(0, eq), s.substr(eq + 1));
+    }
+    for (size_t i = 0; i < args->flag_opts.size(); ++i)
+      if (args->flag_opts[i].second->count() > 0)
+        apply_setting(args->keys, args->flag_opts[i].first, args->flag_values[i]);
+    if (args->dump) {
+      fmt::print("{}", dump_config(args->keys));
+      return 0;
+    }
+    return run_training(args->cfg, world);
+  };
+  return {sub, run};
+}
+
+}  // namespace trellis

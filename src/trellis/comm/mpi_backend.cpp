@@ -1,0 +1,403 @@
+// MPI backend (C API). Every operation is non-blocking underneath; waits poll MPI_Testall so
+// that they can give up after the communicator's timeout and end the whole job with a message
+// that names the rank and the operation (DESIGN invariant 5). Errors are returned, not fatal
+// (MPI_ERRORS_RETURN), and turned into the same kind of message.
+// The C API only: the target links MPI::MPI_C, not OpenMPI's deprecated C++ bindings.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+#include <sched.h>
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "trellis/comm/communicator.h"
+#include "trellis/core/error.h"
+
+namespace trellis {
+namespace detail {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+bool g_initialized_here = false;
+// Largest element count of one MPI request. MPI counts are int; larger buffers are cut into
+// several requests. TRELLIS_MPI_MAX_CHUNK lowers it so tests can exercise the chunked paths.
+size_t g_max_chunk = static_cast<size_t>(INT_MAX);
+
+// What an operation was, for messages: "all_reduce #12 (1000 floats)".
+struct OpInfo {
+  const char* op = "";
+  uint64_t seq = 0;
+  size_t n = 0;
+  const char* unit = "floats";
+  int peer = -1;  // p2p peer or broadcast root
+  int tag = -1;
+};
+
+std::string describe(const OpInfo& info) {
+  std::string s = fmt::format("{} #{} ({} {}", info.op, info.seq, info.n, info.unit);
+  if (std::strcmp(info.op, "send") == 0)
+    s += fmt::format(" to rank {}, tag {}", info.peer, info.tag);
+  if (std::strcmp(info.op, "recv") == 0)
+    s += fmt::format(" from rank {}, tag {}", info.peer, info.tag);
+  if (std::strcmp(info.op, "broadcast") == 0) s += fmt::format(" from root {}", info.peer);
+  return s + ")";
+}
+
+std::string mpi_error_string(int rc) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) return fmt::format("MPI error {}", rc);
+  return std::string(text, static_cast<size_t>(len));
+}
+
+// Calls f(offset, count) for consecutive pieces of [0, n) of at most g_max_chunk elements.
+template <typename F>
+void for_chunks(size_t n, F&& f) {
+  for (size_t off = 0; off < n; off += g_max_chunk)
+    f(off, static_cast<int>(std::min(g_max_chunk, n - off)));
+}
+
+bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
+  return a_bytes > 0 && b_bytes > 0 && pa < pb + b_bytes && pb < pa + a_bytes;
+}
+
+bool mpi_finalized() {
+  int fin = 0;
+  MPI_Finalized(&fin);
+  return fin != 0;
+}
+
+class MpiCommunicator;
+
+class MpiWork final : public Work {
+ public:
+  MpiWork(MpiCommunicator& comm, OpInfo info) : comm_(comm), info_(info) {}
+  ~MpiWork() override;
+  void wait() override;
+  bool test() override;
+  const OpInfo& info() const { return info_; }
+
+  std::vector<MPI_Request> reqs;
+  std::vector<float> staging;         // copy of an input or output that aliases the other one
+  std::function<void()> on_complete;  // e.g. copies staging to the caller's output
+
+ private:
+  MpiCommunicator& comm_;
+  OpInfo info_;
+  bool done_ = false;
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  explicit MpiCommunicator(MPI_Comm comm) : comm_(comm) {
+    check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler", nullptr);
+    check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank", nullptr);
+    check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size", nullptr);
+    check(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_), "MPI_Comm_rank", nullptr);
+  }
+  ~MpiCommunicator() override {
+    if (!mpi_finalized()) MPI_Comm_free(&comm_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int world_rank() const override { return world_rank_; }
+  std::string backend() const override { return "mpi"; }
+
+  // Aborts the job when an MPI call failed.
+  void check(int rc, const char* call, const OpInfo* info) {
+    if (rc == MPI_SUCCESS) return;
+    std::string where = info ? fmt::format(" in {} on communicator {}", describe(*info), name_)
+                             : fmt::format(" on communicator {}", name_);
+    abort(fmt::format("{} failed{}: {}", call, where, mpi_error_string(rc)), 1);
+  }
+
+  std::unique_ptr<Work> all_reduce_async(float* buf, size_t n) override {
+    auto w = start({"all_reduce", 0, n});
+    for_chunks(n, [&](size_t off, int len) {
+      MPI_Request r;
+      launch(*w, MPI_Iallreduce(MPI_IN_PLACE, buf + off, len, MPI_FLOAT, MPI_SUM, comm_, &r),
+             "MPI_Iallreduce", r);
+    });
+    return w;
+  }
+
+  std::unique_ptr<Work> reduce_scatter_async(const float* send, float* recv,
+                                             size_t count) override {
+    auto w = start({"reduce_scatter", 0, count});
+    if (count == 0) return w;
+    const size_t total = count * static_cast<size_t>(size_);
+    float* out = recv;
+    if (overlaps(send, total * sizeof(float), recv, count * sizeof(float))) {
+      w->staging.resize(count);
+      out = w->staging.data();
+      MpiWork* raw = w.get();
+      w->on_complete = [raw, recv, count] {
+        std::memcpy(recv, raw->staging.data(), count * sizeof(float));
+      };
+    }
+    if (count <= g_max_chunk) {
+      MPI_Request r;
+      launch(*w,
+             MPI_Ireduce_scatter_block(send, out, static_cast<int>(count), MPI_FLOAT, MPI_SUM,
+                                       comm_, &r),
+             "MPI_Ireduce_scatter_block", r);
+    } else {
+      // A block does not fit one request: reduce each block to its owner, piece by piece.
+      for (int root = 0; root < size_; ++root) {
+        const float* block = send + static_cast<size_t>(root) * count;
+        for_chunks(count, [&](size_t off, int len) {
+          MPI_Request r;
+          launch(*w,
+                 MPI_Ireduce(block + off, root == rank_ ? out + off : nullptr, len, MPI_FLOAT,
+                             MPI_SUM, root, comm_, &r),
+                 "MPI_Ireduce", r);
+        });
+      }
+    }
+    return w;
+  }
+
+  std::unique_ptr<Work> all_gather_async(const float* send, float* recv, size_t count) override {
+    auto w = start({"all_gather", 0, count});
+    if (count == 0) return w;
+    const size_t total = count * static_cast<size_t>(size_);
+    float* mine = recv + static_cast<size_t>(rank_) * count;
+    const bool in_place = send == mine;  // ZeRO: each rank updated its own slice of recv
+    if (!in_place && overlaps(send, count * sizeof(float), recv, total * sizeof(float))) {
+      w->staging.assign(send, send + count);
+      send = w->staging.data();
+    }
+    if (count <= g_max_chunk) {
+      MPI_Request r;
+      launch(*w,
+             MPI_Iallgather(in_place ? MPI_IN_PLACE : send, static_cast<int>(count), MPI_FLOAT,
+                            recv, static_cast<int>(count), MPI_FLOAT, comm_, &r),
+             "MPI_Iallgather", r);
+    } else {
+      // A block does not fit one request: every rank broadcasts its block piece by piece.
+      if (!in_place) std::memcpy(mine, send, count * sizeof(float));
+      for (int root = 0; root < size_; ++root) {
+        float* block = recv + static_cast<size_t>(root) * count;
+        for_chunks(count, [&](size_t off, int len) {
+          MPI_Request r;
+          launch(*w, MPI_Ibcast(block + off, len, MPI_FLOAT, root, comm_, &r), "MPI_Ibcast", r);
+        });
+      }
+    }
+    return w;
+  }
+
+  std::unique_ptr<Work> broadcast_async(float* buf, size_t n, int root) override {
+    TRELLIS_CHECK(root >= 0 && root < size_, "broadcast root {} on communicator {} of size {}",
+                  root, name_, size_);
+    OpInfo info{"broadcast", 0, n};
+    info.peer = root;
+    auto w = start(info);
+    for_chunks(n, [&](size_t off, int len) {
+      MPI_Request r;
+      launch(*w, MPI_Ibcast(buf + off, len, MPI_FLOAT, root, comm_, &r), "MPI_Ibcast", r);
+    });
+    return w;
+  }
+
+  std::unique_ptr<Work> send_async(const float* buf, size_t n, int dst, int tag) override {
+    TRELLIS_CHECK(dst >= 0 && dst < size_ && dst != rank_,
+                  "send to rank {} from rank {} on communicator {} of size {}", dst, rank_, name_,
+                  size_);
+    TRELLIS_CHECK(tag >= 0 && tag <= 32767, "send tag {} outside [0, 32767]", tag);
+    OpInfo info{"send", 0, n};
+    info.peer = dst;
+    info.tag = tag;
+    auto w = start(info);
+    // Pieces of one message arrive in order: MPI does not overtake between the same pair and tag.
+    for_chunks(n, [&](size_t off, int len) {
+      MPI_Request r;
+      launch(*w, MPI_Isend(buf + off, len, MPI_FLOAT, dst, tag, comm_, &r), "MPI_Isend", r);
+    });
+    return w;
+  }
+
+  std::unique_ptr<Work> recv_async(float* buf, size_t n, int src, int tag) override {
+    TRELLIS_CHECK(src >= 0 && src < size_ && src != rank_,
+                  "recv from rank {} on rank {} of communicator {} of size {}", src, rank_, name_,
+                  size_);
+    TRELLIS_CHECK(tag >= 0 && tag <= 32767, "recv tag {} outside [0, 32767]", tag);
+    OpInfo info{"recv", 0, n};
+    info.peer = src;
+    info.tag = tag;
+    auto w = start(info);
+    for_chunks(n, [&](size_t off, int len) {
+      MPI_Request r;
+      launch(*w, MPI_Irecv(buf + off, len, MPI_FLOAT, src, tag, comm_, &r), "MPI_Irecv", r);
+    });
+    return w;
+  }
+
+  void all_reduce_sum(double* buf, size_t n) override {
+    reduce_doubles(buf, n, MPI_SUM, "all_reduce_sum");
+  }
+  void all_reduce_max(double* buf, size_t n) override {
+    reduce_doubles(buf, n, MPI_MAX, "all_reduce_max");
+  }
+
+  void barrier() override { bounded_barrier("barrier"); }
+
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    TRELLIS_CHECK(color >= 0, "split color {} must be >= 0", color);
+    // MPI_Comm_split blocks without a timeout; a bounded barrier first catches a missing rank.
+    bounded_barrier("split");
+    MPI_Comm sub = MPI_COMM_NULL;
+    OpInfo info{"split", seq_, 0, "floats"};
+    check(MPI_Comm_split(comm_, color, key, &sub), "MPI_Comm_split", &info);
+    auto c = std::make_unique<MpiCommunicator>(sub);
+    c->set_timeout(timeout_s_);
+    c->set_name(name_);
+    return c;
+  }
+
+  [[noreturn]] void abort(const std::string& msg, int code) override {
+    std::fflush(stdout);
+    std::fprintf(stderr, "trellis: error: rank %d: %s\n", world_rank_, msg.c_str());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::_Exit(code);  // MPI_Abort should not return; make sure we do not either.
+  }
+
+ private:
+  std::unique_ptr<MpiWork> start(OpInfo info) {
+    info.seq = ++seq_;
+    return std::make_unique<MpiWork>(*this, info);
+  }
+  // r by reference: it is read after the MPI call in the argument list has filled it in.
+  void launch(MpiWork& w, int rc, const char* call, const MPI_Request& r) {
+    check(rc, call, &w.info());
+    w.reqs.push_back(r);
+  }
+  void reduce_doubles(double* buf, size_t n, MPI_Op op, const char* what) {
+    auto w = start({what, 0, n, "doubles"});
+    for_chunks(n, [&](size_t off, int len) {
+      MPI_Request r;
+      launch(*w, MPI_Iallreduce(MPI_IN_PLACE, buf + off, len, MPI_DOUBLE, op, comm_, &r),
+             "MPI_Iallreduce", r);
+    });
+    w->wait();
+  }
+  void bounded_barrier(const char* what) {
+    auto w = start({what, 0, 0});
+    MPI_Request r;
+    launch(*w, MPI_Ibarrier(comm_, &r), "MPI_Ibarrier", r);
+    w->wait();
+  }
+
+  MPI_Comm comm_;
+  int rank_ = 0, size_ = 1, world_rank_ = 0;
+  uint64_t seq_ = 0;  // operations issued on this communicator, for messages
+
+  friend class MpiWork;
+};
+
+bool MpiWork::test() {
+  if (done_) return true;
+  int flag = 0;
+  const int rc =
+      MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &flag, MPI_STATUSES_IGNORE);
+  comm_.check(rc, "MPI_Testall", &info_);
+  if (!flag) return false;
+  done_ = true;
+  if (on_complete) on_complete();
+  return true;
+}
+
+void MpiWork::wait() {
+  if (done_) return;
+  const auto t0 = Clock::now();
+  for (;;) {
+    if (test()) return;
+    const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (elapsed > comm_.timeout())
+      comm_.abort(fmt::format("timed out after {:g}s in {} on communicator {}", comm_.timeout(),
+                              describe(info_), comm_.name()),
+                  1);
+    // Spin for the first millisecond (latency), then yield the core between polls: ranks are
+    // often oversubscribed, and a spinning rank would starve the peer it is waiting for. Sleep
+    // only in long waits (pipeline bubbles, a slow peer): a sleeping rank stalls the rounds of a
+    // non-blocking collective, which advance only inside MPI_Test.
+    if (elapsed < 1e-3) continue;
+    if (elapsed < 1.0) {
+      sched_yield();
+    } else {
+      timespec ts{0, 200'000};
+      nanosleep(&ts, nullptr);
+    }
+  }
+}
+
+MpiWork::~MpiWork() {
+  // MPI may still write into the caller's buffers (or read staging): finish unless unwinding,
+  // where the job is about to end anyway and waiting could only delay the error message.
+  if (!done_ && !reqs.empty() && std::uncaught_exceptions() == 0 && !mpi_finalized()) wait();
+}
+
+}  // namespace
+
+bool launched_by_mpi() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK"})
+    if (std::getenv(var) != nullptr) return true;
+  return false;
+}
+
+std::unique_ptr<Communicator> make_mpi_world_communicator(int* argc, char*** argv) {
+  if (const char* v = std::getenv("TRELLIS_MPI_MAX_CHUNK")) {
+    const long long k = std::atoll(v);
+    if (k > 0 && k < INT_MAX) g_max_chunk = static_cast<size_t>(k);
+  }
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) {
+    int provided = 0;
+    // Only the main thread calls MPI (OpenMP threads never do).
+    if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+      std::fprintf(stderr, "trellis: error: MPI_Init_thread failed\n");
+      std::exit(1);
+    }
+    g_initialized_here = true;
+  }
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  // A private duplicate keeps trellis traffic apart from any other MPI user in the process.
+  MPI_Comm world = MPI_COMM_NULL;
+  const int rc = MPI_Comm_dup(MPI_COMM_WORLD, &world);
+  if (rc != MPI_SUCCESS) {
+    int r = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    std::fprintf(stderr, "trellis: error: rank %d: MPI_Comm_dup failed: %s\n", r,
+                 mpi_error_string(rc).c_str());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  auto c = std::make_unique<MpiCommunicator>(world);
+  c->set_name("world");
+  return c;
+}
+
+void finalize_mpi() {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (g_initialized_here && initialized && !mpi_finalized()) MPI_Finalize();
+}
+
+}  // namespace detail
+}  // namespace trellis

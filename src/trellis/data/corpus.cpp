@@ -1,0 +1,146 @@
+#include "trellis/data/corpus.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "trellis/core/error.h"
+#include "trellis/data/shard.h"
+#include "trellis/data/tokenizer.h"
+#include "trellis/io/atomic_file.h"
+
+namespace trellis {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kDefaultCorpusDir = "/usr/share/common-licenses";
+constexpr int kGpt2VocabSize = 50257;
+
+// Sorted by name so shard order, and hence the token stream, does not depend on the file system.
+std::vector<std::string> shard_files(const std::string& dir, const std::string& prefix) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (it->is_regular_file() && name.starts_with(prefix) && name.ends_with(".bin"))
+      out.push_back(it->path().string());
+  }
+  TRELLIS_REQUIRE(!ec, "{}: cannot list data directory: {}", dir, ec.message());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<uint16_t> read_shards(const std::vector<std::string>& files) {
+  std::vector<uint16_t> out;
+  for (const auto& f : files) {
+    const auto t = read_shard(f);
+    out.insert(out.end(), t.begin(), t.end());
+  }
+  return out;
+}
+
+void read_meta(const std::string& dir, Corpus& c) {
+  const std::string path = (fs::path(dir) / "meta.json").string();
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_file(path));
+  } catch (const nlohmann::json::exception& e) {
+    TRELLIS_REQUIRE(false, "{}: not valid JSON: {}", path, e.what());
+  }
+  TRELLIS_REQUIRE(j.is_object(), "{}: expected a JSON object", path);
+  try {
+    c.tokenizer = j.value("tokenizer", std::string("byte"));
+    c.tokenizer_dir = j.value("tokenizer_dir", std::string());
+    c.vocab_size = j.value("vocab_size", c.tokenizer == "gpt2" ? kGpt2VocabSize : 256);
+  } catch (const nlohmann::json::exception& e) {
+    TRELLIS_REQUIRE(false, "{}: a field has the wrong type: {}", path, e.what());
+  }
+  TRELLIS_REQUIRE(c.tokenizer == "byte" || c.tokenizer == "gpt2",
+                  "{}: unknown tokenizer '{}' (expected 'byte' or 'gpt2')", path, c.tokenizer);
+  TRELLIS_REQUIRE(c.vocab_size > 0 && c.vocab_size <= 65536,
+                  "{}: vocab_size {} is outside 1..65536", path, c.vocab_size);
+  // prepare writes an absolute path; a hand-written relative one is taken relative to the data
+  // directory, the only base that does not depend on where trellis happens to be started.
+  if (!c.tokenizer_dir.empty() && fs::path(c.tokenizer_dir).is_relative())
+    c.tokenizer_dir = (fs::absolute(dir) / c.tokenizer_dir).lexically_normal().string();
+}
+
+}  // namespace
+
+Corpus load_corpus_dir(const std::string& dir) {
+  TRELLIS_REQUIRE(fs::is_directory(dir), "{}: data directory not found", dir);
+  const auto train_files = shard_files(dir, "train");
+  TRELLIS_REQUIRE(!train_files.empty(),
+                  "{}: no train*.bin shards in the data directory (make one with `trellis "
+                  "prepare`)",
+                  dir);
+  const auto val_files = shard_files(dir, "val");
+  TRELLIS_REQUIRE(!val_files.empty(),
+                  "{}: no val*.bin shards in the data directory (make one with `trellis "
+                  "prepare`)",
+                  dir);
+
+  Corpus c;
+  c.train = read_shards(train_files);
+  c.val = read_shards(val_files);
+  TRELLIS_REQUIRE(!c.train.empty(), "{}: the train*.bin shards hold no tokens", dir);
+  TRELLIS_REQUIRE(!c.val.empty(), "{}: the val*.bin shards hold no tokens", dir);
+
+  const int max_token = std::max(*std::max_element(c.train.begin(), c.train.end()),
+                                 *std::max_element(c.val.begin(), c.val.end()));
+  const bool has_meta = fs::exists(fs::path(dir) / "meta.json");
+  if (has_meta) {
+    read_meta(dir, c);
+    TRELLIS_REQUIRE(max_token < c.vocab_size,
+                    "{}: shards hold token {} but meta.json says vocab_size {}", dir, max_token,
+                    c.vocab_size);
+  } else if (max_token < 256) {
+    c.tokenizer = "byte";
+    c.vocab_size = 256;
+  } else {
+    TRELLIS_REQUIRE(max_token < kGpt2VocabSize,
+                    "{}: shards hold token {}, beyond GPT-2's vocabulary; add a meta.json with "
+                    "the tokenizer and vocab_size",
+                    dir, max_token);
+    c.tokenizer = "gpt2";
+    c.vocab_size = kGpt2VocabSize;
+  }
+  c.source = fmt::format("{} ({} train + {} val tokens, {} tokenizer{})",
+                         fs::absolute(dir).lexically_normal().string(), c.train.size(),
+                         c.val.size(), c.tokenizer, has_meta ? "" : ", no meta.json");
+  return c;
+}
+
+Corpus load_default_corpus() {
+  TRELLIS_REQUIRE(fs::is_directory(kDefaultCorpusDir),
+                  "{}: not found, so there is no default corpus; pass a data directory "
+                  "(see `trellis prepare`)",
+                  kDefaultCorpusDir);
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (fs::directory_iterator it(kDefaultCorpusDir, ec), end; !ec && it != end; it.increment(ec)) {
+    // Symlinks (GPL -> GPL-3, ...) are skipped: they would only repeat a text already included.
+    if (it->is_regular_file() && !it->is_symlink()) files.push_back(it->path().string());
+  }
+  TRELLIS_REQUIRE(!ec, "{}: cannot list: {}", kDefaultCorpusDir, ec.message());
+  std::sort(files.begin(), files.end());
+  std::string text;
+  for (const auto& f : files) text += read_file(f);
+  TRELLIS_REQUIRE(text.size() >= 2, "{}: holds no text, so there is no default corpus",
+                  kDefaultCorpusDir);
+
+  const auto tokens = make_byte_tokenizer()->encode(text);
+  const size_t n_val = std::max<size_t>(1, tokens.size() / 10);
+  const size_t n_train = tokens.size() - n_val;
+  Corpus c;
+  c.train.assign(tokens.begin(), tokens.begin() + n_train);
+  c.val.assign(tokens.begin() + n_train, tokens.end());
+  c.tokenizer = "byte";
+  c.vocab_size = 256;
+  c.source = fmt::format("Debian licence texts ({}, {} bytes)", kDefaultCorpusDir, text.size());
+  return c;
+}
+
+}  // namespace trellis

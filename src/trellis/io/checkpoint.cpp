@@ -1,0 +1,187 @@
+#include "trellis/io/checkpoint.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include <fmt/ranges.h>
+
+#include "trellis/core/error.h"
+#include "trellis/io/atomic_file.h"
+#include "trellis/io/safetensors.h"
+
+namespace fs = std::filesystem;
+
+namespace trellis {
+
+namespace {
+
+// Rows written for a parameter: wte keeps only the true vocabulary (padding is ours, not HF's).
+int64_t export_rows(const ParamSpec& s) { return s.export_rows >= 0 ? s.export_rows : s.shape[0]; }
+
+std::vector<TensorRef> tensor_refs(const ParamLayout& layout, const float* flat,
+                                   const std::string& prefix) {
+  std::vector<TensorRef> refs;
+  for (const auto& s : layout.specs()) {
+    TensorRef r;
+    r.name = prefix + s.name;
+    r.shape = s.shape;
+    r.shape[0] = export_rows(s);
+    r.data = flat + s.offset;
+    refs.push_back(r);
+  }
+  return refs;
+}
+
+// Fills `flat` from the file; every parameter must be present with the exported shape.
+void read_tensors(const SafetensorsFile& f, const std::string& path, const ParamLayout& layout,
+                  const std::string& prefix, float* flat) {
+  for (const auto& s : layout.specs()) {
+    const std::string name = prefix + s.name;
+    TRELLIS_REQUIRE(f.has(name), "{}: missing tensor '{}'", path, name);
+    std::vector<int64_t> want = s.shape;
+    want[0] = export_rows(s);
+    TRELLIS_REQUIRE(f.shape(name) == want, "{}: tensor '{}' has shape [{}], expected [{}]", path,
+                    name, fmt::join(f.shape(name), ", "), fmt::join(want, ", "));
+    const size_t n = size_t(want[0]) * (s.numel() / size_t(s.shape[0]));
+    std::copy_n(f.data(name), n, flat + s.offset);
+    std::fill(flat + s.offset + n, flat + s.offset + s.numel(), 0.0f);
+  }
+}
+
+nlohmann::json hf_config(const ModelConfig& m, const TokenizerInfo& tok) {
+  nlohmann::json j;
+  j["model_type"] = "gpt2";
+  j["architectures"] = {"GPT2LMHeadModel"};
+  j["vocab_size"] = m.vocab_size;
+  j["n_positions"] = m.block_size;
+  j["n_ctx"] = m.block_size;
+  j["n_embd"] = m.n_embd;
+  j["n_layer"] = m.n_layer;
+  j["n_head"] = m.n_head;
+  j["n_inner"] = nullptr;
+  j["layer_norm_epsilon"] = 1e-5;
+  j["activation_function"] = "gelu_new";
+  j["resid_pdrop"] = 0.0;
+  j["embd_pdrop"] = 0.0;
+  j["attn_pdrop"] = 0.0;
+  j["initializer_range"] = 0.02;
+  j["tie_word_embeddings"] = true;
+  if (tok.kind == "gpt2") j["bos_token_id"] = j["eos_token_id"] = 50256;
+  j["torch_dtype"] = "float32";
+  j["trellis"] = {{"tokenizer", tok.kind}, {"tokenizer_dir", tok.dir},
+                  {"vocab_multiple", m.vocab_multiple}};
+  return j;
+}
+
+template <class T>
+T json_get(const nlohmann::json& j, const char* key, const std::string& path) {
+  TRELLIS_REQUIRE(j.contains(key), "{}: missing key '{}'", path, key);
+  try {
+    return j.at(key).get<T>();
+  } catch (const nlohmann::json::exception&) {
+    TRELLIS_REQUIRE(false, "{}: key '{}' has the wrong type", path, key);
+  }
+  return T{};
+}
+
+nlohmann::json read_json(const std::string& path) {
+  const std::string text = read_file(path);
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    TRELLIS_REQUIRE(false, "{}: invalid JSON: {}", path, e.what());
+  }
+  return {};
+}
+
+}  // namespace
+
+std::string checkpoint_dir_name(int64_t step) { return fmt::format("step_{:08d}", step); }
+
+std::string save_checkpoint(const std::string& out_dir, int64_t step, const CheckpointData& ck) {
+  const ParamLayout layout(ck.model);
+  const fs::path final_dir = fs::path(out_dir) / checkpoint_dir_name(step);
+  const fs::path tmp_dir = fs::path(out_dir) / ("." + checkpoint_dir_name(step) + ".tmp");
+  fs::create_directories(out_dir);
+  fs::remove_all(tmp_dir);
+  fs::create_directories(tmp_dir);
+  write_safetensors((tmp_dir / "model.safetensors").string(),
+                    tensor_refs(layout, ck.params.data(), ""), {{"format", "pt"}});
+  write_file_atomic((tmp_dir / "config.json").string(), hf_config(ck.model, ck.tokenizer).dump(2));
+  if (!ck.optimizer.buffers.empty()) {
+    std::vector<TensorRef> refs;
+    for (const auto& [name, buf] : ck.optimizer.buffers) {
+      auto r = tensor_refs(layout, buf.data(), name + ".");
+      refs.insert(refs.end(), r.begin(), r.end());
+    }
+    write_safetensors((tmp_dir / "optimizer.safetensors").string(), refs, {{"format", "pt"}});
+  }
+  write_file_atomic((tmp_dir / "state.json").string(), ck.state.dump(2));
+  // Replace an older copy of the same step only once the new one is complete.
+  fs::remove_all(final_dir);
+  fs::rename(tmp_dir, final_dir);
+  return final_dir.string();
+}
+
+std::string find_latest_checkpoint(const std::string& out_dir) {
+  if (!fs::is_directory(out_dir)) return {};
+  std::vector<std::string> found;
+  for (const auto& e : fs::directory_iterator(out_dir)) {
+    const std::string name = e.path().filename().string();
+    if (e.is_directory() && name.rfind("step_", 0) == 0 && fs::exists(e.path() / "state.json"))
+      found.push_back(e.path().string());
+  }
+  if (found.empty()) return {};
+  return *std::max_element(found.begin(), found.end());
+}
+
+CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
+  TRELLIS_REQUIRE(fs::is_directory(dir), "{}: checkpoint directory not found", dir);
+  CheckpointData ck;
+  const std::string cfg_path = (fs::path(dir) / "config.json").string();
+  const nlohmann::json cfg = read_json(cfg_path);
+  ck.model.n_layer = json_get<int>(cfg, "n_layer", cfg_path);
+  ck.model.n_head = json_get<int>(cfg, "n_head", cfg_path);
+  ck.model.n_embd = json_get<int>(cfg, "n_embd", cfg_path);
+  ck.model.block_size = json_get<int>(cfg, "n_positions", cfg_path);
+  ck.model.vocab_size = json_get<int>(cfg, "vocab_size", cfg_path);
+  if (cfg.contains("trellis")) {
+    const auto& t = cfg["trellis"];
+    ck.tokenizer.kind = json_get<std::string>(t, "tokenizer", cfg_path);
+    ck.tokenizer.dir = json_get<std::string>(t, "tokenizer_dir", cfg_path);
+    ck.model.vocab_multiple = json_get<int>(t, "vocab_multiple", cfg_path);
+  } else {
+    // A plain Hugging Face GPT-2 checkpoint.
+    ck.tokenizer.kind = ck.model.vocab_size == 50257 ? "gpt2" : "byte";
+  }
+  try {
+    ck.model.validate();
+  } catch (const Error& e) {
+    TRELLIS_REQUIRE(false, "{}: {}", cfg_path, e.what());
+  }
+  const ParamLayout layout(ck.model);
+  ck.params.assign(layout.size(), 0.0f);
+  const std::string model_path = (fs::path(dir) / "model.safetensors").string();
+  read_tensors(SafetensorsFile(model_path), model_path, layout, "", ck.params.data());
+  if (!with_optimizer) return ck;
+  const std::string state_path = (fs::path(dir) / "state.json").string();
+  ck.state = read_json(state_path);
+  json_get<int64_t>(ck.state, "step", state_path);
+  const std::string opt_path = (fs::path(dir) / "optimizer.safetensors").string();
+  if (fs::exists(opt_path)) {
+    SafetensorsFile f(opt_path);
+    std::vector<std::string> prefixes;
+    for (const auto& n : f.names()) {
+      const std::string p = n.substr(0, n.find('.'));
+      if (std::find(prefixes.begin(), prefixes.end(), p) == prefixes.end()) prefixes.push_back(p);
+    }
+    for (const auto& p : prefixes) {
+      std::vector<float> buf(layout.size(), 0.0f);
+      read_tensors(f, opt_path, layout, p + ".", buf.data());
+      ck.optimizer.buffers.emplace_back(p, std::move(buf));
+    }
+  }
+  return ck;
+}
+
+}  // namespace trellis

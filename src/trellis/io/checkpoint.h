@@ -1,0 +1,43 @@
+#pragma once
+// Checkpoints: OUT/step_NNNNNNNN/ with model.safetensors (Hugging Face GPT-2 names and layouts),
+// config.json (HF GPT2Config plus a "trellis" section), optimizer.safetensors (moments per
+// parameter, same names) and state.json (step, data position, RNG, training config). The
+// directory is written under a temporary name and renamed into place.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+#include "trellis/model/config.h"
+#include "trellis/model/params.h"
+
+namespace trellis {
+
+struct TokenizerInfo {
+  std::string kind = "byte";
+  std::string dir;
+};
+
+struct OptimizerState {
+  // name ("exp_avg", ...) and a full (unsharded) flat buffer in the parameter layout
+  std::vector<std::pair<std::string, std::vector<float>>> buffers;
+};
+
+struct CheckpointData {
+  ModelConfig model;
+  TokenizerInfo tokenizer;
+  std::vector<float> params;  // flat, ParamLayout(model)
+  OptimizerState optimizer;   // may be empty (model-only checkpoints)
+  nlohmann::json state;       // step, seed, config, ...
+};
+
+std::string checkpoint_dir_name(int64_t step);
+// Writes OUT/step_NNNNNNNN atomically; returns its path.
+std::string save_checkpoint(const std::string& out_dir, int64_t step, const CheckpointData& ck);
+// Newest OUT/step_* that holds a state.json; empty if none.
+std::string find_latest_checkpoint(const std::string& out_dir);
+// Loads and validates (names, shapes, config). with_optimizer: also optimizer.safetensors and
+// state.json.
+CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer);
+
+}  // namespace trellis

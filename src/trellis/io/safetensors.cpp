@@ -1,0 +1,216 @@
+#include "trellis/io/safetensors.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "trellis/core/error.h"
+#include "trellis/io/atomic_file.h"
+
+namespace trellis {
+
+namespace {
+
+using json = nlohmann::json;
+
+void put_u64_le(std::string& out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+uint64_t get_u64_le(const std::string& in) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= uint64_t(static_cast<unsigned char>(in[i])) << (8 * i);
+  return v;
+}
+
+// Element count of a shape, or nullopt-like false on a negative dim or overflow.
+bool shape_count(const std::vector<int64_t>& shape, uint64_t& count) {
+  count = 1;
+  for (int64_t d : shape) {
+    if (d < 0) return false;
+    if (d != 0 && count > std::numeric_limits<uint64_t>::max() / 4 / uint64_t(d)) return false;
+    count *= uint64_t(d);
+  }
+  return true;
+}
+
+}  // namespace
+
+void write_safetensors(const std::string& path, const std::vector<TensorRef>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  // Sorted by name so the same tensors always give the same bytes, whatever the caller's order.
+  std::vector<const TensorRef*> order;
+  order.reserve(tensors.size());
+  for (const auto& t : tensors) order.push_back(&t);
+  std::sort(order.begin(), order.end(),
+            [](const TensorRef* a, const TensorRef* b) { return a->name < b->name; });
+
+  json header = json::object();
+  uint64_t offset = 0;
+  std::vector<uint64_t> counts;
+  for (size_t i = 0; i < order.size(); ++i) {
+    const TensorRef& t = *order[i];
+    TRELLIS_CHECK(i == 0 || order[i - 1]->name != t.name, "{}: duplicate tensor name '{}'", path,
+                  t.name);
+    TRELLIS_CHECK(t.name != "__metadata__", "{}: tensor name '__metadata__' is reserved", path);
+    uint64_t count = 0;
+    TRELLIS_CHECK(shape_count(t.shape, count), "{}: tensor '{}' has an invalid shape", path,
+                  t.name);
+    TRELLIS_CHECK(count == 0 || t.data != nullptr, "{}: tensor '{}' has no data", path, t.name);
+    counts.push_back(count);
+    header[t.name] = {
+        {"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + count * 4}}};
+    offset += count * 4;
+  }
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+
+  std::string head = header.dump();
+  // Padding to 8 bytes keeps the data section (and so every F32 tensor) aligned when mmapped.
+  head.append((8 - head.size() % 8) % 8, ' ');
+
+  std::string bytes;
+  bytes.reserve(8 + head.size() + offset);
+  put_u64_le(bytes, head.size());
+  bytes += head;
+  static_assert(sizeof(float) == 4);
+  // Raw host floats: trellis only runs on little-endian machines, as the format requires.
+  for (size_t i = 0; i < order.size(); ++i)
+    if (counts[i] > 0) bytes.append(reinterpret_cast<const char*>(order[i]->data), counts[i] * 4);
+  write_file_atomic(path, bytes);
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), bytes_(read_file(path)) {
+  TRELLIS_REQUIRE(bytes_.size() >= 8, "{}: not a safetensors file: {} bytes, need at least 8", path,
+                  bytes_.size());
+  const uint64_t header_len = get_u64_le(bytes_);
+  TRELLIS_REQUIRE(header_len <= bytes_.size() - 8,
+                  "{}: safetensors header length {} runs past the end of the file ({} bytes)", path,
+                  header_len, bytes_.size());
+  data_start_ = 8 + header_len;
+  const uint64_t data_size = bytes_.size() - data_start_;
+
+  json header;
+  try {
+    header = json::parse(bytes_.begin() + 8, bytes_.begin() + long(data_start_));
+  } catch (const json::exception& e) {
+    TRELLIS_REQUIRE(false, "{}: safetensors header is not valid JSON: {}", path, e.what());
+  }
+  TRELLIS_REQUIRE(header.is_object(), "{}: safetensors header is not a JSON object", path);
+
+  struct Range {
+    uint64_t begin, end;
+    const std::string* name;
+  };
+  std::vector<Range> ranges;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& key = it.key();
+    const json& v = it.value();
+    if (key == "__metadata__") {
+      TRELLIS_REQUIRE(v.is_object(), "{}: __metadata__ is not a JSON object", path);
+      for (auto m = v.begin(); m != v.end(); ++m) {
+        TRELLIS_REQUIRE(m.value().is_string(), "{}: __metadata__ value of '{}' is not a string",
+                        path, m.key());
+        metadata_[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    TRELLIS_REQUIRE(v.is_object(), "{}: tensor '{}': entry is not a JSON object", path, key);
+    TRELLIS_REQUIRE(v.contains("dtype") && v["dtype"].is_string(),
+                    "{}: tensor '{}': missing or non-string dtype", path, key);
+    const std::string dtype = v["dtype"].get<std::string>();
+    TRELLIS_REQUIRE(dtype == "F32", "{}: tensor '{}': unsupported dtype '{}' (only F32)", path, key,
+                    dtype);
+    TRELLIS_REQUIRE(v.contains("shape") && v["shape"].is_array(),
+                    "{}: tensor '{}': missing or non-array shape", path, key);
+    Entry e;
+    for (const json& d : v["shape"]) {
+      TRELLIS_REQUIRE(d.is_number_integer() && d.get<int64_t>() >= 0,
+                      "{}: tensor '{}': shape {} has a non-integer or negative dimension", path,
+                      key, v["shape"].dump());
+      e.shape.push_back(d.get<int64_t>());
+    }
+    uint64_t count = 0;
+    TRELLIS_REQUIRE(shape_count(e.shape, count), "{}: tensor '{}': shape {} is too large", path,
+                    key, v["shape"].dump());
+    const json& off = v.contains("data_offsets") ? v["data_offsets"] : json();
+    TRELLIS_REQUIRE(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() &&
+                        off[1].is_number_unsigned(),
+                    "{}: tensor '{}': data_offsets must be [begin, end] of non-negative integers",
+                    path, key);
+    const uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
+    TRELLIS_REQUIRE(begin <= end && end <= data_size,
+                    "{}: tensor '{}': data_offsets [{}, {}) out of range (data section is {} "
+                    "bytes)",
+                    path, key, begin, end, data_size);
+    TRELLIS_REQUIRE(end - begin == count * 4,
+                    "{}: tensor '{}': data_offsets [{}, {}) hold {} bytes but shape {} needs {}",
+                    path, key, begin, end, end - begin, v["shape"].dump(), count * 4);
+    e.offset = begin;
+    e.count = count;
+    auto [pos, inserted] = entries_.emplace(key, std::move(e));
+    ranges.push_back({begin, end, &pos->first});
+  }
+
+  // The ranges must tile the data section exactly: overlap would alias two tensors, a gap means
+  // bytes nobody accounts for (a truncated or spliced file).
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  uint64_t covered = 0;
+  for (const Range& r : ranges) {
+    TRELLIS_REQUIRE(r.begin >= covered || r.begin == r.end,
+                    "{}: tensor '{}': data_offsets [{}, {}) overlap another tensor", path, *r.name,
+                    r.begin, r.end);
+    TRELLIS_REQUIRE(r.begin <= covered,
+                    "{}: tensor '{}': bytes [{}, {}) of the data section "
+                    "belong to no tensor",
+                    path, *r.name, covered, r.begin);
+    covered = std::max(covered, r.end);
+  }
+  TRELLIS_REQUIRE(covered == data_size,
+                  "{}: bytes [{}, {}) of the data section belong to no tensor", path, covered,
+                  data_size);
+
+  // Files from other writers need not keep tensors 4-byte aligned; repack the data section so
+  // data() can hand out float pointers without undefined behaviour.
+  bool aligned = true;
+  for (const auto& [name, e] : entries_)
+    if (reinterpret_cast<uintptr_t>(bytes_.data() + data_start_ + e.offset) % alignof(float))
+      aligned = false;
+  if (!aligned) {
+    std::string packed;
+    packed.reserve(data_size);
+    for (auto& [name, e] : entries_) {
+      const size_t at = packed.size();
+      packed.append(bytes_, data_start_ + e.offset, e.count * 4);
+      e.offset = at;
+    }
+    bytes_ = std::move(packed);  // heap storage from operator new is suitably aligned
+    data_start_ = 0;
+  }
+}
+
+bool SafetensorsFile::has(const std::string& name) const { return entries_.count(name) != 0; }
+
+std::vector<std::string> SafetensorsFile::names() const {
+  std::vector<std::string> out;
+  out.reserve(entries_.size());
+  for (const auto& [name, e] : entries_) out.push_back(name);
+  return out;
+}
+
+const std::vector<int64_t>& SafetensorsFile::shape(const std::string& name) const {
+  auto it = entries_.find(name);
+  TRELLIS_REQUIRE(it != entries_.end(), "{}: no tensor named '{}'", path_, name);
+  return it->second.shape;
+}
+
+const float* SafetensorsFile::data(const std::string& name) const {
+  auto it = entries_.find(name);
+  TRELLIS_REQUIRE(it != entries_.end(), "{}: no tensor named '{}'", path_, name);
+  return reinterpret_cast<const float*>(bytes_.data() + data_start_ + it->second.offset);
+}
+
+}  // namespace trellis

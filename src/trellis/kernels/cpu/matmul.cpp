@@ -1,0 +1,44 @@
+// GEMM through oneDNN and the linear layer built on it.
+#include <algorithm>
+#include <oneapi/dnnl/dnnl.h>
+
+#include "trellis/core/error.h"
+#include "trellis/kernels/ops.h"
+
+namespace trellis::ops {
+
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+          const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+          int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  const dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A,
+                                      lda, B, ldb, beta, C, ldc);
+  TRELLIS_CHECK(st == dnnl_success, "dnnl_sgemm failed with status {}", int(st));
+}
+
+void linear_forward(float* out, const float* inp, const float* w, const float* bias, int64_t BT,
+                    int64_t IC, int64_t OC) {
+  if (bias) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < BT; ++i)
+      for (int64_t o = 0; o < OC; ++o) out[i * OC + o] = bias[o];
+  }
+  gemm(false, false, BT, OC, IC, 1.0f, inp, IC, w, OC, bias ? 1.0f : 0.0f, out, OC);
+}
+
+void linear_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
+                     const float* w, int64_t BT, int64_t IC, int64_t OC) {
+  if (dinp) gemm(false, true, BT, IC, OC, 1.0f, dout, OC, w, OC, 1.0f, dinp, IC);
+  gemm(true, false, IC, OC, BT, 1.0f, inp, IC, dout, OC, 1.0f, dw, OC);
+  if (dbias) {
+    // Column sums; split columns across threads so there is no reduction race.
+#pragma omp parallel for schedule(static)
+    for (int64_t o0 = 0; o0 < OC; o0 += 64) {
+      const int64_t o1 = std::min(OC, o0 + 64);
+      for (int64_t i = 0; i < BT; ++i)
+        for (int64_t o = o0; o < o1; ++o) dbias[o] += dout[i * OC + o];
+    }
+  }
+}
+
+}  // namespace trellis::ops

@@ -1,0 +1,48 @@
+#pragma once
+// AdamW (decoupled weight decay, PyTorch's update order) and SGD with momentum over a flat
+// parameter buffer, restricted to a range [begin, end) so ZeRO-1 can update only its shard.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "trellis/model/params.h"
+
+namespace trellis {
+
+struct OptimConfig {
+  std::string name = "adamw";  // adamw | sgd
+  float lr = 6e-4f;
+  float min_lr = 6e-5f;  // cosine decays to this
+  int warmup_steps = 0;
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
+  float weight_decay = 0.1f;
+  float momentum = 0.9f;  // sgd
+  float grad_clip = 1.0f;  // global-norm clip; 0 disables
+};
+
+// Linear warmup over warmup_steps, then cosine from lr to min_lr at total_steps. step is 1-based.
+float learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps);
+
+class Optimizer {
+ public:
+  // Holds state only for [begin, end) of the flat buffer (ZeRO-1 shard; whole buffer otherwise).
+  Optimizer(const OptimConfig& cfg, const ParamLayout& layout, size_t begin, size_t end);
+  // One update of params[begin:end) from grads[begin:end) (both indexed globally). step is
+  // 1-based (bias correction).
+  void step(float* params, const float* grads, float lr, int64_t step);
+  // State tensors for checkpoints: "exp_avg"/"exp_avg_sq" (adamw) or "momentum_buffer" (sgd),
+  // each covering [begin, end).
+  std::vector<std::pair<std::string, std::vector<float>*>> state();
+  size_t begin() const { return begin_; }
+  size_t end() const { return end_; }
+  size_t state_bytes() const;
+
+ private:
+  OptimConfig cfg_;
+  size_t begin_, end_;
+  std::vector<uint8_t> decay_;  // per element of [begin, end): weight decay applies
+  std::vector<float> m_, v_;
+};
+
+}  // namespace trellis

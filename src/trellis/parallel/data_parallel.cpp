@@ -1,0 +1,57 @@
+#include "trellis/parallel/data_parallel.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "trellis/core/error.h"
+
+namespace trellis {
+
+GradReducer::GradReducer(Communicator& dp, float* grads, size_t n, size_t bucket_bytes)
+    : comm_(dp), grads_(grads), n_(n) {
+  TRELLIS_CHECK(grads != nullptr || n == 0, "gradient buffer of {} floats is null", n);
+  // Boundaries depend only on (n, bucket_bytes), so every rank issues the same all-reduces in the
+  // same order. Buckets are cut from the end: backward finishes the last parameters first.
+  const size_t per = std::max<size_t>(1, bucket_bytes / sizeof(float));
+  for (size_t end = n; end > 0;) {
+    const size_t begin = end > per ? end - per : 0;
+    buckets_.push_back(Bucket{begin, end, nullptr, false});
+    end = begin;
+  }
+}
+
+void GradReducer::ready_from(size_t offset) {
+  while (next_ < buckets_.size() && buckets_[next_].begin >= offset) {
+    Bucket& b = buckets_[next_++];
+    b.work = comm_.all_reduce_async(grads_ + b.begin, b.end - b.begin);
+    b.launched = true;
+  }
+  // Non-blocking collectives only advance while the library is entered.
+  for (size_t i = 0; i < next_; ++i)
+    if (buckets_[i].work) buckets_[i].work->test();
+}
+
+void GradReducer::finish() {
+  const auto t0 = std::chrono::steady_clock::now();
+  ready_from(0);
+  for (Bucket& b : buckets_) {
+    b.work->wait();
+    b.work.reset();
+    b.launched = false;
+  }
+  next_ = 0;
+  exposed_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+ShardRange shard_range(size_t n, int dp, int rank) {
+  TRELLIS_CHECK(dp >= 1 && rank >= 0 && rank < dp, "shard of rank {} among {} ranks", rank, dp);
+  ShardRange s;
+  const size_t d = static_cast<size_t>(dp);
+  s.padded = (n + d - 1) / d * d;
+  s.shard = s.padded / d;
+  s.begin = std::min(n, static_cast<size_t>(rank) * s.shard);
+  s.end = std::min(n, s.begin + s.shard);
+  return s;
+}
+
+}  // namespace trellis

@@ -1,0 +1,47 @@
+#pragma once
+// Gradient reducer for data parallelism (PyTorch DDP's Reducer, simplified): the flat gradient
+// buffer is cut into buckets from its end (the order in which backward finishes gradients) and
+// each bucket's all-reduce is launched as soon as its gradients are final, overlapping backward.
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "trellis/comm/communicator.h"
+
+namespace trellis {
+
+class GradReducer {
+ public:
+  // grads: the flat gradient buffer of n floats; bucket_bytes: target bucket size.
+  GradReducer(Communicator& dp, float* grads, size_t n, size_t bucket_bytes);
+  // Called during the last micro-batch's backward: gradients in [offset, n) are final. Launches
+  // every bucket that lies entirely inside that range and polls in-flight ones for progress.
+  void ready_from(size_t offset);
+  // Launches the remaining buckets and waits for all. Afterwards grads hold the sum over ranks.
+  void finish();
+  // Seconds spent blocked in finish() in the last step (communication not hidden by backward).
+  double exposed_seconds() const { return exposed_s_; }
+  size_t bucket_count() const { return buckets_.size(); }
+
+ private:
+  struct Bucket {
+    size_t begin, end;
+    std::unique_ptr<Work> work;
+    bool launched = false;
+  };
+  Communicator& comm_;
+  float* grads_;
+  size_t n_;
+  std::vector<Bucket> buckets_;  // buckets_[0] ends at n (launched first)
+  size_t next_ = 0;              // next bucket to launch
+  double exposed_s_ = 0.0;
+};
+
+// ZeRO-1 partition of a flat buffer of n floats over dp ranks: padded to a multiple of dp, each
+// rank owns [rank*shard, (rank+1)*shard) clipped to n.
+struct ShardRange {
+  size_t padded = 0, shard = 0, begin = 0, end = 0;
+};
+ShardRange shard_range(size_t n, int dp, int rank);
+
+}  // namespace trellis

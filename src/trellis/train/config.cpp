@@ -1,0 +1,155 @@
+#include "trellis/train/config.h"
+
+#include <fmt/format.h>
+
+#include <charconv>
+#include <toml++/toml.h>
+
+#include "trellis/core/error.h"
+
+namespace trellis {
+
+ModelConfig TrainConfig::model_config(int vocab_size) const {
+  ModelConfig m = model_preset(model);
+  if (n_layer) m.n_layer = n_layer;
+  if (n_head) m.n_head = n_head;
+  if (n_embd) m.n_embd = n_embd;
+  if (block_size) m.block_size = block_size;
+  m.vocab_size = vocab_size;
+  m.vocab_multiple = vocab_multiple;
+  m.validate();
+  return m;
+}
+
+namespace {
+
+template <class T>
+T parse_number(const std::string& key, const std::string& v) {
+  T out{};
+  const char* end = v.data() + v.size();
+  std::from_chars_result r;
+  if constexpr (std::is_floating_point_v<T>) {
+    // from_chars for double is in libstdc++ 11+, fine on g++ 12.
+    r = std::from_chars(v.data(), end, out);
+  } else {
+    r = std::from_chars(v.data(), end, out);
+  }
+  TRELLIS_REQUIRE(r.ec == std::errc() && r.ptr == end && !v.empty(),
+                  "config key '{}': '{}' is not a valid {}", key, v,
+                  std::is_floating_point_v<T> ? "number" : "integer");
+  return out;
+}
+
+bool parse_bool(const std::string& key, const std::string& v) {
+  if (v == "true" || v == "1" || v == "yes" || v == "on") return true;
+  if (v == "false" || v == "0" || v == "no" || v == "off") return false;
+  TRELLIS_REQUIRE(false, "config key '{}': '{}' is not a boolean (true/false)", key, v);
+  return false;
+}
+
+template <class T>
+ConfigKey make_key(std::string name, std::string help, T* field) {
+  ConfigKey k;
+  k.name = name;
+  k.help = std::move(help);
+  k.set = [name, field](const std::string& v) {
+    if constexpr (std::is_same_v<T, std::string>) *field = v;
+    else if constexpr (std::is_same_v<T, bool>) *field = parse_bool(name, v);
+    else *field = parse_number<T>(name, v);
+  };
+  k.get = [field]() {
+    if constexpr (std::is_same_v<T, std::string>) return *field;
+    else if constexpr (std::is_same_v<T, bool>) return std::string(*field ? "true" : "false");
+    else return fmt::format("{}", *field);
+  };
+  return k;
+}
+
+}  // namespace
+
+std::vector<ConfigKey> config_keys(TrainConfig& c) {
+  OptimConfig& o = c.optim;
+  return {
+      make_key("model", "model preset: tiny, baby, gpt2, gpt2-medium, gpt2-large, gpt2-xl", &c.model),
+      make_key("n_layer", "override the preset's number of blocks (0 = preset)", &c.n_layer),
+      make_key("n_head", "override the preset's attention heads (0 = preset)", &c.n_head),
+      make_key("n_embd", "override the preset's width (0 = preset)", &c.n_embd),
+      make_key("block_size", "override the preset's context length (0 = preset)", &c.block_size),
+      make_key("vocab_multiple", "pad the embedding rows to a multiple of this (speed only)", &c.vocab_multiple),
+      make_key("data", "data directory from `trellis prepare` (train*.bin, val*.bin); empty = built-in corpus", &c.data),
+      make_key("shuffle", "shuffle training windows each epoch (seeded)", &c.shuffle),
+      make_key("out", "output directory: metrics.jsonl, tb/, step_NNNNNNNN/ checkpoints", &c.out),
+      make_key("steps", "number of optimizer steps", &c.steps),
+      make_key("batch_size", "global batch size in sequences (all DP ranks and micro-steps together)", &c.batch_size),
+      make_key("micro_batch_size", "sequences per rank per micro-step (0 = batch_size/dp, no accumulation)", &c.micro_batch_size),
+      make_key("seq_len", "tokens per sequence (0 = the model's context length)", &c.seq_len),
+      make_key("seed", "seed of initialisation and data order", &c.seed),
+      make_key("threads", "OpenMP threads per rank (0 = cores / ranks on this node)", &c.threads),
+      make_key("optimizer", "adamw or sgd", &o.name),
+      make_key("lr", "peak learning rate", &o.lr),
+      make_key("min_lr", "learning rate at the end of the cosine decay", &o.min_lr),
+      make_key("warmup_steps", "linear warmup steps", &o.warmup_steps),
+      make_key("beta1", "AdamW beta1", &o.beta1),
+      make_key("beta2", "AdamW beta2", &o.beta2),
+      make_key("eps", "AdamW epsilon", &o.eps),
+      make_key("weight_decay", "weight decay (decoupled for AdamW; 2-D weights only)", &o.weight_decay),
+      make_key("momentum", "SGD momentum", &o.momentum),
+      make_key("grad_clip", "clip the global gradient norm to this (0 = off)", &o.grad_clip),
+      make_key("save_every", "write a checkpoint every N steps (0 = only at the end)", &c.save_every),
+      make_key("resume", "continue from the newest checkpoint in out", &c.resume),
+      make_key("val_every", "validation loss every N steps (0 = only at the end)", &c.val_every),
+      make_key("val_batches", "global batches of validation data per evaluation", &c.val_batches),
+      make_key("log_every", "print a progress line every N steps", &c.log_every),
+      make_key("quiet", "no progress lines (files are still written)", &c.quiet),
+      make_key("tensorboard", "write TensorBoard event files to out/tb", &c.tensorboard),
+      make_key("peak_gflops_per_core", "fp32 peak per core used for MFU", &c.peak_gflops_per_core),
+      make_key("dp", "data-parallel size (0 = world / (tp*pp))", &c.dp),
+      make_key("tp", "tensor-parallel size", &c.tp),
+      make_key("pp", "pipeline-parallel size", &c.pp),
+      make_key("zero", "ZeRO stage: 0 or 1 (shard optimizer state over dp)", &c.zero),
+      make_key("bucket_mb", "gradient all-reduce bucket size in MiB", &c.bucket_mb),
+      make_key("comm_timeout", "seconds a rank waits in one communication before aborting the job", &c.comm_timeout),
+  };
+}
+
+void apply_setting(std::vector<ConfigKey>& keys, const std::string& key, const std::string& value) {
+  for (auto& k : keys)
+    if (k.name == key) return k.set(value);
+  TRELLIS_REQUIRE(false, "unknown config key '{}' (see trellis train --help)", key);
+}
+
+void apply_toml_file(std::vector<ConfigKey>& keys, const std::string& path) {
+  toml::table tbl;
+  try {
+    tbl = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    const auto& src = e.source();
+    TRELLIS_REQUIRE(false, "{}:{}:{}: {}", path, src.begin.line, src.begin.column,
+                    std::string(e.description()));
+  }
+  for (auto&& [k, node] : tbl) {
+    const std::string key(k.str());
+    std::string value;
+    if (auto s = node.value<std::string>(); s && node.is_string()) value = *s;
+    else if (node.is_boolean()) value = *node.value<bool>() ? "true" : "false";
+    else if (node.is_integer()) value = std::to_string(*node.value<int64_t>());
+    else if (node.is_floating_point()) value = fmt::format("{}", *node.value<double>());
+    else TRELLIS_REQUIRE(false, "{}: key '{}' must be a string, number or boolean", path, key);
+    bool known = false;
+    for (auto& ck : keys) known |= ck.name == key;
+    TRELLIS_REQUIRE(known, "{}: unknown config key '{}' (see trellis train --help)", path, key);
+    apply_setting(keys, key, value);
+  }
+}
+
+std::string dump_config(std::vector<ConfigKey>& keys) {
+  std::string out;
+  for (auto& k : keys) {
+    const std::string v = k.get();
+    const bool quoted = k.name == "model" || k.name == "data" || k.name == "out" || k.name == "optimizer";
+    out += fmt::format("{} = {}{}{}   # {}\n", k.name, quoted ? "\"" : "", v, quoted ? "\"" : "", k.help);
+  }
+  return out;
+}
+
+}  // namespace trellis

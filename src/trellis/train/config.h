@@ -1,0 +1,66 @@
+#pragma once
+// Every training setting has one home here, with its default. The key registry below gives each
+// a name and help text; the TOML file, --set key=value and the command-line flags all go
+// through it, so --help and --dump-config list exactly these keys.
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "trellis/model/config.h"
+#include "trellis/optim/optimizer.h"
+
+namespace trellis {
+
+struct TrainConfig {
+  // model
+  std::string model = "baby";
+  int n_layer = 0, n_head = 0, n_embd = 0, block_size = 0;  // 0 = the preset's value
+  int vocab_multiple = 64;
+  // data
+  std::string data;  // directory with train*.bin / val*.bin; empty = embedded default corpus
+  bool shuffle = true;
+  // run
+  std::string out = "out";
+  int64_t steps = 200;
+  int64_t batch_size = 8;        // global, in sequences
+  int64_t micro_batch_size = 0;  // per rank and micro-step; 0 = batch_size / dp (no accumulation)
+  int64_t seq_len = 0;           // 0 = the model's context length
+  uint64_t seed = 1337;
+  int threads = 0;               // OpenMP threads per rank; 0 = cores / local ranks
+  OptimConfig optim;
+  // checkpoints, validation, logging
+  int64_t save_every = 0;        // 0 = only at the end
+  bool resume = false;
+  int64_t val_every = 50;        // 0 = only at the end
+  int64_t val_batches = 4;       // global batches of the validation split per evaluation
+  int64_t log_every = 1;
+  bool quiet = false;
+  bool tensorboard = true;
+  double peak_gflops_per_core = 185.0;  // measured fp32 GEMM peak (bench/RESULTS.md), for MFU
+  // parallelism
+  int dp = 0, tp = 1, pp = 1;    // dp = 0: world / (tp * pp)
+  int zero = 0;                  // 0 or 1 (ZeRO-1: shard optimizer state over dp)
+  double bucket_mb = 25.0;       // gradient all-reduce bucket size
+  double comm_timeout = 300.0;   // seconds any rank waits in one communication before aborting
+
+  ModelConfig model_config(int vocab_size) const;
+};
+
+struct ConfigKey {
+  std::string name;
+  std::string help;
+  std::function<void(const std::string&)> set;  // parses; input error naming the key if invalid
+  std::function<std::string()> get;
+};
+
+std::vector<ConfigKey> config_keys(TrainConfig& c);
+// Applies "key=value"; unknown key or bad value: input error.
+void apply_setting(std::vector<ConfigKey>& keys, const std::string& key, const std::string& value);
+// Loads a TOML file of top-level key = value pairs (tables [x] flatten to x.key; no such key
+// exists so they error as unknown keys).
+void apply_toml_file(std::vector<ConfigKey>& keys, const std::string& path);
+// TOML text of every key and its current value.
+std::string dump_config(std::vector<ConfigKey>& keys);
+
+}  // namespace trellis

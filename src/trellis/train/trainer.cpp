@@ -1,0 +1,303 @@
+#include "trellis/train/trainer.h"
+
+#include <omp.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+#include "trellis/comm/communicator.h"
+#include "trellis/core/error.h"
+#include "trellis/data/corpus.h"
+#include "trellis/data/loader.h"
+#include "trellis/io/checkpoint.h"
+#include "trellis/kernels/ops.h"
+#include "trellis/model/gpt.h"
+#include "trellis/parallel/data_parallel.h"
+#include "trellis/parallel/mesh.h"
+#include "trellis/train/metrics.h"
+
+namespace trellis {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+int default_threads() {
+  const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  if (!local) local = std::getenv("SLURM_NTASKS_PER_NODE");
+  const int ranks_here = local ? std::max(1, std::atoi(local)) : 1;
+  return std::max(1, hw / ranks_here);
+}
+
+int64_t peak_rss_bytes() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return int64_t(ru.ru_maxrss) * 1024;
+}
+
+// Mean loss over the first `windows` fixed windows of `tokens`, split across DP ranks.
+double evaluate(GPT& model, Context& ctx, const std::vector<uint16_t>& tokens, int64_t windows,
+                Mesh& mesh) {
+  const int64_t b = ctx.B, T = ctx.T;
+  const int64_t lo = windows * mesh.dp_rank() / mesh.dp();
+  const int64_t hi = windows * (mesh.dp_rank() + 1) / mesh.dp();
+  double sum = 0.0;
+  for (int64_t w = lo; w < hi; w += b) {
+    const int64_t rows = std::min(b, hi - w);
+    fill_eval_windows(tokens, T, w, rows, ctx.tokens.data(), ctx.targets.data());
+    // A short last chunk: pad with copies of its first row and drop their losses.
+    for (int64_t r = rows; r < b; ++r) {
+      std::copy_n(ctx.tokens.data(), T, ctx.tokens.data() + r * T);
+      std::copy_n(ctx.targets.data(), T, ctx.targets.data() + r * T);
+    }
+    model.forward(ctx, 0.0f);
+    for (int64_t i = 0; i < rows * T; ++i) sum += ctx.losses[size_t(i)];
+  }
+  mesh.dp_comm().all_reduce_sum(&sum, 1);
+  return sum / double(windows * T);
+}
+
+// Full (unsharded) copy of a buffer that each DP rank holds only [shard.begin, shard.end) of.
+std::vector<float> gather_shards(Communicator& dp, const std::vector<float>& local,
+                                 const ShardRange& sr, size_t n) {
+  std::vector<float> mine(sr.shard, 0.0f), all(sr.padded, 0.0f);
+  std::copy(local.begin(), local.end(), mine.begin());
+  dp.all_gather_async(mine.data(), all.data(), sr.shard)->wait();
+  all.resize(n);
+  return all;
+}
+
+}  // namespace
+
+int run_training(TrainConfig cfg, Communicator& world) {
+  const auto run_start = Clock::now();
+  Mesh mesh(world, {cfg.dp, cfg.tp, cfg.pp});
+  TRELLIS_REQUIRE(mesh.tp() == 1 && mesh.pp() == 1,
+                  "tensor and pipeline parallelism (--tp/--pp > 1) are not implemented yet");
+  TRELLIS_REQUIRE(cfg.zero == 0 || cfg.zero == 1, "zero must be 0 or 1 (got {})", cfg.zero);
+  world.set_timeout(cfg.comm_timeout);
+  mesh.dp_comm().set_timeout(cfg.comm_timeout);
+  const bool lead = world.rank() == 0;
+  const int threads = cfg.threads > 0 ? cfg.threads : default_threads();
+  omp_set_num_threads(threads);
+
+  const Corpus corpus = cfg.data.empty() ? load_default_corpus() : load_corpus_dir(cfg.data);
+  const ModelConfig mc = cfg.model_config(corpus.vocab_size);
+  const int64_t T = cfg.seq_len > 0 ? cfg.seq_len : mc.block_size;
+  TRELLIS_REQUIRE(T <= mc.block_size, "seq_len {} exceeds the model's context length {}", T,
+                  mc.block_size);
+  const int dp = mesh.dp();
+  const int64_t G = cfg.batch_size;
+  TRELLIS_REQUIRE(G >= 1 && G % dp == 0, "batch_size {} is not a positive multiple of dp={}", G,
+                  dp);
+  const int64_t per_rank = G / dp;
+  const int64_t b = cfg.micro_batch_size > 0 ? cfg.micro_batch_size : per_rank;
+  TRELLIS_REQUIRE(per_rank % b == 0,
+                  "micro_batch_size {} does not divide the per-rank batch {} (batch_size {} / dp {})",
+                  b, per_rank, G, dp);
+  const int64_t accum = per_rank / b;
+  TRELLIS_REQUIRE(cfg.steps >= 0, "steps must be >= 0");
+
+  const ParamLayout layout(mc);
+  const size_t n = layout.size();
+  const ShardRange shard = cfg.zero ? shard_range(n, dp, mesh.dp_rank()) : ShardRange{n, n, 0, n};
+  std::vector<float> params(shard.padded, 0.0f), grads(shard.padded, 0.0f);
+  Optimizer optimizer(cfg.optim, layout, shard.begin, shard.end);
+
+  int64_t start_step = 0;
+  std::string resumed_from;
+  if (cfg.resume) resumed_from = find_latest_checkpoint(cfg.out);
+  if (!resumed_from.empty()) {
+    CheckpointData ck = load_checkpoint(resumed_from, true);
+    TRELLIS_REQUIRE(ck.model.n_layer == mc.n_layer && ck.model.n_embd == mc.n_embd &&
+                        ck.model.n_head == mc.n_head && ck.model.block_size == mc.block_size &&
+                        ck.model.vocab_size == mc.vocab_size,
+                    "{}: checkpoint model shape differs from the configured model", resumed_from);
+    std::copy(ck.params.begin(), ck.params.end(), params.begin());
+    for (auto& [name, buf] : optimizer.state()) {
+      auto it = std::find_if(ck.optimizer.buffers.begin(), ck.optimizer.buffers.end(),
+                             [&](const auto& p) { return p.first == name; });
+      TRELLIS_REQUIRE(it != ck.optimizer.buffers.end(),
+                      "{}: optimizer.safetensors has no '{}' state (optimizer changed?)",
+                      resumed_from, name);
+      std::copy(it->second.begin() + long(shard.begin), it->second.begin() + long(shard.end),
+                buf->begin());
+    }
+    start_step = ck.state.at("step").get<int64_t>();
+  } else {
+    init_params(layout, cfg.seed, params.data());
+  }
+  // Every rank must start from identical weights (they are generated, never broadcast).
+  {
+    double sums[2] = {0.0, 0.0};
+    for (size_t i = 0; i < n; ++i) sums[0] += double(params[i]) * double((i % 7919) + 1);
+    sums[1] = -sums[0];
+    world.all_reduce_max(sums, 2);
+    TRELLIS_CHECK(sums[0] == -sums[1], "ranks start from different weights (checksum {} vs {})",
+                  sums[0], -sums[1]);
+  }
+
+  GPT model(mc, layout, params.data(), grads.data());
+  Context ctx;
+  ctx.resize(mc, b, T);
+  BatchLoader loader(corpus.train, T, G, cfg.seed, cfg.shuffle);
+  std::unique_ptr<GradReducer> reducer;
+  if (dp > 1 && cfg.zero == 0)
+    reducer = std::make_unique<GradReducer>(mesh.dp_comm(), grads.data(), n,
+                                            size_t(cfg.bucket_mb * 1024 * 1024));
+  std::vector<float> grad_shard(cfg.zero ? shard.shard : 0);
+
+  const int64_t val_windows =
+      std::min<int64_t>(cfg.val_batches * G,
+                        corpus.val.size() > 1 ? (int64_t(corpus.val.size()) - 1) / T : 0);
+  std::unique_ptr<MetricsLog> log;
+  if (lead) log = std::make_unique<MetricsLog>(cfg.out, cfg.tensorboard, start_step > 0);
+  const int64_t n_params = layout.count();
+  const double step_flops = flops_per_token(mc, n_params, T) * double(G * T);
+  const double peak_flops = cfg.peak_gflops_per_core * 1e9 * threads * world.size();
+  const int64_t mem_bytes = int64_t((params.size() + grads.size()) * sizeof(float) +
+                                    optimizer.state_bytes());
+  if (lead) {
+    fmt::print("trellis: {} | {} layers, {} heads, width {}, context {}, vocab {} ({} padded) | "
+               "{:.2f}M parameters\n",
+               cfg.model, mc.n_layer, mc.n_head, mc.n_embd, mc.block_size, mc.vocab_size,
+               mc.padded_vocab(), double(n_params) / 1e6);
+    fmt::print("trellis: data {} | {} train / {} val tokens | {} windows of {}\n", corpus.source,
+               corpus.train.size(), corpus.val.size(), loader.windows(), T);
+    fmt::print("trellis: world {} (dp {}, zero {}) | {} threads/rank | batch {} x {} tokens = "
+               "{} per rank x {} micro-steps of {}{}\n",
+               world.size(), dp, cfg.zero, threads, G, T, per_rank, accum, b,
+               resumed_from.empty() ? "" : " | resumed from " + resumed_from);
+    std::fflush(stdout);
+  }
+
+  auto checkpoint = [&](int64_t step) {
+    CheckpointData ck;
+    ck.model = mc;
+    ck.tokenizer = {corpus.tokenizer, corpus.tokenizer_dir};
+    ck.params.assign(params.begin(), params.begin() + long(n));
+    for (auto& [name, buf] : optimizer.state())
+      ck.optimizer.buffers.emplace_back(
+          name, cfg.zero ? gather_shards(mesh.dp_comm(), *buf, shard, n) : *buf);
+    nlohmann::json conf;
+    auto keys = config_keys(cfg);
+    for (auto& k : keys) conf[k.name] = k.get();
+    ck.state = {{"step", step},
+                {"tokens_seen", step * G * T},
+                {"data", {{"next_step", step}, {"global_batch", G}, {"seq_len", T},
+                          {"shuffle", cfg.shuffle}, {"seed", cfg.seed}}},
+                {"rng", {{"kind", "philox4x32-10"}, {"seed", cfg.seed}}},
+                {"config", conf}};
+    std::string path;
+    if (lead) path = save_checkpoint(cfg.out, step, ck);
+    world.barrier();
+    return path;
+  };
+
+  double best_val = INFINITY, tokens_per_s_sum = 0.0, mfu_sum = 0.0;
+  int64_t timed_steps = 0;
+  std::string last_checkpoint;
+  const auto loop_start = Clock::now();
+  for (int64_t step = start_step + 1; step <= cfg.steps; ++step) {
+    const auto t0 = Clock::now();
+    std::fill(grads.begin(), grads.end(), 0.0f);
+    double loss_sum = 0.0;
+    const float grad_scale = 1.0f / float(G * T);
+    for (int64_t k = 0; k < accum; ++k) {
+      loader.fill(step - 1, mesh.dp_rank() * per_rank + k * b, b, ctx.tokens.data(),
+                  ctx.targets.data());
+      loss_sum += model.forward(ctx, grad_scale);
+      // Only the last micro-step's backward finalises gradients, so only it feeds the reducer.
+      if (reducer && k == accum - 1)
+        model.backward(ctx, [&](int l) { reducer->ready_from(l >= 0 ? layout.block_offset(l) : 0); });
+      else
+        model.backward(ctx);
+    }
+    double comm_exposed = 0.0;
+    if (reducer) {
+      reducer->finish();
+      comm_exposed = reducer->exposed_seconds();
+    } else if (cfg.zero && dp > 1) {
+      const auto tc = Clock::now();
+      mesh.dp_comm().reduce_scatter_async(grads.data(), grad_shard.data(), shard.shard)->wait();
+      std::copy_n(grad_shard.data(), shard.end - shard.begin, grads.data() + shard.begin);
+      comm_exposed = seconds_since(tc);
+    }
+    double norm_sq = ops::sum_squares(grads.data() + shard.begin, int64_t(shard.end - shard.begin));
+    double stats[2] = {loss_sum, cfg.zero ? norm_sq : 0.0};
+    mesh.dp_comm().all_reduce_sum(stats, 2);
+    if (cfg.zero) norm_sq = stats[1];
+    const double loss = stats[0] / double(G * T);
+    const double grad_norm = std::sqrt(norm_sq);
+    if (cfg.optim.grad_clip > 0.0f && grad_norm > cfg.optim.grad_clip)
+      ops::scale(grads.data() + shard.begin, float(cfg.optim.grad_clip / (grad_norm + 1e-6)),
+                 int64_t(shard.end - shard.begin));
+    const float lr = learning_rate(cfg.optim, step, cfg.steps);
+    optimizer.step(params.data(), grads.data(), lr, step);
+    if (cfg.zero && dp > 1) {
+      std::copy_n(params.data() + shard.begin, shard.end - shard.begin, grad_shard.data());
+      mesh.dp_comm().all_gather_async(grad_shard.data(), params.data(), shard.shard)->wait();
+    }
+    const double dt = seconds_since(t0);
+    const double tokens_per_s = double(G * T) / dt;
+    const double mfu = step_flops / dt / peak_flops;
+    if (step > start_step + 1 || cfg.steps == start_step + 1) {
+      tokens_per_s_sum += tokens_per_s;
+      mfu_sum += mfu;
+      ++timed_steps;
+    }
+    if (lead) {
+      log->write({{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm},
+                  {"tokens_per_s", tokens_per_s}, {"mfu", mfu}, {"step_ms", dt * 1e3},
+                  {"comm_exposed_ms", comm_exposed * 1e3}, {"mem_bytes", mem_bytes},
+                  {"peak_rss_bytes", peak_rss_bytes()}},
+                 "train");
+      if (!cfg.quiet && (step % std::max<int64_t>(1, cfg.log_every) == 0 || step == cfg.steps)) {
+        const double eta = seconds_since(loop_start) / double(step - start_step) *
+                           double(cfg.steps - step);
+        fmt::print("step {:>{}}/{} | loss {:.4f} | lr {:.2e} | norm {:.3f} | {:.0f} ms | "
+                   "{:.0f} tok/s | MFU {:.1f}% | ETA {}\n",
+                   step, std::to_string(cfg.steps).size(), cfg.steps, loss, lr, grad_norm,
+                   dt * 1e3, tokens_per_s, mfu * 100.0, format_duration(eta));
+        std::fflush(stdout);
+      }
+    }
+    const bool last = step == cfg.steps;
+    if (val_windows > 0 && ((cfg.val_every > 0 && step % cfg.val_every == 0) || last)) {
+      const double val = evaluate(model, ctx, corpus.val, val_windows, mesh);
+      best_val = std::min(best_val, val);
+      if (lead) {
+        log->write({{"step", step}, {"val_loss", val}}, "val");
+        if (!cfg.quiet) fmt::print("step {} | val loss {:.4f}\n", step, val);
+      }
+    }
+    if ((cfg.save_every > 0 && step % cfg.save_every == 0) || last)
+      last_checkpoint = checkpoint(step);
+  }
+  if (cfg.steps <= start_step) last_checkpoint = checkpoint(start_step);
+
+  if (lead && !cfg.quiet) {
+    const int64_t trained = cfg.steps - start_step;
+    fmt::print("trellis: done | {} steps, {} tokens in {} | mean {:.0f} tok/s, MFU {:.1f}%{} | "
+               "checkpoint {} | metrics {}/metrics.jsonl{}\n",
+               std::max<int64_t>(0, trained), std::max<int64_t>(0, trained) * G * T,
+               format_duration(seconds_since(run_start)),
+               timed_steps ? tokens_per_s_sum / double(timed_steps) : 0.0,
+               timed_steps ? 100.0 * mfu_sum / double(timed_steps) : 0.0,
+               std::isfinite(best_val) ? fmt::format(" | best val loss {:.4f}", best_val) : "",
+               last_checkpoint.empty() ? "(none)" : last_checkpoint, cfg.out,
+               cfg.tensorboard ? fmt::format(" | tensorboard --logdir {}/tb", cfg.out) : "");
+  }
+  return 0;
+}
+
+}  // namespace trellis

@@ -1,0 +1,322 @@
+// Checks the communicator on however many ranks mpirun starts (tests/parallel/test_comm_mpi.py
+// runs 2, 3 and 4): every collective against values computed from the rank formula, p2p rings,
+// split and mesh sub-communicators, and GradReducer against a plain all-reduce. Values are small
+// integers, so sums are exact in any order and results are compared with ==.
+//
+//   comm_check                 all checks; exit 0 and "comm_check: ... passed" from rank 0
+//   comm_check --chunk K       the same with MPI requests of at most K elements (chunked paths)
+//   comm_check --die-rank R    rank R exits(3) before a collective the others enter (5 s timeout)
+//   comm_check --stall-rank R  rank R sleeps instead of joining; the others must time out (5 s)
+//   comm_check --has-mpi       prints "mpi: yes" or "mpi: no" (was MPI support built?) and exits
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "trellis/comm/communicator.h"
+#include "trellis/core/error.h"
+#include "trellis/parallel/data_parallel.h"
+#include "trellis/parallel/mesh.h"
+
+using namespace trellis;
+
+namespace {
+
+Communicator* g_world = nullptr;
+
+void expect(bool ok, const std::string& what) {
+  if (!ok) g_world->abort("comm_check: FAIL: " + what, 1);
+}
+
+// Element-wise comparison that names the first mismatch.
+void expect_equal(const std::vector<float>& got, const std::vector<float>& want,
+                  const std::string& what) {
+  expect(got.size() == want.size(),
+         fmt::format("{}: size {} != {}", what, got.size(), want.size()));
+  for (size_t i = 0; i < got.size(); ++i)
+    if (got[i] != want[i])
+      expect(false, fmt::format("{}: element {} is {}, expected {}", what, i, got[i], want[i]));
+}
+
+void check_all_reduce(Communicator& c) {
+  const int p = c.size(), r = c.rank();
+  const float ranks_sum = p * (p + 1) / 2.0f;  // sum of (rank + 1)
+  for (size_t n : {size_t{0}, size_t{1}, size_t{1000}, size_t{1000003}}) {
+    std::vector<float> buf(n), want(n);
+    for (size_t i = 0; i < n; ++i) {
+      buf[i] = (r + 1) * float(i % 17 + 1);
+      want[i] = ranks_sum * float(i % 17 + 1);
+    }
+    c.all_reduce(buf.data(), n);
+    expect_equal(buf, want, fmt::format("all_reduce of {} floats on {}", n, c.name()));
+  }
+  // Several in flight at once, completed in reverse order.
+  std::vector<std::vector<float>> bufs(6, std::vector<float>(5000));
+  std::vector<std::unique_ptr<Work>> works;
+  for (size_t k = 0; k < bufs.size(); ++k) {
+    for (size_t i = 0; i < bufs[k].size(); ++i) bufs[k][i] = float(r + k + i % 5);
+    works.push_back(c.all_reduce_async(bufs[k].data(), bufs[k].size()));
+  }
+  for (size_t k = bufs.size(); k-- > 0;) works[k]->wait();
+  for (size_t k = 0; k < bufs.size(); ++k) {
+    std::vector<float> want(bufs[k].size());
+    for (size_t i = 0; i < want.size(); ++i) want[i] = float(p * (p - 1) / 2 + p * (k + i % 5));
+    expect_equal(bufs[k], want, fmt::format("overlapping all_reduce #{}", k));
+  }
+}
+
+void check_reduce_scatter_all_gather(Communicator& c) {
+  const int p = c.size(), r = c.rank();
+  const float ranks_sum = p * (p + 1) / 2.0f;
+  for (size_t count : {size_t{0}, size_t{1}, size_t{1001}, size_t{250007}}) {
+    std::vector<float> send(count * p), recv(count, -1.0f), want(count);
+    for (int b = 0; b < p; ++b)
+      for (size_t i = 0; i < count; ++i) send[b * count + i] = (r + 1) * float(b + i % 7 + 1);
+    for (size_t i = 0; i < count; ++i) want[i] = ranks_sum * float(r + i % 7 + 1);
+    c.reduce_scatter_async(send.data(), recv.data(), count)->wait();
+    expect_equal(recv, want, fmt::format("reduce_scatter of {} floats a rank", count));
+
+    // In place, ZeRO-style: the result lands in this rank's block of the input.
+    c.reduce_scatter_async(send.data(), send.data() + r * count, count)->wait();
+    expect_equal(std::vector<float>(send.begin() + r * count, send.begin() + (r + 1) * count), want,
+                 fmt::format("in-place reduce_scatter of {} floats", count));
+
+    std::vector<float> mine(count), all(count * p, -1.0f), all_want(count * p);
+    for (size_t i = 0; i < count; ++i) mine[i] = float(r * 1000 + i % 13);
+    for (int b = 0; b < p; ++b)
+      for (size_t i = 0; i < count; ++i) all_want[b * count + i] = float(b * 1000 + i % 13);
+    c.all_gather_async(mine.data(), all.data(), count)->wait();
+    expect_equal(all, all_want, fmt::format("all_gather of {} floats a rank", count));
+
+    // In place: each rank's input already sits in its block of the output.
+    std::vector<float> inplace(count * p, -1.0f);
+    std::copy(mine.begin(), mine.end(), inplace.begin() + r * count);
+    c.all_gather_async(inplace.data() + r * count, inplace.data(), count)->wait();
+    expect_equal(inplace, all_want, fmt::format("in-place all_gather of {} floats", count));
+  }
+}
+
+void check_broadcast(Communicator& c) {
+  for (size_t n : {size_t{0}, size_t{1}, size_t{1000}, size_t{300001}}) {
+    for (int root = 0; root < c.size(); ++root) {
+      std::vector<float> buf(n, -1.0f), want(n);
+      for (size_t i = 0; i < n; ++i) want[i] = float(root * 7 + i % 11);
+      if (c.rank() == root) buf = want;
+      c.broadcast_async(buf.data(), n, root)->wait();
+      expect_equal(buf, want, fmt::format("broadcast of {} floats from root {}", n, root));
+    }
+  }
+}
+
+void check_ring(Communicator& c) {
+  const int p = c.size(), r = c.rank();
+  if (p < 2) return;
+  const int next = (r + 1) % p, prev = (r + p - 1) % p;
+  for (size_t n : {size_t{0}, size_t{1}, size_t{1000}, size_t{200003}}) {
+    std::vector<float> out(n), in(n, -1.0f), want(n);
+    for (size_t i = 0; i < n; ++i) {
+      out[i] = float(r * 100 + i % 9);
+      want[i] = float(prev * 100 + i % 9);
+    }
+    auto rw = c.recv_async(in.data(), n, prev, 7);
+    auto sw = c.send_async(out.data(), n, next, 7);
+    sw->wait();
+    rw->wait();
+    expect_equal(in, want, fmt::format("ring of {} floats from rank {}", n, prev));
+  }
+  // Two messages between the same pair, told apart by tag and received in the opposite order.
+  std::vector<float> a(10, float(r)), b(10, float(r + 50)), ga(10), gb(10);
+  auto wb = c.recv_async(gb.data(), 10, prev, 2);
+  auto wa = c.recv_async(ga.data(), 10, prev, 1);
+  auto s1 = c.send_async(a.data(), 10, next, 1);
+  auto s2 = c.send_async(b.data(), 10, next, 2);
+  wa->wait();
+  wb->wait();
+  s1->wait();
+  s2->wait();
+  expect_equal(ga, std::vector<float>(10, float(prev)), "tagged p2p, tag 1");
+  expect_equal(gb, std::vector<float>(10, float(prev + 50)), "tagged p2p, tag 2");
+}
+
+void check_doubles(Communicator& c) {
+  const int p = c.size(), r = c.rank();
+  double s[2] = {double(r), 0.5};
+  c.all_reduce_sum(s, 2);
+  expect(s[0] == p * (p - 1) / 2.0 && s[1] == 0.5 * p, "all_reduce_sum");
+  double m[2] = {double(r), -double(r)};
+  c.all_reduce_max(m, 2);
+  expect(m[0] == p - 1 && m[1] == 0.0, "all_reduce_max");
+  c.barrier();
+}
+
+void check_split(Communicator& world) {
+  const int p = world.size(), r = world.rank();
+  // Even and odd ranks, ordered by descending world rank.
+  auto sub = world.split(r % 2, -r);
+  const int members = (p - r % 2 + 1) / 2;
+  expect(sub->size() == members, fmt::format("split size {} != {}", sub->size(), members));
+  int above = 0;  // same-colour ranks with a larger world rank come first
+  for (int q = r + 1; q < p; ++q) above += (q % 2 == r % 2);
+  expect(sub->rank() == above, fmt::format("split rank {} != {}", sub->rank(), above));
+  expect(sub->world_rank() == world.world_rank(), "split world_rank");
+  double sum = r;
+  sub->all_reduce_sum(&sum, 1);
+  double want = 0;
+  for (int q = r % 2; q < p; q += 2) want += q;
+  expect(sum == want, fmt::format("all_reduce_sum over split: {} != {}", sum, want));
+  check_all_reduce(*sub);
+}
+
+// For each factorisation world = dp * tp * pp: ranks, sizes and the members of each axis.
+void check_meshes(Communicator& world) {
+  const int p = world.size(), r = world.rank();
+  for (int tp = 1; tp <= p; ++tp) {
+    for (int pp = 1; tp * pp <= p; ++pp) {
+      if (p % (tp * pp) != 0) continue;
+      Mesh m(world, MeshShape{0, tp, pp});
+      const int dp = p / (tp * pp);
+      const std::string layout = fmt::format("mesh dp={} tp={} pp={}", dp, tp, pp);
+      expect(m.dp() == dp && m.tp() == tp && m.pp() == pp, layout + ": shape");
+      expect(r == m.pp_rank() * dp * tp + m.dp_rank() * tp + m.tp_rank(), layout + ": rank order");
+      expect(m.tp_comm().size() == tp && m.tp_comm().rank() == m.tp_rank(), layout + ": tp comm");
+      expect(m.dp_comm().size() == dp && m.dp_comm().rank() == m.dp_rank(), layout + ": dp comm");
+      expect(m.pp_comm().size() == pp && m.pp_comm().rank() == m.pp_rank(), layout + ": pp comm");
+      // Each axis reduces exactly the world ranks that differ only in that axis' coordinate.
+      auto rank_of = [&](int d, int t, int q) { return q * dp * tp + d * tp + t; };
+      float want_tp = 0, want_dp = 0, want_pp = 0;
+      for (int t = 0; t < tp; ++t) want_tp += rank_of(m.dp_rank(), t, m.pp_rank());
+      for (int d = 0; d < dp; ++d) want_dp += rank_of(d, m.tp_rank(), m.pp_rank());
+      for (int q = 0; q < pp; ++q) want_pp += rank_of(m.dp_rank(), m.tp_rank(), q);
+      float v = float(r);
+      m.tp_comm().all_reduce(&v, 1);
+      expect(v == want_tp, layout + fmt::format(": tp all_reduce {} != {}", v, want_tp));
+      v = float(r);
+      m.dp_comm().all_reduce(&v, 1);
+      expect(v == want_dp, layout + fmt::format(": dp all_reduce {} != {}", v, want_dp));
+      v = float(r);
+      m.pp_comm().all_reduce(&v, 1);
+      expect(v == want_pp, layout + fmt::format(": pp all_reduce {} != {}", v, want_pp));
+      if (pp > 1) {  // pipeline neighbours talk over the pp communicator
+        const int nxt = (m.pp_rank() + 1) % pp, prv = (m.pp_rank() + pp - 1) % pp;
+        float out = float(r), in = -1;
+        auto rw = m.pp_comm().recv_async(&in, 1, prv, 3);
+        m.pp_comm().send_async(&out, 1, nxt, 3)->wait();
+        rw->wait();
+        expect(in == float(rank_of(m.dp_rank(), m.tp_rank(), prv)), layout + ": pp p2p");
+      }
+    }
+  }
+  // A layout that does not fit is an input error, raised before any communication.
+  try {
+    Mesh bad(world, MeshShape{p + 1, 1, 1});
+    expect(false, "mesh with dp = world + 1 was accepted");
+  } catch (const Error& e) {
+    expect(e.kind() == ErrorKind::Input, "bad mesh is an input error");
+    const std::string want = fmt::format(
+        "layout dp={} x tp=1 x pp=1 = {} does not match the world size {}", p + 1, p + 1, p);
+    expect(std::string(e.what()) == want, fmt::format("bad mesh message: {}", e.what()));
+  }
+}
+
+void check_grad_reducer(Communicator& c) {
+  const int r = c.rank();
+  const size_t n = 1000003;
+  std::vector<float> grads(n), ref(n);
+  GradReducer red(c, grads.data(), n, 64 * 1024);  // reused across steps, as the trainer does
+  expect(red.bucket_count() == (n + 16383) / 16384,
+         fmt::format("bucket count {}", red.bucket_count()));
+  for (int step = 0; step < 3; ++step) {
+    for (size_t i = 0; i < n; ++i) grads[i] = float((r + 1 + step) * ((i * 31) % 23));
+    ref = grads;
+    c.all_reduce(ref.data(), n);
+    // Backward finishes gradients from the end; announce them in uneven pieces.
+    for (size_t off = n; off > 0;) {
+      off = off > 77777 ? off - 77777 : 0;
+      red.ready_from(off);
+    }
+    red.finish();
+    expect_equal(grads, ref, fmt::format("GradReducer step {} vs all_reduce", step));
+  }
+}
+
+// Failure drills: one rank goes away; the others must not hang.
+void drill(Communicator& world, int victim, bool die) {
+  world.set_timeout(5.0);
+  std::vector<float> buf(1000, 1.0f);
+  world.all_reduce(buf.data(), buf.size());  // everyone is up
+  if (world.rank() == victim) {
+    if (die) {
+      std::fprintf(stderr,
+                   "trellis: error: rank %d: comm_check --die-rank: exiting with 3 "
+                   "before all_reduce #2\n",
+                   world.world_rank());
+      std::fflush(stderr);
+      std::exit(3);
+    }
+    std::fprintf(stderr, "comm_check: rank %d stalls instead of joining all_reduce #2\n",
+                 world.world_rank());
+    std::fflush(stderr);
+    sleep(60);
+    std::exit(0);
+  }
+  world.all_reduce(buf.data(), buf.size());
+  world.abort("comm_check: all_reduce completed without the victim rank", 1);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int die_rank = -1, stall_rank = -1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--has-mpi") {
+#ifdef TRELLIS_WITH_MPI
+      std::printf("mpi: yes\n");
+#else
+      std::printf("mpi: no\n");
+#endif
+      return 0;
+    } else if (a == "--die-rank" && i + 1 < argc) {
+      die_rank = std::atoi(argv[++i]);
+    } else if (a == "--stall-rank" && i + 1 < argc) {
+      stall_rank = std::atoi(argv[++i]);
+    } else if (a == "--chunk" && i + 1 < argc) {
+      setenv("TRELLIS_MPI_MAX_CHUNK", argv[++i], 1);
+    } else {
+      std::fprintf(stderr, "usage: comm_check [--chunk K] [--die-rank R | --stall-rank R]\n");
+      return 2;
+    }
+  }
+  try {
+    auto world = make_world_communicator(&argc, &argv);
+    g_world = world.get();
+    world->set_timeout(60.0);
+    if (die_rank >= 0 || stall_rank >= 0) {
+      drill(*world, die_rank >= 0 ? die_rank : stall_rank, die_rank >= 0);
+    }
+    const int p = world->size();
+    check_all_reduce(*world);
+    check_reduce_scatter_all_gather(*world);
+    check_broadcast(*world);
+    check_ring(*world);
+    check_doubles(*world);
+    check_split(*world);
+    check_meshes(*world);
+    check_grad_reducer(*world);
+    world->barrier();
+    if (world->rank() == 0)
+      std::printf("comm_check: %s backend, %d ranks: all checks passed\n", world->backend().c_str(),
+                  p);
+    std::fflush(stdout);
+    world.reset();
+    finalize_communication();
+  } catch (const Error& e) {
+    if (g_world) g_world->abort(fmt::format("comm_check: {}", e.what()), 1);
+    std::fprintf(stderr, "trellis: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,15 @@
+# Script tests: every tests/{reference,cli,parallel}/test_*.py runs under Debian's python3 (the one
+# python3-torch installs into) with the trellis binary and a scratch directory in the environment.
+find_program(TRELLIS_SYSTEM_PYTHON NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH)
+file(GLOB TRELLIS_SCRIPT_TESTS CONFIGURE_DEPENDS
+     ${CMAKE_SOURCE_DIR}/tests/reference/test_*.py
+     ${CMAKE_SOURCE_DIR}/tests/cli/test_*.py
+     ${CMAKE_SOURCE_DIR}/tests/parallel/test_*.py)
+foreach(script ${TRELLIS_SCRIPT_TESTS})
+  get_filename_component(name ${script} NAME_WE)
+  get_filename_component(group ${script} DIRECTORY)
+  get_filename_component(group ${group} NAME)
+  add_test(NAME ${group}.${name} COMMAND ${TRELLIS_SYSTEM_PYTHON} ${script})
+  set_tests_properties(${group}.${name} PROPERTIES TIMEOUT 900 ENVIRONMENT
+    "TRELLIS_BIN=$<TARGET_FILE:trellis>;TRELLIS_TMP=${CMAKE_BINARY_DIR}/testtmp/${group}.${name};TRELLIS_SOURCE=${CMAKE_SOURCE_DIR};PYTHONPATH=${CMAKE_SOURCE_DIR}/tests")
+endforeach()

@@ -1,0 +1,482 @@
+// Data layer: tokenizers (byte, GPT-2 BPE), llm.c shards, `prepare`, corpus loading.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "trellis/core/error.h"
+#include "trellis/data/corpus.h"
+#include "trellis/data/prepare.h"
+#include "trellis/data/shard.h"
+#include "trellis/data/tokenizer.h"
+
+namespace fs = std::filesystem;
+
+namespace trellis {
+namespace {
+
+// The committed GPT-2 files live next to this source file, so the tests find them whatever the
+// build directory or working directory; TRELLIS_SOURCE (set by ctest for script tests) wins.
+std::string gpt2_dir() {
+  if (const char* src = std::getenv("TRELLIS_SOURCE"); src != nullptr && *src != '\0')
+    return (fs::path(src) / "tests" / "data" / "gpt2").string();
+  return (fs::path(__FILE__).parent_path().parent_path() / "data" / "gpt2").string();
+}
+
+// A scratch directory per test, removed afterwards.
+class TempDir {
+ public:
+  TempDir() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    path_ = fs::temp_directory_path() / fmt::format("trellis_test_data_{}_{}_{}", ::getpid(),
+                                                    info->test_suite_name(), info->name());
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
+  std::string str() const { return path_.string(); }
+
+ private:
+  fs::path path_;
+};
+
+void write_text(const std::string& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary);
+  f << bytes;
+}
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// Runs f, expecting a trellis::Error of kind Input whose message contains every needle.
+template <typename F>
+void expect_input_error(F&& f, const std::vector<std::string>& needles) {
+  try {
+    f();
+    ADD_FAILURE() << "expected trellis::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Input) << e.what();
+    for (const auto& n : needles)
+      EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
+          << "message '" << e.what() << "' lacks '" << n << "'";
+  }
+}
+
+std::vector<int> to_int(const std::vector<uint16_t>& v) { return {v.begin(), v.end()}; }
+
+const Tokenizer& gpt2() {
+  static const auto tok = load_gpt2_tokenizer(gpt2_dir());
+  return *tok;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tokenizers
+
+TEST(ByteTokenizer, RoundTripsEveryByte) {
+  const auto tok = make_byte_tokenizer();
+  EXPECT_EQ(tok->vocab_size(), 256);
+  EXPECT_EQ(tok->eot_token(), -1);
+  EXPECT_EQ(tok->kind(), "byte");
+  std::string all;
+  for (int b = 0; b < 256; ++b) all += static_cast<char>(b);
+  const auto ids = tok->encode(all);
+  ASSERT_EQ(ids.size(), 256u);
+  for (int b = 0; b < 256; ++b) EXPECT_EQ(ids[b], b);
+  EXPECT_EQ(tok->decode(ids), all);
+  EXPECT_TRUE(tok->encode("").empty());
+}
+
+TEST(ByteTokenizer, RejectsOutOfRangeTokens) {
+  const auto tok = make_byte_tokenizer();
+  expect_input_error([&] { tok->decode({65, 256}); }, {"256"});
+  expect_input_error([&] { tok->decode({-1}); }, {"-1"});
+}
+
+TEST(Gpt2Tokenizer, Metadata) {
+  EXPECT_EQ(gpt2().vocab_size(), 50257);
+  EXPECT_EQ(gpt2().eot_token(), 50256);
+  EXPECT_EQ(gpt2().kind(), "gpt2");
+  EXPECT_EQ(gpt2().decode({50256}), "<|endoftext|>");
+}
+
+TEST(Gpt2Tokenizer, KnownEncodings) {
+  EXPECT_EQ(gpt2().encode("Hello world"), (std::vector<int>{15496, 995}));
+  EXPECT_EQ(gpt2().encode("The quick brown fox jumps over the lazy dog."),
+            (std::vector<int>{464, 2068, 7586, 21831, 18045, 625, 262, 16931, 3290, 13}));
+  // The special token's text is ordinary text to encode(); only prepare inserts the id itself.
+  EXPECT_EQ(gpt2().encode("<|endoftext|>"), (std::vector<int>{27, 91, 437, 1659, 5239, 91, 29}));
+  EXPECT_TRUE(gpt2().encode("").empty());
+  // Contractions, digits, non-Latin scripts, emoji, whitespace runs, NBSP and CRLF; ids from
+  // OpenAI's encoder.py (with the `regex` module) on the same bytes.
+  EXPECT_EQ(gpt2().encode("It's 2024: café naïve Ελληνικά 日本語 🎉\n\n  x\t y \u00a0z\r\n"),
+            (std::vector<int>{1026,  338, 48609, 25,    40304, 41492, 7377, 243,   39377, 39377,
+                              138,   115, 26180, 29945, 43000, 138,   105,  10545, 245,   98,
+                              17312, 105, 45739, 252,   12520, 236,   231,  628,   220,   2124,
+                              197,   331, 220,   1849,  89,    201,   198}));
+}
+
+TEST(Gpt2Tokenizer, RoundTrips) {
+  const std::vector<std::string> texts = {
+      "Hello world",
+      "  leading spaces, trailing spaces   ",
+      "tabs\tand\nnewlines\r\n\n\nand a final newline\n",
+      "It's we're they've I'm you'll he'd 'quoted'",
+      "numbers 12345 67.89 -0.5e10",
+      "unicode: café naïve Ελληνικά русский 日本語 한국어 emoji 🎉🚀 ‰ — “quotes”",
+      "mixed\u00a0nbsp and\u2003em space",
+      "symbols !@#$%^&*()_+-=[]{}|;:,.<>/?`~\\\"",
+      std::string("\0\x01\x7f control", 12),
+      "invalid utf-8: \xff\xfe \xc3( \xe2\x82 end",  // bytes GPT-2's str-based encoder never sees
+  };
+  for (const auto& t : texts) EXPECT_EQ(gpt2().decode(gpt2().encode(t)), t) << t;
+  // Every single byte, alone and in a run.
+  std::string all;
+  for (int b = 0; b < 256; ++b) {
+    const std::string one(1, static_cast<char>(b));
+    EXPECT_EQ(gpt2().decode(gpt2().encode(one)), one) << b;
+    all += one;
+  }
+  EXPECT_EQ(gpt2().decode(gpt2().encode(all)), all);
+}
+
+TEST(Gpt2Tokenizer, CacheDoesNotChangeResults) {
+  const std::string t = "the the the cat and the hat. The the THE";
+  const auto first = gpt2().encode(t);
+  EXPECT_EQ(gpt2().encode(t), first);
+  EXPECT_EQ(gpt2().decode(first), t);
+}
+
+TEST(Gpt2Tokenizer, RejectsOutOfRangeTokens) {
+  expect_input_error([] { gpt2().decode({50257}); }, {"50257"});
+}
+
+TEST(Gpt2Tokenizer, MissingFilesNameTheFile) {
+  TempDir dir;
+  expect_input_error([&] { load_gpt2_tokenizer(dir / "nope"); }, {"nope"});
+  expect_input_error([&] { load_gpt2_tokenizer(dir.str()); }, {"encoder.json"});
+  fs::copy_file(fs::path(gpt2_dir()) / "encoder.json", dir / "encoder.json");
+  expect_input_error([&] { load_gpt2_tokenizer(dir.str()); }, {"vocab.bpe"});
+  expect_input_error([&] { make_tokenizer("gpt2", ""); }, {"tokenizer directory"});
+  expect_input_error([&] { make_tokenizer("sentencepiece", ""); }, {"sentencepiece"});
+}
+
+TEST(Gpt2Tokenizer, CorruptFilesNameTheFile) {
+  TempDir dir;
+  fs::copy_file(fs::path(gpt2_dir()) / "vocab.bpe", dir / "vocab.bpe");
+  write_text(dir / "encoder.json", "{\"a\": 0, \"b\": ");
+  expect_input_error([&] { load_gpt2_tokenizer(dir.str()); }, {dir / "encoder.json", "JSON"});
+  write_text(dir / "encoder.json", "[1, 2, 3]");
+  expect_input_error([&] { load_gpt2_tokenizer(dir.str()); }, {dir / "encoder.json"});
+
+  fs::remove(dir / "encoder.json");
+  fs::copy_file(fs::path(gpt2_dir()) / "encoder.json", dir / "encoder.json");
+  write_text(dir / "vocab.bpe", "#version: 0.2\n\xc4\xa0 t\nnospace\n");
+  expect_input_error([&] { load_gpt2_tokenizer(dir.str()); },
+                     {dir / "vocab.bpe" + ":3", "malformed", "nospace"});
+  write_text(dir / "vocab.bpe", "#version: 0.2\na b c\n");
+  expect_input_error([&] { load_gpt2_tokenizer(dir.str()); }, {dir / "vocab.bpe" + ":2"});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shards
+
+TEST(Shard, RoundTrip) {
+  TempDir dir;
+  const std::vector<uint16_t> tokens = {0, 1, 2, 50256, 65535, 7};
+  write_shard(dir / "s.bin", tokens);
+  EXPECT_EQ(fs::file_size(dir / "s.bin"), 1024u + 2 * tokens.size());
+  EXPECT_EQ(read_shard(dir / "s.bin"), tokens);
+
+  // Header layout is llm.c's: magic, version, count, zeros.
+  const std::string raw = read_bytes(dir / "s.bin");
+  int32_t header[256];
+  std::memcpy(header, raw.data(), sizeof header);
+  EXPECT_EQ(header[0], 20240520);
+  EXPECT_EQ(header[1], 1);
+  EXPECT_EQ(header[2], 6);
+  for (int i = 3; i < 256; ++i) EXPECT_EQ(header[i], 0);
+
+  write_shard(dir / "empty.bin", {});
+  EXPECT_TRUE(read_shard(dir / "empty.bin").empty());
+  // No temp files left behind by the atomic write.
+  size_t entries = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir.str())) ++entries;
+  EXPECT_EQ(entries, 2u);
+}
+
+TEST(Shard, TruncatedFileNamesFileAndCounts) {
+  TempDir dir;
+  const std::string p = dir / "train_000000.bin";
+  write_shard(p, std::vector<uint16_t>(1000, 3));
+  fs::resize_file(p, 1024 + 2 * 998);
+  expect_input_error([&] { read_shard(p); },
+                     {p, "truncated", "header says 1000 tokens, file holds 998"});
+  fs::resize_file(p, 100);
+  expect_input_error([&] { read_shard(p); }, {p, "truncated"});
+  fs::resize_file(p, 0);
+  expect_input_error([&] { read_shard(p); }, {p, "truncated"});
+}
+
+TEST(Shard, ExtraBytesAreAnError) {
+  TempDir dir;
+  const std::string p = dir / "val_000000.bin";
+  write_shard(p, {1, 2, 3});
+  fs::resize_file(p, 1024 + 2 * 3 + 4);
+  expect_input_error([&] { read_shard(p); }, {p, "extra"});
+}
+
+TEST(Shard, BadMagicAndVersionNameTheFile) {
+  TempDir dir;
+  const std::string p = dir / "x.bin";
+  write_shard(p, {1, 2, 3});
+  std::string raw = read_bytes(p);
+  int32_t v = 12345;
+  std::memcpy(raw.data(), &v, 4);
+  write_text(p, raw);
+  expect_input_error([&] { read_shard(p); }, {p, "magic", "12345"});
+
+  v = kShardMagic;
+  std::memcpy(raw.data(), &v, 4);
+  v = 7;
+  std::memcpy(raw.data() + 4, &v, 4);
+  write_text(p, raw);
+  expect_input_error([&] { read_shard(p); }, {p, "version 7"});
+}
+
+TEST(Shard, MissingFileNamesTheFile) {
+  TempDir dir;
+  expect_input_error([&] { read_shard(dir / "absent.bin"); }, {dir / "absent.bin"});
+}
+
+// ---------------------------------------------------------------------------------------------
+// prepare
+
+// Concatenation of all shards with the given prefix, in name order.
+std::vector<uint16_t> read_split(const std::string& dir, const std::string& prefix) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const auto name = e.path().filename().string();
+    if (name.starts_with(prefix)) names.push_back(e.path().string());
+  }
+  std::sort(names.begin(), names.end());
+  std::vector<uint16_t> out;
+  for (const auto& n : names) {
+    const auto t = read_shard(n);
+    out.insert(out.end(), t.begin(), t.end());
+  }
+  return out;
+}
+
+TEST(Prepare, ByteCorpusRoundTripsThroughShards) {
+  TempDir dir;
+  fs::create_directories(dir / "in");
+  // Written out of name order: prepare must sort.
+  write_text(dir / "in/b.txt", "second document\nwith two lines\n");
+  write_text(dir / "in/a.txt", "First document. Ünïcödé too.\n");
+  write_text(dir / "in/c.txt", "third\n");
+  const std::string expected =
+      read_bytes(dir / "in/a.txt") + read_bytes(dir / "in/b.txt") + read_bytes(dir / "in/c.txt");
+
+  PrepareOptions opt;
+  opt.inputs = {dir / "in"};
+  opt.out_dir = dir / "out";
+  opt.val_fraction = 0.25;
+  opt.shard_tokens = 16;
+  const auto r = prepare_dataset(opt);
+  EXPECT_EQ(r.train_tokens + r.val_tokens, expected.size());
+  EXPECT_EQ(r.val_tokens, static_cast<size_t>(std::llround(expected.size() * 0.25)));
+
+  EXPECT_TRUE(fs::exists(dir / "out/train_000000.bin"));
+  EXPECT_TRUE(fs::exists(dir / "out/train_000001.bin"));  // 16-token shards force several
+  EXPECT_TRUE(fs::exists(dir / "out/val_000000.bin"));
+  for (const auto& e : fs::directory_iterator(dir / "out"))
+    if (e.path().extension() == ".bin") {
+      EXPECT_LE(read_shard(e.path().string()).size(), 16u);
+    }
+
+  const auto train = read_split(dir / "out", "train");
+  const auto val = read_split(dir / "out", "val");
+  EXPECT_EQ(train.size(), r.train_tokens);
+  EXPECT_EQ(val.size(), r.val_tokens);
+  auto all = to_int(train);
+  const auto v = to_int(val);
+  all.insert(all.end(), v.begin(), v.end());
+  EXPECT_EQ(make_byte_tokenizer()->decode(all), expected);
+
+  const auto meta = nlohmann::json::parse(read_bytes(dir / "out/meta.json"));
+  EXPECT_EQ(meta["tokenizer"], "byte");
+  EXPECT_EQ(meta["vocab_size"], 256);
+  EXPECT_EQ(meta["train_tokens"], r.train_tokens);
+  EXPECT_EQ(meta["val_tokens"], r.val_tokens);
+
+  const Corpus c = load_corpus_dir(dir / "out");
+  EXPECT_EQ(c.train, train);
+  EXPECT_EQ(c.val, val);
+  EXPECT_EQ(c.tokenizer, "byte");
+  EXPECT_EQ(c.vocab_size, 256);
+  EXPECT_NE(c.source.find("out"), std::string::npos);
+}
+
+TEST(Prepare, Gpt2InsertsEotBetweenDocuments) {
+  TempDir dir;
+  write_text(dir / "one.txt", "Hello world");
+  write_text(dir / "two.txt", "The quick brown fox jumps over the lazy dog.");
+  PrepareOptions opt;
+  opt.inputs = {dir / "one.txt", dir / "two.txt"};
+  opt.out_dir = dir / "out";
+  opt.tokenizer = "gpt2";
+  opt.tokenizer_dir = gpt2_dir();
+  opt.val_fraction = 0.2;
+  const auto r = prepare_dataset(opt);
+  auto all = to_int(read_split(dir / "out", "train"));
+  const auto val = to_int(read_split(dir / "out", "val"));
+  all.insert(all.end(), val.begin(), val.end());
+  EXPECT_EQ(all, (std::vector<int>{15496, 995, 50256, 464, 2068, 7586, 21831, 18045, 625, 262,
+                                   16931, 3290, 13}));
+  EXPECT_EQ(r.val_tokens, 3u);  // round(13 * 0.2)
+  EXPECT_EQ(gpt2().decode(all),
+            "Hello world<|endoftext|>The quick brown fox jumps over the lazy dog.");
+
+  const auto meta = nlohmann::json::parse(read_bytes(dir / "out/meta.json"));
+  EXPECT_EQ(meta["tokenizer"], "gpt2");
+  EXPECT_EQ(meta["vocab_size"], 50257);
+  EXPECT_TRUE(fs::path(meta["tokenizer_dir"].get<std::string>()).is_absolute());
+
+  const Corpus c = load_corpus_dir(dir / "out");
+  EXPECT_EQ(c.tokenizer, "gpt2");
+  EXPECT_EQ(c.vocab_size, 50257);
+  EXPECT_TRUE(fs::path(c.tokenizer_dir).is_absolute());
+  EXPECT_TRUE(fs::exists(fs::path(c.tokenizer_dir) / "encoder.json"));
+}
+
+TEST(Prepare, RemovesStaleShardsFromAnEarlierRun) {
+  TempDir dir;
+  write_text(dir / "a.txt", std::string(100, 'x'));
+  PrepareOptions opt;
+  opt.inputs = {dir / "a.txt"};
+  opt.out_dir = dir / "out";
+  opt.shard_tokens = 10;
+  prepare_dataset(opt);
+  EXPECT_TRUE(fs::exists(dir / "out/train_000008.bin"));
+  opt.shard_tokens = 1000;
+  prepare_dataset(opt);
+  EXPECT_FALSE(fs::exists(dir / "out/train_000001.bin"));
+  EXPECT_FALSE(fs::exists(dir / "out/train_000008.bin"));
+  const Corpus c = load_corpus_dir(dir / "out");
+  EXPECT_EQ(c.train.size() + c.val.size(), 100u);
+}
+
+TEST(Prepare, InputErrors) {
+  TempDir dir;
+  PrepareOptions opt;
+  opt.out_dir = dir / "out";
+  expect_input_error([&] { prepare_dataset(opt); }, {"no input"});
+
+  opt.inputs = {dir / "missing.txt"};
+  expect_input_error([&] { prepare_dataset(opt); }, {dir / "missing.txt"});
+
+  write_text(dir / "empty.txt", "");
+  opt.inputs = {dir / "empty.txt"};
+  expect_input_error([&] { prepare_dataset(opt); }, {"empty corpus"});
+
+  write_text(dir / "one.txt", "x");
+  opt.inputs = {dir / "one.txt"};
+  expect_input_error([&] { prepare_dataset(opt); }, {"too small"});
+
+  fs::create_directories(dir / "emptydir");
+  opt.inputs = {dir / "emptydir"};
+  expect_input_error([&] { prepare_dataset(opt); }, {dir / "emptydir"});
+
+  write_text(dir / "two.txt", "xy");
+  opt.inputs = {dir / "two.txt"};
+  opt.tokenizer = "gpt2";
+  opt.tokenizer_dir = dir / "no-tokenizer";
+  expect_input_error([&] { prepare_dataset(opt); }, {"no-tokenizer"});
+
+  opt.tokenizer = "byte";
+  opt.val_fraction = 1.5;
+  expect_input_error([&] { prepare_dataset(opt); }, {"val_fraction"});
+
+  // The smallest corpus that works: one token each side.
+  opt.val_fraction = 0.1;
+  const auto r = prepare_dataset(opt);
+  EXPECT_EQ(r.train_tokens, 1u);
+  EXPECT_EQ(r.val_tokens, 1u);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Corpus
+
+TEST(Corpus, DirectoryErrors) {
+  TempDir dir;
+  expect_input_error([&] { load_corpus_dir(dir / "absent"); }, {dir / "absent"});
+  expect_input_error([&] { load_corpus_dir(dir.str()); }, {dir.str(), "train"});
+  write_shard(dir / "train_000000.bin", {1, 2, 3});
+  expect_input_error([&] { load_corpus_dir(dir.str()); }, {dir.str(), "val"});
+  write_shard(dir / "val_000000.bin", {4});
+  EXPECT_NO_THROW(load_corpus_dir(dir.str()));
+
+  write_text(dir / "meta.json", "{ not json");
+  expect_input_error([&] { load_corpus_dir(dir.str()); }, {dir / "meta.json"});
+  write_text(dir / "meta.json", R"({"tokenizer": "byte", "vocab_size": 3})");
+  expect_input_error([&] { load_corpus_dir(dir.str()); }, {"vocab_size 3"});
+  fs::remove(dir / "meta.json");
+
+  fs::resize_file(dir / "val_000000.bin", 1000);
+  expect_input_error([&] { load_corpus_dir(dir.str()); }, {dir / "val_000000.bin"});
+}
+
+TEST(Corpus, InfersTokenizerWithoutMeta) {
+  TempDir dir;
+  write_shard(dir / "train_000000.bin", {1, 2});
+  write_shard(dir / "train_000001.bin", {3, 255});
+  write_shard(dir / "val_000000.bin", {4});
+  Corpus c = load_corpus_dir(dir.str());
+  EXPECT_EQ(c.train, (std::vector<uint16_t>{1, 2, 3, 255}));
+  EXPECT_EQ(c.val, (std::vector<uint16_t>{4}));
+  EXPECT_EQ(c.tokenizer, "byte");
+  EXPECT_EQ(c.vocab_size, 256);
+
+  write_shard(dir / "val_000001.bin", {50256});
+  c = load_corpus_dir(dir.str());
+  EXPECT_EQ(c.val, (std::vector<uint16_t>{4, 50256}));
+  EXPECT_EQ(c.tokenizer, "gpt2");
+  EXPECT_EQ(c.vocab_size, 50257);
+
+  write_shard(dir / "val_000002.bin", {60000});
+  expect_input_error([&] { load_corpus_dir(dir.str()); }, {"60000"});
+}
+
+TEST(Corpus, DefaultCorpusIsDebianLicences) {
+  if (!fs::is_directory("/usr/share/common-licenses"))
+    GTEST_SKIP() << "/usr/share/common-licenses is absent on this system";
+  const Corpus c = load_default_corpus();
+  EXPECT_EQ(c.tokenizer, "byte");
+  EXPECT_EQ(c.vocab_size, 256);
+  ASSERT_GT(c.train.size(), 1000u);
+  const size_t total = c.train.size() + c.val.size();
+  EXPECT_EQ(c.val.size(), total / 10);
+  EXPECT_NE(c.source.find("/usr/share/common-licenses"), std::string::npos);
+  EXPECT_NE(c.source.find(fmt::format("{} bytes", total)), std::string::npos);
+  // Deterministic: a second load gives the same streams.
+  const Corpus again = load_default_corpus();
+  EXPECT_EQ(again.train, c.train);
+  EXPECT_EQ(again.val, c.val);
+}
+
+}  // namespace
+}  // namespace trellis
