@@ -25,10 +25,17 @@ int main(int argc, char** argv) {
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
-      if (world->rank() != 0 && e.get_exit_code() == 0) return 0;
-      code = app.exit(e);
+      // --help prints usage (rank 0 only); any other parse error is one line and exit code 2.
+      if (e.get_exit_code() == 0) {
+        if (world->rank() == 0) app.exit(e);
+        code = 0;
+      } else {
+        if (world->rank() == 0) std::fprintf(stderr, "trellis: error: %s\n", e.what());
+        code = 2;
+      }
+      world.reset();
       finalize_communication();
-      return code == 0 ? 0 : 2;
+      return code;
     }
     for (const auto& c : commands)
       if (c.sub->parsed()) code = c.run(*world);

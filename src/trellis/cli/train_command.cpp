@@ -48,6 +48,7 @@ Command add_train_command(CLI::App& app) {
     } else {
       opt = sub->add_option(flag_name(k.name), args->flag_values[i], k.help)->default_str(def);
     }
+    opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // the last occurrence wins
     args->flag_opts.emplace_back(k.name, opt);
   }
   auto run = [args](Communicator& world) {

@@ -97,6 +97,7 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       make_key("grad_clip", "clip the global gradient norm to this (0 = off)", &o.grad_clip),
       make_key("save_every", "write a checkpoint every N steps (0 = only at the end)", &c.save_every),
       make_key("resume", "continue from the newest checkpoint in out", &c.resume),
+      make_key("stop_at", "save a checkpoint and exit after this step; resume later (0 = run all steps)", &c.stop_at),
       make_key("val_every", "validation loss every N steps (0 = only at the end)", &c.val_every),
       make_key("val_batches", "global batches of validation data per evaluation", &c.val_batches),
       make_key("log_every", "print a progress line every N steps", &c.log_every),

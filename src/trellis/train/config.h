@@ -32,6 +32,7 @@ struct TrainConfig {
   // checkpoints, validation, logging
   int64_t save_every = 0;        // 0 = only at the end
   bool resume = false;
+  int64_t stop_at = 0;           // save and exit after this step (a time-limited job); 0 = run all
   int64_t val_every = 50;        // 0 = only at the end
   int64_t val_batches = 4;       // global batches of the validation split per evaluation
   int64_t log_every = 1;

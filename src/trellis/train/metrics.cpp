@@ -1,17 +1,27 @@
 #include "trellis/train/metrics.h"
 
 #include <filesystem>
+#include <fstream>
 
 #include "trellis/core/error.h"
 #include "trellis/io/tfevents.h"
 
 namespace trellis {
 
-MetricsLog::MetricsLog(const std::string& out_dir, bool tensorboard, bool append) {
+MetricsLog::MetricsLog(const std::string& out_dir, bool tensorboard, int64_t resume_step) {
   std::filesystem::create_directories(out_dir);
   const std::string path = out_dir + "/metrics.jsonl";
-  jsonl_ = std::fopen(path.c_str(), append ? "a" : "w");
+  std::string kept;
+  if (resume_step >= 0) {
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line, nullptr, false);
+      if (!j.is_discarded() && j.value("step", int64_t(0)) <= resume_step) kept += line + "\n";
+    }
+  }
+  jsonl_ = std::fopen(path.c_str(), "w");
   TRELLIS_REQUIRE(jsonl_ != nullptr, "{}: cannot open for writing", path);
+  std::fwrite(kept.data(), 1, kept.size(), jsonl_);
   if (tensorboard) tb_ = std::make_unique<EventWriter>(out_dir + "/tb");
 }
 

@@ -13,7 +13,9 @@ class EventWriter;
 
 class MetricsLog {
  public:
-  MetricsLog(const std::string& out_dir, bool tensorboard, bool append);
+  // resume_step >= 0: keep the existing metrics.jsonl lines up to that step (a resumed run
+  // replays what came after its checkpoint); -1: start a new file.
+  MetricsLog(const std::string& out_dir, bool tensorboard, int64_t resume_step);
   ~MetricsLog();
   // Appends the object to metrics.jsonl; numeric fields also go to TensorBoard under prefix/key.
   void write(const nlohmann::json& record, const std::string& tb_prefix);

@@ -160,7 +160,8 @@ int run_training(TrainConfig cfg, Communicator& world) {
       std::min<int64_t>(cfg.val_batches * G,
                         corpus.val.size() > 1 ? (int64_t(corpus.val.size()) - 1) / T : 0);
   std::unique_ptr<MetricsLog> log;
-  if (lead) log = std::make_unique<MetricsLog>(cfg.out, cfg.tensorboard, start_step > 0);
+  if (lead) log = std::make_unique<MetricsLog>(cfg.out, cfg.tensorboard,
+                                             resumed_from.empty() ? -1 : start_step);
   const int64_t n_params = layout.count();
   const double step_flops = flops_per_token(mc, n_params, T) * double(G * T);
   const double peak_flops = cfg.peak_gflops_per_core * 1e9 * threads * world.size();
@@ -271,6 +272,7 @@ int run_training(TrainConfig cfg, Communicator& world) {
         std::fflush(stdout);
       }
     }
+    const bool stopping = step == cfg.stop_at;
     const bool last = step == cfg.steps;
     if (val_windows > 0 && ((cfg.val_every > 0 && step % cfg.val_every == 0) || last)) {
       const double val = evaluate(model, ctx, corpus.val, val_windows, mesh);
@@ -280,13 +282,15 @@ int run_training(TrainConfig cfg, Communicator& world) {
         if (!cfg.quiet) fmt::print("step {} | val loss {:.4f}\n", step, val);
       }
     }
-    if ((cfg.save_every > 0 && step % cfg.save_every == 0) || last)
+    if ((cfg.save_every > 0 && step % cfg.save_every == 0) || last || stopping)
       last_checkpoint = checkpoint(step);
+    if (stopping) break;
   }
   if (cfg.steps <= start_step) last_checkpoint = checkpoint(start_step);
+  const int64_t end_step = cfg.stop_at > start_step ? std::min(cfg.stop_at, cfg.steps) : cfg.steps;
 
   if (lead && !cfg.quiet) {
-    const int64_t trained = cfg.steps - start_step;
+    const int64_t trained = end_step - start_step;
     fmt::print("trellis: done | {} steps, {} tokens in {} | mean {:.0f} tok/s, MFU {:.1f}%{} | "
                "checkpoint {} | metrics {}/metrics.jsonl{}\n",
                std::max<int64_t>(0, trained), std::max<int64_t>(0, trained) * G * T,

@@ -1,0 +1,97 @@
+"""Bad input: one line naming the problem on stderr, exit code 2, nothing half-written."""
+import os
+import struct
+
+from trellis_test import check, fresh_dir, run, write_text_corpus, TMP
+
+
+def expect_error(args, *needles):
+    out, err = run(args, expect=2, timeout=120)
+    lines = [l for l in err.splitlines() if l.strip()]
+    check(len(lines) == 1 and lines[0].startswith("trellis: error:"),
+          f"one error line for {' '.join(map(str, args[:1]))}: {lines}")
+    for n in needles:
+        check(str(n) in lines[0], f"error names '{n}'")
+    return lines[0]
+
+
+corpus = fresh_dir("corpus")
+write_text_corpus(os.path.join(corpus, "text.txt"))
+data = os.path.join(TMP, "data")
+run(["prepare", "--input", corpus, "--out", data])
+train = ["train", "--model", "tiny", "--steps", 2, "--batch-size", 2, "--seq-len", 16,
+         "--quiet", "--threads", 1]
+
+# Data files.
+expect_error(train + ["--data", "/nonexistent/dir", "--out", fresh_dir("o1")], "/nonexistent/dir")
+bad = fresh_dir("truncated")
+with open(os.path.join(data, "train_000000.bin"), "rb") as f:
+    blob = f.read()
+with open(os.path.join(bad, "train_000000.bin"), "wb") as f:
+    f.write(blob[:-3])
+with open(os.path.join(data, "val_000000.bin"), "rb") as f, \
+        open(os.path.join(bad, "val_000000.bin"), "wb") as g:
+    g.write(f.read())
+o2 = fresh_dir("o2")
+expect_error(train + ["--data", bad, "--out", o2], "train_000000.bin", "truncated")
+check(os.listdir(o2) == [], "nothing written after a bad shard")
+with open(os.path.join(bad, "train_000000.bin"), "wb") as f:
+    f.write(struct.pack("<256i", 12345, 1, 0, *([0] * 253)))
+expect_error(train + ["--data", bad, "--out", fresh_dir("o3")], "train_000000.bin", "magic")
+
+# Configuration.
+expect_error(train + ["--data", data, "--set", "no_such_key=3", "--out", fresh_dir("o4")],
+             "no_such_key")
+toml = os.path.join(TMP, "bad.toml")
+with open(toml, "w") as f:
+    f.write('model = "tiny"\nlearning_rate = 0.1\n')
+expect_error(train + ["--data", data, "--config", toml, "--out", fresh_dir("o5")],
+             "bad.toml", "learning_rate")
+with open(toml, "w") as f:
+    f.write('model = "tiny\n')
+expect_error(train + ["--data", data, "--config", toml, "--out", fresh_dir("o5b")], "bad.toml")
+expect_error(train + ["--data", data, "--steps", "ten", "--out", fresh_dir("o6")], "steps", "ten")
+expect_error(train + ["--data", data, "--n-head", 5, "--out", fresh_dir("o7")], "n_head=5",
+             "n_embd=32")
+expect_error(train + ["--data", data, "--seq-len", 100, "--out", fresh_dir("o8")], "seq_len 100",
+             "64")
+expect_error(train + ["--data", data, "--batch-size", 4, "--micro-batch-size", 3,
+                      "--out", fresh_dir("o9")], "micro_batch_size 3")
+expect_error(train + ["--data", data, "--model", "gpt5", "--out", fresh_dir("o10")], "gpt5")
+expect_error(train + ["--data", data, "--tp", 2, "--out", fresh_dir("o11")], "world size")
+
+# Checkpoints.
+ok = fresh_dir("ok")
+run(train + ["--data", data, "--out", ok])
+ck = os.path.join(ok, "step_00000002")
+shard = os.path.join(data, "val_000000.bin")
+evalcmd = ["eval", "--checkpoint", ck, "--data", shard, "--seq-len", 16, "--batch-size", 2,
+           "--batches", 1]
+run(evalcmd)
+model = os.path.join(ck, "model.safetensors")
+with open(model, "rb") as f:
+    blob = f.read()
+with open(model, "wb") as f:
+    f.write(blob[: len(blob) // 2])
+expect_error(evalcmd, "model.safetensors")
+with open(model, "wb") as f:
+    f.write(b"\xff" * 8 + blob[8:])
+expect_error(evalcmd, "model.safetensors")
+os.remove(model)
+expect_error(evalcmd, "model.safetensors")
+with open(os.path.join(ck, "config.json"), "w") as f:
+    f.write('{"n_layer": 2')
+expect_error(evalcmd, "config.json")
+expect_error(["eval", "--checkpoint", os.path.join(ok, "missing"), "--data", shard], "missing")
+check(not any(n.startswith(".") for n in os.listdir(ok)), "no temporary checkpoint left behind")
+
+# Tokenizer files.
+expect_error(["prepare", "--input", corpus, "--out", fresh_dir("p1"), "--tokenizer", "gpt2",
+              "--tokenizer-dir", "/nonexistent/gpt2"], "/nonexistent/gpt2")
+broken = fresh_dir("broken_tok")
+with open(os.path.join(broken, "encoder.json"), "w") as f:
+    f.write("{not json")
+with open(os.path.join(broken, "vocab.bpe"), "w") as f:
+    f.write("#version: 0.2\n")
+expect_error(["prepare", "--input", corpus, "--out", fresh_dir("p2"), "--tokenizer", "gpt2",
+              "--tokenizer-dir", broken], "encoder.json")

@@ -1,0 +1,333 @@
+#!/usr/bin/env python3
+"""PyTorch oracle test for trellis (run by ctest; plain script).
+
+Environment: TRELLIS_BIN (the trellis binary), TRELLIS_TMP (scratch directory,
+created if missing), TRELLIS_SOURCE (repository root). PYTHONPATH must contain
+<repo>/tests (it is added here too when TRELLIS_SOURCE is set).
+
+Checks (every tensor compared norm-wise: ||trellis - torch|| / ||torch|| <= 1e-5):
+  a. byte tokenizer, tiny model: loss and all gradients of `trellis grad` vs autograd.
+  b. GPT-2 BPE tokenizer (vocab 50257, padded to 50304 inside trellis): same.
+  c. 10 AdamW steps (warmup 2 + cosine, grad clip 1.0 that triggers, weight decay 0.1,
+     no shuffling, batch 4 x 32): per-step loss and grad norm, final parameters and
+     AdamW moments.
+  d. as c with gradient accumulation (micro-batch 2 of batch 4).
+  e. 10 SGD-momentum steps (batch 8 x 64, the data order wraps around): losses,
+     final parameters and momentum buffers.
+
+Exit status 0 when every check passes; otherwise 1, with the failing case, step and
+tensor named.
+"""
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+if os.environ.get("TRELLIS_SOURCE"):
+    sys.path.insert(0, os.path.join(os.environ["TRELLIS_SOURCE"], "tests"))
+
+import torch  # noqa: E402
+
+from reference.torch_gpt import (  # noqa: E402
+    gpt_loss, load_model, load_safetensors, read_split, read_tokens, windows)
+
+TOL = 1e-5
+THREADS = "2"
+# The oracle computes in float32 like trellis; set TRELLIS_ORACLE_DTYPE=float64 to use a
+# float64 reference instead (then the errors measure trellis alone).
+DTYPE = torch.float64 if os.environ.get("TRELLIS_ORACLE_DTYPE") == "float64" else torch.float32
+TINY = ["--model", "tiny", "--n-layer", "2", "--n-head", "2", "--n-embd", "32",
+        "--block-size", "64"]
+
+failures = []
+
+
+def fail(msg):
+    failures.append(msg)
+    print("FAIL " + msg, flush=True)
+
+
+def rel(a, b):
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    nb = np.linalg.norm(b)
+    d = np.linalg.norm(a - b)
+    if nb == 0.0:
+        return 0.0 if d == 0.0 else float("inf")
+    return float(d / nb)
+
+
+def run(args, **kw):
+    cmd = [BIN] + [str(a) for a in args]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    if p.returncode != 0:
+        raise RuntimeError(f"command failed ({p.returncode}): {' '.join(cmd)}\n"
+                           f"stdout: {p.stdout}\nstderr: {p.stderr}")
+    return p.stdout
+
+
+def corpus(path, nbytes=6000, seed=1234):
+    """Deterministic English-ish text."""
+    r = random.Random(seed)
+    subj = ["the old sailor", "a young fox", "my neighbour", "the teacher", "every child",
+            "the small robot", "our captain", "a quiet river", "the baker", "that grey cat"]
+    verb = ["watched", "followed", "painted", "remembered", "carried", "described",
+            "found", "ignored", "admired", "questioned"]
+    obj = ["the morning light", "a broken lantern", "seven green apples", "the distant hills",
+           "an empty boat", "the long winter", "a letter from home", "the market square",
+           "a forgotten song", "the northern road"]
+    tail = ["before the rain began", "without saying a word", "while the town slept",
+            "as the bells rang", "for the third time", "with great care",
+            "under the tall trees", "after the storm", "in the late evening", "again"]
+    out = []
+    size = 0
+    while size < nbytes:
+        para = []
+        for _ in range(r.randint(3, 6)):
+            s = f"{r.choice(subj)} {r.choice(verb)} {r.choice(obj)} {r.choice(tail)}"
+            if r.random() < 0.3:
+                s += f", and {r.choice(subj)} {r.choice(verb)} {r.choice(obj)}"
+            s = s[0].upper() + s[1:] + r.choice([".", ".", ".", "!", "?"])
+            para.append(s)
+        text = " ".join(para) + "\n\n"
+        out.append(text)
+        size += len(text)
+    with open(path, "w") as f:
+        f.write("".join(out))
+
+
+# ---------------------------------------------------------------------------
+# a / b: loss and gradients of one batch
+# ---------------------------------------------------------------------------
+
+
+def check_grad(case, datadir, T=32, B=4, extra=()):
+    out = os.path.join(TMP, f"{case}_init")
+    run(["train", *TINY, *extra, "--data", datadir, "--out", out, "--steps", "0",
+         "--seed", "11", "--quiet", "--tensorboard=false", "--val-every", "0",
+         "--threads", THREADS])
+    ckpt = os.path.join(out, "step_00000000")
+    shard = os.path.join(datadir, "train_000000.bin")
+    gpath = os.path.join(TMP, f"{case}_grad.safetensors")
+    stdout = run(["grad", "--checkpoint", ckpt, "--data", shard, "--seq-len", T,
+                  "--batch-size", B, "--out", gpath, "--threads", THREADS])
+    t_loss = float(json.loads(stdout.strip().splitlines()[-1])["loss"])
+    grads = load_safetensors(gpath)
+
+    params, cfg = load_model(ckpt, dtype=DTYPE)
+    x, y = windows(read_tokens(shard), T, range(B))
+    loss = gpt_loss(params, cfg, x, y)
+    loss.backward()
+
+    ok = True
+    e_loss = abs(t_loss - loss.item()) / abs(loss.item())
+    if e_loss > TOL:
+        fail(f"{case}: loss trellis {t_loss!r} torch {loss.item()!r} (rel {e_loss:.3g})")
+        ok = False
+    missing = sorted(set(params) - set(grads))
+    extra_t = sorted(set(grads) - set(params))
+    if missing or extra_t:
+        fail(f"{case}: gradient file {gpath}: missing {missing}, unexpected {extra_t}")
+        ok = False
+    worst, worst_name = 0.0, ""
+    for name, p in params.items():
+        if name not in grads:
+            continue
+        g = p.grad.detach().numpy()
+        if grads[name].shape != g.shape:
+            fail(f"{case}: gradient {name} has shape {grads[name].shape}, torch {g.shape}")
+            ok = False
+            continue
+        e = rel(grads[name], g)
+        if e > worst:
+            worst, worst_name = e, name
+        if not e <= TOL:
+            fail(f"{case}: gradient {name} rel err {e:.3g} > {TOL}")
+            ok = False
+    print(f"{'PASS' if ok else 'FAIL'} {case}: vocab {cfg.vocab_size}, {B}x{T} tokens: "
+          f"loss {loss.item():.6f} rel err {e_loss:.2e}; worst gradient rel err {worst:.2e} "
+          f"({worst_name})", flush=True)
+
+
+# ---------------------------------------------------------------------------
+# c / d / e: training steps
+# ---------------------------------------------------------------------------
+
+
+def read_metrics(path):
+    steps = {}
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            m = json.loads(line)
+            if "loss" in m and "lr" in m:
+                steps[int(m["step"])] = m
+    return [steps[k] for k in sorted(steps)]
+
+
+def check_train(case, datadir, steps, G, T, micro=0, optimizer="adamw", seed=5,
+                lr=1e-2, min_lr=1e-3, warmup=2, wd=0.1, clip=1.0, beta1=0.9, beta2=0.95,
+                eps=1e-8, momentum=0.9):
+    common = [*TINY, "--data", datadir, "--batch-size", G, "--micro-batch-size", micro,
+              "--seq-len", T, "--seed", seed, "--shuffle=false", "--lr", lr, "--min-lr", min_lr,
+              "--warmup-steps", warmup, "--weight-decay", wd, "--grad-clip", clip,
+              "--beta1", beta1, "--beta2", beta2, "--eps", eps, "--optimizer", optimizer,
+              "--momentum", momentum, "--val-every", "0", "--quiet", "--tensorboard=false",
+              "--threads", THREADS]
+    init = os.path.join(TMP, f"{case}_init")
+    out = os.path.join(TMP, f"{case}_train")
+    run(["train", *common, "--out", init, "--steps", "0"])
+    run(["train", *common, "--out", out, "--steps", steps])
+    metrics = read_metrics(os.path.join(out, "metrics.jsonl"))
+    final_dir = os.path.join(out, f"step_{steps:08d}")
+
+    ok = True
+    if len(metrics) != steps:
+        fail(f"{case}: metrics.jsonl has {len(metrics)} training steps, expected {steps}")
+        return
+
+    params, cfg = load_model(os.path.join(init, "step_00000000"), dtype=DTYPE)
+    names = list(params)
+    plist = [params[n] for n in names]
+    decay = [params[n] for n in names if params[n].dim() == 2]
+    no_decay = [params[n] for n in names if params[n].dim() != 2]
+    groups = [{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}]
+    if optimizer == "adamw":
+        opt = torch.optim.AdamW(groups, lr=lr, betas=(beta1, beta2), eps=eps)
+    else:
+        opt = torch.optim.SGD(groups, lr=lr, momentum=momentum, dampening=0.0, nesterov=False)
+
+    tokens = read_split(datadir, "train")
+    W = (tokens.size - 1) // T
+    worst_loss = worst_norm = 0.0
+    clipped = 0
+    for s in range(steps):
+        m = metrics[s]
+        ids = [(s * G + j) % W for j in range(G)]
+        x, y = windows(tokens, T, ids)
+        opt.zero_grad(set_to_none=True)
+        loss = gpt_loss(params, cfg, x, y)
+        loss.backward()
+        if clip > 0:
+            norm = float(torch.nn.utils.clip_grad_norm_(plist, clip))
+        else:
+            norm = float(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in plist)))
+        if norm > clip > 0:
+            clipped += 1
+        for g in opt.param_groups:
+            g["lr"] = float(m["lr"])
+        opt.step()
+
+        e = abs(m["loss"] - loss.item()) / abs(loss.item())
+        worst_loss = max(worst_loss, e)
+        if not e <= TOL:
+            fail(f"{case}: step {s + 1}: loss trellis {m['loss']!r} torch {loss.item()!r} "
+                 f"(rel {e:.3g})")
+            ok = False
+        if "grad_norm" in m:
+            e = abs(m["grad_norm"] - norm) / norm
+            worst_norm = max(worst_norm, e)
+            if not e <= TOL:
+                fail(f"{case}: step {s + 1}: grad_norm trellis {m['grad_norm']!r} torch {norm!r} "
+                     f"(rel {e:.3g})")
+                ok = False
+    if clip > 0 and optimizer == "adamw" and clipped == 0:
+        fail(f"{case}: gradient clipping at {clip} never triggered; the test needs it to")
+        ok = False
+    t_clipped = sum(1 for m in metrics if m.get("grad_norm", 0.0) > clip) if clip > 0 else 0
+
+    final = load_safetensors(os.path.join(final_dir, "model.safetensors"))
+    worst_p, worst_pn = 0.0, ""
+    for name, p in params.items():
+        if name not in final:
+            fail(f"{case}: final checkpoint lacks {name}")
+            ok = False
+            continue
+        e = rel(final[name], p.detach().numpy())
+        if e > worst_p:
+            worst_p, worst_pn = e, name
+        if not e <= TOL:
+            fail(f"{case}: after step {steps}: parameter {name} rel err {e:.3g} > {TOL}")
+            ok = False
+
+    # optimizer state, where trellis names it like torch (exp_avg.<name>, ...)
+    worst_o, worst_on, n_state = 0.0, "", 0
+    opath = os.path.join(final_dir, "optimizer.safetensors")
+    if os.path.exists(opath):
+        ostate = load_safetensors(opath)
+        for name, p in params.items():
+            for key, val in opt.state[p].items():
+                if not torch.is_tensor(val) or val.dim() == 0:
+                    continue
+                tname = f"{key}.{name}"
+                if tname not in ostate:
+                    continue
+                n_state += 1
+                e = rel(ostate[tname], val.detach().numpy())
+                if e > worst_o:
+                    worst_o, worst_on = e, tname
+                if not e <= TOL:
+                    fail(f"{case}: after step {steps}: optimizer state {tname} rel err {e:.3g}")
+                    ok = False
+
+    desc = f"{optimizer}, {steps} steps of {G}x{T}" + (f" (micro-batch {micro})" if micro else "")
+    print(f"{'PASS' if ok else 'FAIL'} {case}: {desc}, clip triggered {t_clipped}/{steps}: "
+          f"worst loss rel err {worst_loss:.2e}, grad_norm {worst_norm:.2e}; worst final "
+          f"parameter rel err {worst_p:.2e} ({worst_pn}); {n_state} optimizer tensors, worst "
+          f"{worst_o:.2e} ({worst_on})", flush=True)
+
+
+def main():
+    global BIN, TMP
+    BIN = os.environ.get("TRELLIS_BIN")
+    TMP = os.environ.get("TRELLIS_TMP")
+    src = os.environ.get("TRELLIS_SOURCE")
+    if not BIN or not TMP or not src:
+        print("error: set TRELLIS_BIN, TRELLIS_TMP and TRELLIS_SOURCE", file=sys.stderr)
+        return 2
+    TMP = os.path.join(TMP, "torch_oracle")
+    os.makedirs(TMP, exist_ok=True)
+    torch.set_num_threads(int(THREADS))
+    torch.manual_seed(0)
+    t0 = time.time()
+
+    text = os.path.join(TMP, "corpus.txt")
+    corpus(text)
+    byte_dir = os.path.join(TMP, "data_byte")
+    bpe_dir = os.path.join(TMP, "data_gpt2")
+    run(["prepare", "--input", text, "--out", byte_dir, "--tokenizer", "byte"])
+    run(["prepare", "--input", text, "--out", bpe_dir, "--tokenizer", "gpt2",
+         "--tokenizer-dir", os.path.join(src, "tests", "data", "gpt2")])
+
+    cases = [
+        ("a", lambda: check_grad("a (byte grad)", byte_dir)),
+        ("b", lambda: check_grad("b (gpt2 bpe grad)", bpe_dir)),
+        ("c", lambda: check_train("c (adamw)", byte_dir, 10, 4, 32)),
+        ("d", lambda: check_train("d (adamw, accumulation)", byte_dir, 10, 4, 32, micro=2)),
+        ("e", lambda: check_train("e (sgd momentum)", byte_dir, 10, 8, 64, optimizer="sgd",
+                                  lr=0.05, min_lr=0.005, warmup=0)),
+    ]
+    only = set(sys.argv[1:])
+    for key, fn in cases:
+        if only and key not in only:
+            continue
+        try:
+            fn()
+        except Exception as ex:  # a crash in one case should not hide the others
+            fail(f"case {key}: {type(ex).__name__}: {ex}")
+
+    print(f"torch oracle ({str(DTYPE).replace('torch.', '')} reference): "
+          f"{'all checks passed' if not failures else f'{len(failures)} failure(s)'} "
+          f"in {time.time() - t0:.1f}s", flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
