@@ -15,6 +15,12 @@ Checks (every tensor compared norm-wise: ||trellis - torch|| / ||torch|| <= 1e-5
   e. 10 SGD-momentum steps (batch 8 x 64, the data order wraps around): losses,
      final parameters and momentum buffers.
 
+Exception: the key third of each attn.c_attn.bias has an exactly zero gradient, so
+after AdamW steps its value is amplified rounding noise on both sides; it is checked
+to have (almost) not moved instead of being compared (see check_train).
+
+Usage: test_torch_oracle.py [a b c d e]  (default: all cases)
+
 Exit status 0 when every check passes; otherwise 1, with the failing case, step and
 tensor named.
 """
@@ -109,7 +115,7 @@ def corpus(path, nbytes=6000, seed=1234):
 def check_grad(case, datadir, T=32, B=4, extra=()):
     out = os.path.join(TMP, f"{case}_init")
     run(["train", *TINY, *extra, "--data", datadir, "--out", out, "--steps", "0",
-         "--seed", "11", "--quiet", "--tensorboard=false", "--val-every", "0",
+         "--seed", "11", "--quiet=true", "--tensorboard=false", "--val-every", "0",
          "--threads", THREADS])
     ckpt = os.path.join(out, "step_00000000")
     shard = os.path.join(datadir, "train_000000.bin")
@@ -179,7 +185,7 @@ def check_train(case, datadir, steps, G, T, micro=0, optimizer="adamw", seed=5,
               "--seq-len", T, "--seed", seed, "--shuffle=false", "--lr", lr, "--min-lr", min_lr,
               "--warmup-steps", warmup, "--weight-decay", wd, "--grad-clip", clip,
               "--beta1", beta1, "--beta2", beta2, "--eps", eps, "--optimizer", optimizer,
-              "--momentum", momentum, "--val-every", "0", "--quiet", "--tensorboard=false",
+              "--momentum", momentum, "--val-every", "0", "--quiet=true", "--tensorboard=false",
               "--threads", THREADS]
     init = os.path.join(TMP, f"{case}_init")
     out = os.path.join(TMP, f"{case}_train")
@@ -244,13 +250,39 @@ def check_train(case, datadir, steps, G, T, micro=0, optimizer="adamw", seed=5,
     t_clipped = sum(1 for m in metrics if m.get("grad_norm", 0.0) > clip) if clip > 0 else 0
 
     final = load_safetensors(os.path.join(final_dir, "model.safetensors"))
+    init_arrays = load_safetensors(os.path.join(init, "step_00000000", "model.safetensors"))
     worst_p, worst_pn = 0.0, ""
+    worst_k = 0.0
+    C = cfg.n_embd
     for name, p in params.items():
         if name not in final:
             fail(f"{case}: final checkpoint lacks {name}")
             ok = False
             continue
-        e = rel(final[name], p.detach().numpy())
+        ref = p.detach().numpy()
+        got = final[name]
+        if name.endswith("attn.c_attn.bias"):
+            # The key third of c_attn.bias has an exactly zero gradient (softmax is
+            # invariant to adding q.b_k to every score of a row), so both sides only see
+            # rounding noise (~1e-11) there, which AdamW's m/(sqrt(v)+eps) blows up to
+            # noise-driven updates of ~1e-3 lr. Its value is not reproducible between two
+            # correct fp32 implementations; its exact value is its initial value. Check
+            # the query/value thirds at TOL and that the key third barely moved on both
+            # sides (a wrong key-bias gradient would move it as far as the query bias).
+            k0 = init_arrays[name][C:2 * C].astype(np.float64)
+            q_move = np.linalg.norm(ref[:C] - init_arrays[name][:C])
+            for side, arr in (("trellis", got), ("torch", ref)):
+                moved = np.linalg.norm(arr[C:2 * C] - k0)
+                worst_k = max(worst_k, moved / max(q_move, 1e-30))
+                if not moved <= 1e-2 * q_move:
+                    fail(f"{case}: after step {steps}: {side} {name}[key third] moved "
+                         f"{moved:.3g}, but it has a zero gradient (query third moved "
+                         f"{q_move:.3g})")
+                    ok = False
+            ref = np.concatenate([ref[:C], ref[2 * C:]])
+            got = np.concatenate([got[:C], got[2 * C:]])
+            name = name + "[query,value thirds]"
+        e = rel(got, ref)
         if e > worst_p:
             worst_p, worst_pn = e, name
         if not e <= TOL:
@@ -280,7 +312,8 @@ def check_train(case, datadir, steps, G, T, micro=0, optimizer="adamw", seed=5,
     desc = f"{optimizer}, {steps} steps of {G}x{T}" + (f" (micro-batch {micro})" if micro else "")
     print(f"{'PASS' if ok else 'FAIL'} {case}: {desc}, clip triggered {t_clipped}/{steps}: "
           f"worst loss rel err {worst_loss:.2e}, grad_norm {worst_norm:.2e}; worst final "
-          f"parameter rel err {worst_p:.2e} ({worst_pn}); {n_state} optimizer tensors, worst "
+          f"parameter rel err {worst_p:.2e} ({worst_pn}), key-bias drift/query-bias drift "
+          f"{worst_k:.1e}; {n_state} optimizer tensors, worst "
           f"{worst_o:.2e} ({worst_on})", flush=True)
 
 

@@ -43,11 +43,9 @@ Command add_train_command(CLI::App& app) {
     ConfigKey& k = args->keys[i];
     const std::string def = k.get();
     CLI::Option* opt;
-    if (def == "true" || def == "false") {
-      opt = sub->add_flag(flag_name(k.name) + "{true}", args->flag_values[i], k.help);
-    } else {
-      opt = sub->add_option(flag_name(k.name), args->flag_values[i], k.help)->default_str(def);
-    }
+    opt = sub->add_option(flag_name(k.name), args->flag_values[i], k.help)->default_str(def);
+    // Booleans work as bare flags (--quiet) and with a value (--tensorboard false).
+    if (def == "true" || def == "false") opt->expected(0, 1);
     opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // the last occurrence wins
     args->flag_opts.emplace_back(k.name, opt);
   }
@@ -60,7 +58,8 @@ Command add_train_command(CLI::App& app) {
     }
     for (size_t i = 0; i < args->flag_opts.size(); ++i)
       if (args->flag_opts[i].second->count() > 0)
-        apply_setting(args->keys, args->flag_opts[i].first, args->flag_values[i]);
+        apply_setting(args->keys, args->flag_opts[i].first,
+                      args->flag_values[i].empty() ? "true" : args->flag_values[i]);
     if (args->dump) {
       fmt::print("{}", dump_config(args->keys));
       return 0;
