@@ -43,7 +43,9 @@ Command add_train_command(CLI::App& app) {
     ConfigKey& k = args->keys[i];
     const std::string def = k.get();
     CLI::Option* opt;
-    opt = sub->add_option(flag_name(k.name), args->flag_values[i], k.help)->default_str(def);
+    opt = sub->add_option(flag_name(k.name), args->flag_values[i], k.help)
+              ->default_str(def)
+              ->type_name(k.type);
     // Booleans work as bare flags (--quiet) and with a value (--tensorboard false).
     if (def == "true" || def == "false") opt->expected(0, 1);
     opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // the last occurrence wins

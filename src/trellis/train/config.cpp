@@ -52,6 +52,10 @@ ConfigKey make_key(std::string name, std::string help, T* field) {
   ConfigKey k;
   k.name = name;
   k.help = std::move(help);
+  if constexpr (std::is_same_v<T, std::string>) k.type = "TEXT";
+  else if constexpr (std::is_same_v<T, bool>) k.type = "BOOL";
+  else if constexpr (std::is_floating_point_v<T>) k.type = "FLOAT";
+  else k.type = "INT";
   k.set = [name, field](const std::string& v) {
     if constexpr (std::is_same_v<T, std::string>) *field = v;
     else if constexpr (std::is_same_v<T, bool>) *field = parse_bool(name, v);

@@ -51,6 +51,7 @@ struct TrainConfig {
 struct ConfigKey {
   std::string name;
   std::string help;
+  std::string type;  // INT, FLOAT, BOOL or TEXT (for --help)
   std::function<void(const std::string&)> set;  // parses; input error naming the key if invalid
   std::function<std::string()> get;
 };
