@@ -12,7 +12,8 @@ Checks (every tensor compared norm-wise: ||trellis - torch|| / ||torch|| <= 1e-5
      no shuffling, batch 4 x 32): per-step loss and grad norm, final parameters and
      AdamW moments.
   d. as c with gradient accumulation (micro-batch 2 of batch 4).
-  e. 10 SGD-momentum steps (batch 8 x 64, the data order wraps around): losses,
+  e. 10 SGD-momentum steps (batch 8 x 64, the data order wraps around, clip 1.5 so
+     some steps clip and some do not): losses, grad norms,
      final parameters and momentum buffers.
 
 Exception: the key third of each attn.c_attn.bias has an exactly zero gradient, so
@@ -345,7 +346,7 @@ def main():
         ("c", lambda: check_train("c (adamw)", byte_dir, 10, 4, 32)),
         ("d", lambda: check_train("d (adamw, accumulation)", byte_dir, 10, 4, 32, micro=2)),
         ("e", lambda: check_train("e (sgd momentum)", byte_dir, 10, 8, 64, optimizer="sgd",
-                                  lr=0.05, min_lr=0.005, warmup=0)),
+                                  lr=0.05, min_lr=0.005, warmup=0, clip=1.5)),
     ]
     only = set(sys.argv[1:])
     for key, fn in cases:

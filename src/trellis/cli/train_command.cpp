@@ -43,11 +43,14 @@ Command add_train_command(CLI::App& app) {
     ConfigKey& k = args->keys[i];
     const std::string def = k.get();
     CLI::Option* opt;
-    opt = sub->add_option(flag_name(k.name), args->flag_values[i], k.help)
-              ->default_str(def)
-              ->type_name(k.type);
-    // Booleans work as bare flags (--quiet) and with a value (--tensorboard false).
-    if (def == "true" || def == "false") opt->expected(0, 1);
+    const bool boolean = k.type == "BOOL";
+    // Booleans work as bare flags (--quiet) and with a value (--tensorboard false); a default
+    // string would fill in for the missing value, so theirs goes into the help text instead.
+    opt = sub->add_option(flag_name(k.name), args->flag_values[i],
+                          boolean ? k.help + " (default " + def + ")" : k.help)
+              ->type_name(boolean ? "[BOOL]" : k.type);
+    if (boolean) opt->expected(0, 1);
+    else opt->default_str(def);
     opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // the last occurrence wins
     args->flag_opts.emplace_back(k.name, opt);
   }

@@ -167,7 +167,7 @@ int run_training(TrainConfig cfg, Communicator& world) {
   const double peak_flops = cfg.peak_gflops_per_core * 1e9 * threads * world.size();
   const int64_t mem_bytes = int64_t((params.size() + grads.size()) * sizeof(float) +
                                     optimizer.state_bytes());
-  if (lead) {
+  if (lead && !cfg.quiet) {
     fmt::print("trellis: {} | {} layers, {} heads, width {}, context {}, vocab {} ({} padded) | "
                "{:.2f}M parameters\n",
                cfg.model, mc.n_layer, mc.n_head, mc.n_embd, mc.block_size, mc.vocab_size,
