@@ -114,3 +114,35 @@ def compare_params(got, want, n_embd):
     flat_g = np.concatenate([got[k].ravel() for k in sorted(want)])
     flat_w = np.concatenate([want[k].ravel() for k in sorted(want)])
     return worst, worst_name, rel_err(flat_g, flat_w)
+
+
+class LayoutCheck:
+    """Runs a 1-process baseline once, then compares parallel layouts of the same run with it:
+    per-step train losses, validation losses and final parameters to <= tol relative."""
+
+    def __init__(self, train_args, n_embd, steps, tol=1e-5):
+        self.args, self.n_embd, self.steps, self.tol = train_args, n_embd, steps, tol
+        out = fresh_dir("baseline")
+        run(self.args + ["--out", out])
+        self.base = self._result(out)
+
+    def _result(self, out):
+        train, val = metrics(out)
+        params = read_safetensors(os.path.join(out, f"step_{self.steps:08d}", "model.safetensors"))
+        return [r["loss"] for r in train], [v["val_loss"] for v in val], params
+
+    def check(self, name, ranks, layout_args):
+        out = fresh_dir(name)
+        mpirun(ranks, self.args + [str(a) for a in layout_args] + ["--out", out])
+        loss, val, params = self._result(out)
+        base_loss, base_val, base_params = self.base
+        check(len(loss) == self.steps, f"{name}: {self.steps} steps logged")
+        worst = max(abs(a - b) / abs(b) for a, b in zip(loss, base_loss))
+        check(worst <= self.tol, f"{name}: losses match the 1-process run (worst {worst:.1e})")
+        worst_val = max(abs(a - b) / abs(b) for a, b in zip(val, base_val))
+        check(len(val) == len(base_val) and worst_val <= self.tol,
+              f"{name}: val losses match (worst {worst_val:.1e})")
+        worst_p, where, whole = compare_params(params, base_params, self.n_embd)
+        check(worst_p <= self.tol and whole <= self.tol,
+              f"{name}: final parameters match (worst tensor {worst_p:.1e} in {where}, "
+              f"all parameters {whole:.1e})")

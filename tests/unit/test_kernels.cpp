@@ -548,15 +548,21 @@ void check_embedding(int64_t B, int64_t T, int64_t C, int64_t V, uint32_t seed) 
   const Vec R = randn(rng, sz(B * T * C));
   const DVec dwte_ = to_d(wte), dwpe_ = to_d(wpe), dR = to_d(R);
 
+  // The whole table as one vocabulary slice, then positions: together GPT-2's embedding.
+  auto forward = [&](Vec& out, const Vec& te, const Vec& pe) {
+    ops::embedding_forward(out.data(), tokens.data(), te.data(), 0, V, B * T, C);
+    ops::position_forward(out.data(), pe.data(), 0, B * T, T, C);
+  };
   Vec out(sz(B * T * C));
-  ops::embedding_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+  forward(out, wte, wpe);
   // A float add of two floats is the correctly rounded double sum: exact comparison is fair.
   const DVec ref = embedding_ref(tokens, dwte_, dwpe_, B, T, C);
   for (size_t i = 0; i < out.size(); ++i) EXPECT_EQ(out[i], float(ref[i]));
 
   const Vec pre_te = randn(rng, wte.size()), pre_pe = randn(rng, wpe.size());
   Vec dwte = pre_te, dwpe = pre_pe;
-  ops::embedding_backward(dwte.data(), dwpe.data(), R.data(), tokens.data(), B, T, C);
+  ops::embedding_backward(dwte.data(), R.data(), tokens.data(), 0, V, B * T, C);
+  ops::position_backward(dwpe.data(), R.data(), 0, B * T, T, C);
   expect_grad("dwte", wte, dwte, pre_te,
               [&](const DVec& v) { return dot(embedding_ref(tokens, v, dwpe_, B, T, C), dR); });
   expect_grad("dwpe", wpe, dwpe, pre_pe,
@@ -571,6 +577,34 @@ void check_embedding(int64_t B, int64_t T, int64_t C, int64_t V, uint32_t seed) 
 TEST(KernelsEmbedding, ForwardAndGradients) {
   check_embedding(kB, kT, kC, kV, 51);
   check_embedding(kB, kT, 70, kV, 52);  // C > 32: the backward splits channels in chunks
+}
+
+TEST(KernelsEmbedding, VocabularySlicesSumToTheWholeLookup) {
+  // Tensor parallelism splits the table by rows; each slice looks up only its own tokens (zero
+  // elsewhere), so the slices' outputs add up to the whole lookup and their gradients partition
+  // the whole gradient. Positions of a row range use (row0 + i) % T.
+  const int64_t n = kB * kT, C = kC, V = 12, half = V / 2;
+  std::mt19937 rng(53);
+  std::uniform_int_distribution<int32_t> tok(0, int32_t(V - 1));
+  std::vector<int32_t> tokens(sz(n));
+  for (auto& t : tokens) t = tok(rng);
+  const Vec wte = randn(rng, sz(V * C)), dout = randn(rng, sz(n * C)), wpe = randn(rng, sz(kT * C));
+  Vec whole(sz(n * C)), lo(sz(n * C)), hi(sz(n * C));
+  ops::embedding_forward(whole.data(), tokens.data(), wte.data(), 0, V, n, C);
+  ops::embedding_forward(lo.data(), tokens.data(), wte.data(), 0, half, n, C);
+  ops::embedding_forward(hi.data(), tokens.data(), wte.data() + half * C, half, V - half, n, C);
+  for (size_t i = 0; i < whole.size(); ++i) EXPECT_EQ(lo[i] + hi[i], whole[i]);
+  Vec dwhole(sz(V * C), 0.0f), dparts(sz(V * C), 0.0f);
+  ops::embedding_backward(dwhole.data(), dout.data(), tokens.data(), 0, V, n, C);
+  ops::embedding_backward(dparts.data(), dout.data(), tokens.data(), 0, half, n, C);
+  ops::embedding_backward(dparts.data() + half * C, dout.data(), tokens.data(), half, V - half, n,
+                          C);
+  for (size_t i = 0; i < dwhole.size(); ++i) EXPECT_EQ(dparts[i], dwhole[i]);
+  // Rows [3, n) of the batch: row 3 + i sits at position (3 + i) % T.
+  Vec pos(sz((n - 3) * C), 0.0f);
+  ops::position_forward(pos.data(), wpe.data(), 3, n - 3, kT, C);
+  for (int64_t i = 0; i < n - 3; ++i)
+    for (int64_t c = 0; c < C; ++c) EXPECT_EQ(pos[sz(i * C + c)], wpe[sz(((3 + i) % kT) * C + c)]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -597,7 +631,7 @@ TEST(KernelsCrossEntropy, LossesMatchDoubleLogSumExp) {
     const CeData d = make_ce(BT, V, Vp, 61, stddev);
     Vec logits = d.logits, losses(sz(BT));
     const double total =
-        ops::cross_entropy(logits.data(), losses.data(), d.targets.data(), BT, V, Vp, 0.0f);
+        ops::cross_entropy(logits.data(), losses.data(), d.targets.data(), BT, V, Vp, 0, 0.0f);
     const DVec ref = cross_entropy_ref(to_d(d.logits), d.targets, BT, V, Vp);
     double ref_total = 0.0;
     for (double l : ref) ref_total += l;
@@ -614,7 +648,7 @@ TEST(KernelsCrossEntropy, GradientMatchesFiniteDifferences) {
   const CeData d = make_ce(BT, V, Vp, 62);
   const float grad_scale = 1.0f / float(BT);  // mean loss
   Vec logits = d.logits, losses(sz(BT));
-  ops::cross_entropy(logits.data(), losses.data(), d.targets.data(), BT, V, Vp, grad_scale);
+  ops::cross_entropy(logits.data(), losses.data(), d.targets.data(), BT, V, Vp, 0, grad_scale);
   // cross_entropy overwrites (documented), so no prefill here: compare directly. The loss is
   // grad_scale * sum(losses); the padding columns do not enter it, so their numeric gradient is 0.
   const Vec zero(logits.size(), 0.0f);
@@ -644,7 +678,7 @@ TEST(KernelsCrossEntropy, PaddingColumnsNeverMatter) {
     for (int64_t i = 0; i < BT; ++i)
       for (int64_t j = V; j < Vp; ++j) logits[i * Vp + j] = pad;
     const double total =
-        ops::cross_entropy(logits.data(), losses.data(), d.targets.data(), BT, V, Vp, grad_scale);
+        ops::cross_entropy(logits.data(), losses.data(), d.targets.data(), BT, V, Vp, 0, grad_scale);
     if (grads) *grads = logits;
     return std::make_pair(total, losses);
   };

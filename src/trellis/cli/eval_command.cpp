@@ -41,16 +41,17 @@ double windows_loss(const EvalArgs& a, int64_t rows, bool with_grad, CheckpointD
                   ck.model.block_size);
   const std::vector<uint16_t> tokens = read_shard(a.data);
   const ParamLayout layout(ck.model);
-  GPT model(ck.model, layout, ck.params.data(), grads ? grads->data() : nullptr);
+  TensorParallel single(nullptr, false);
+  GPT model(ck.model, layout, ck.params.data(), grads ? grads->data() : nullptr, single);
   Context ctx;
-  ctx.resize(ck.model, a.batch_size, a.seq_len);
+  model.prepare(ctx, a.batch_size, a.seq_len);
   double sum = 0.0;
   const float scale = with_grad ? 1.0f / float(rows * a.seq_len) : 0.0f;
   for (int64_t w = 0; w < rows; w += a.batch_size) {
     TRELLIS_CHECK(w + a.batch_size <= rows, "rows must be a multiple of the batch size");
     fill_eval_windows(tokens, a.seq_len, w, a.batch_size, ctx.tokens.data(), ctx.targets.data());
     sum += model.forward(ctx, scale);
-    if (with_grad) model.backward(ctx);
+    if (with_grad) model.backward(ctx, true);
   }
   return sum / double(rows * a.seq_len);
 }

@@ -70,13 +70,14 @@ Command add_sample_command(CLI::App& app) {
             std::vector<int> ids = tok->encode(a->prompt);
             TRELLIS_REQUIRE(!ids.empty(), "--prompt must not be empty");
             const ParamLayout layout(ck.model);
-            GPT model(ck.model, layout, ck.params.data(), nullptr);
+            TensorParallel single(nullptr, false);
+            GPT model(ck.model, layout, ck.params.data(), nullptr, single);
             Context ctx;
             std::fputs(a->prompt.c_str(), stdout);
             for (int64_t i = 0; i < a->tokens; ++i) {
               // Condition on at most the context length of most recent tokens.
               const size_t T = std::min(ids.size(), size_t(ck.model.block_size));
-              ctx.resize(ck.model, 1, int64_t(T));
+              model.prepare(ctx, 1, int64_t(T));
               std::copy(ids.end() - long(T), ids.end(), ctx.tokens.begin());
               const int next = sample_token(model.last_logits(ctx), *a, uint64_t(i));
               ids.push_back(next);

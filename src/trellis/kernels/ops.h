@@ -3,6 +3,7 @@
 // into its gradient outputs (+=), so micro-batches and residual branches add up without copies.
 // B = batch, T = time, C = channels, BT = B*T rows.
 #include <cstdint>
+#include <functional>
 
 namespace trellis::ops {
 
@@ -11,6 +12,11 @@ namespace trellis::ops {
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
           const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
           int64_t ldc);
+
+// out[rows,C] += bias[C] (+ residual[rows,C] when not null).
+void add_bias(float* out, const float* bias, const float* residual, int64_t rows, int64_t C);
+// dbias[C] += column sums of dout[rows,C].
+void bias_backward(float* dbias, const float* dout, int64_t rows, int64_t C);
 
 // out[BT,OC] = inp[BT,IC] @ w[IC,OC] + bias[OC] (HF Conv1D layout; bias may be null).
 void linear_forward(float* out, const float* inp, const float* w, const float* bias, int64_t BT,
@@ -35,17 +41,31 @@ void attention_forward(float* out, float* probs, const float* qkv, int64_t B, in
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs,
                         int64_t B, int64_t T, int64_t C, int64_t H);
 
-// out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:].
-void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                       int64_t B, int64_t T, int64_t C);
-void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                        int64_t B, int64_t T, int64_t C);
+// Token embedding over a slice of the vocabulary (rows [vocab_start, vocab_start + vocab_rows)
+// of the table are `wte`): out[i,:] = wte[tokens[i] - vocab_start,:], zero for tokens outside the
+// slice. With the whole table (start 0) this is the plain lookup.
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, int64_t vocab_start,
+                       int64_t vocab_rows, int64_t n, int64_t C);
+void embedding_backward(float* dwte, const float* dout, const int32_t* tokens, int64_t vocab_start,
+                        int64_t vocab_rows, int64_t n, int64_t C);
+// Position embedding of rows [row0, row0 + rows) of a [B*T, C] batch: out[i,:] += wpe[(row0+i)%T,:].
+void position_forward(float* out, const float* wpe, int64_t row0, int64_t rows, int64_t T,
+                      int64_t C);
+void position_backward(float* dwpe, const float* dout, int64_t row0, int64_t rows, int64_t T,
+                       int64_t C);
 
-// Cross-entropy over the first V of Vp logit columns (the rest is vocabulary padding and never
-// enters the loss). Writes per-row losses; returns their sum (double). When `grad_scale` != 0,
-// overwrites logits with dlogits = grad_scale * (softmax - onehot), zero on padding columns.
-double cross_entropy(float* logits, float* losses, const int32_t* targets, int64_t BT, int64_t V,
-                     int64_t Vp, float grad_scale);
+// Combines per-row statistics across ranks that each hold a slice of the vocabulary:
+// combine(buf, n, is_max) reduces n doubles in place (max or sum). Empty = one rank holds all.
+using RowCombine = std::function<void(double* buf, int64_t n, bool is_max)>;
+
+// Cross-entropy over logits[BT, ld] whose columns are vocabulary ids
+// [vocab_start, vocab_start + ld); only the first `valid` columns are real vocabulary (the rest is
+// padding and never enters the loss). Writes per-row losses; returns their sum (double, in row
+// order). When grad_scale != 0, overwrites logits with dlogits = grad_scale * (softmax - onehot),
+// zero on padding columns.
+double cross_entropy(float* logits, float* losses, const int32_t* targets, int64_t BT,
+                     int64_t valid, int64_t ld, int64_t vocab_start, float grad_scale,
+                     const RowCombine& combine = {});
 
 // out = a + b.
 void add(float* out, const float* a, const float* b, int64_t n);

@@ -1,7 +1,6 @@
 #include "trellis/model/gpt.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "trellis/core/error.h"
 #include "trellis/kernels/ops.h"
@@ -13,35 +12,19 @@ void fit(std::vector<float>& v, int64_t n) { v.resize(size_t(n)); }
 void zero(std::vector<float>& v) { std::fill(v.begin(), v.end(), 0.0f); }
 }  // namespace
 
-void Context::resize(const ModelConfig& cfg, int64_t b, int64_t t) {
-  if (B == b && T == t && int(blocks.size()) == cfg.n_layer) return;
-  B = b;
-  T = t;
-  const int64_t BT = b * t, C = cfg.n_embd, H = cfg.n_head;
-  tokens.resize(size_t(BT));
-  targets.resize(size_t(BT));
-  fit(embedded, BT * C);
-  blocks.resize(size_t(cfg.n_layer));
-  for (auto& a : blocks) {
-    fit(a.ln1, BT * C), fit(a.ln1_mean, BT), fit(a.ln1_rstd, BT), fit(a.qkv, BT * 3 * C);
-    fit(a.probs, b * H * t * t), fit(a.att, BT * C), fit(a.res_mid, BT * C);
-    fit(a.ln2, BT * C), fit(a.ln2_mean, BT), fit(a.ln2_rstd, BT), fit(a.fc, BT * 4 * C);
-    fit(a.gelu, BT * 4 * C), fit(a.res_out, BT * C);
-  }
-  fit(lnf, BT * C), fit(lnf_mean, BT), fit(lnf_rstd, BT);
-  fit(logits, BT * cfg.padded_vocab()), fit(losses, BT);
-}
-
-void BackwardScratch::resize(const ModelConfig& cfg, int64_t BT) {
-  const int64_t C = cfg.n_embd;
-  if (int64_t(dres.size()) == BT * C) return;
-  fit(dres, BT * C), fit(dln, BT * C), fit(dqkv, BT * 3 * C), fit(datt, BT * C);
-  fit(dfc, BT * 4 * C), fit(dgelu, BT * 4 * C);
-}
-
-GPT::GPT(const ModelConfig& cfg, const ParamLayout& layout, float* params, float* grads)
-    : cfg_(cfg) {
+GPT::GPT(const ModelConfig& cfg, const ParamLayout& layout, float* params, float* grads,
+         TensorParallel& tp)
+    : cfg_(cfg), tp_(tp) {
   cfg_.validate();
+  TRELLIS_CHECK(layout.tp() == tp.size() && layout.tp_rank() == tp.rank(),
+                "parameter layout is for tp rank {}/{}, the group is {}/{}", layout.tp_rank(),
+                layout.tp(), tp.rank(), tp.size());
+  C_ = cfg.n_embd;
+  Cl_ = C_ / tp.size();
+  Hl_ = cfg.n_head / tp.size();
+  vocab_rows_ = layout.vocab_local();
+  vocab_start_ = layout.vocab_start();
+  vocab_valid_ = std::clamp<int64_t>(cfg.vocab_size - vocab_start_, 0, vocab_rows_);
   auto p = [&](const std::string& n) { return params + layout.spec(n).offset; };
   auto g = [&](const std::string& n) { return grads ? grads + layout.spec(n).offset : nullptr; };
   wte_ = p("wte.weight"), wpe_ = p("wpe.weight");
@@ -63,41 +46,80 @@ GPT::GPT(const ModelConfig& cfg, const ParamLayout& layout, float* params, float
   }
 }
 
+void GPT::prepare(Context& ctx, int64_t B, int64_t T) {
+  const int64_t BT = B * T, R = tp_.local_rows(BT), C = C_, Cl = Cl_;
+  TRELLIS_REQUIRE(!tp_.sequence_parallel() || BT % tp_.size() == 0,
+                  "sequence parallelism needs batch x sequence rows ({}) divisible by tp={}", BT,
+                  tp_.size());
+  const int64_t full = tp_.sequence_parallel() ? BT * C : 0;  // gathered copies (SP only)
+  ctx.B = B;
+  ctx.T = T;
+  ctx.tokens.resize(size_t(BT));
+  ctx.targets.resize(size_t(BT));
+  fit(ctx.embedded, R * C);
+  ctx.blocks.resize(size_t(cfg_.n_layer));
+  for (auto& a : ctx.blocks) {
+    fit(a.ln1, R * C), fit(a.ln1_mean, R), fit(a.ln1_rstd, R), fit(a.ln1_full, full);
+    fit(a.qkv, BT * 3 * Cl), fit(a.probs, B * Hl_ * T * T), fit(a.att, BT * Cl);
+    fit(a.res_mid, R * C), fit(a.ln2, R * C), fit(a.ln2_mean, R), fit(a.ln2_rstd, R);
+    fit(a.ln2_full, full), fit(a.fc, BT * 4 * Cl), fit(a.gelu, BT * 4 * Cl), fit(a.res_out, R * C);
+  }
+  fit(ctx.lnf, R * C), fit(ctx.lnf_mean, R), fit(ctx.lnf_rstd, R), fit(ctx.lnf_full, full);
+  fit(ctx.logits, BT * vocab_rows_), fit(ctx.losses, BT);
+  if (int64_t(full_.size()) < BT * C) {
+    fit(full_, BT * C), fit(dres_, R * C), fit(dln_, BT * C), fit(dfull_, BT * C);
+    fit(dqkv_, BT * 3 * Cl), fit(datt_, BT * Cl), fit(dfc_, BT * 4 * Cl), fit(dgelu_, BT * 4 * Cl);
+  }
+}
+
 void GPT::embedding_forward(Context& ctx) {
-  const int64_t V = cfg_.vocab_size;
+  const int64_t BT = ctx.B * ctx.T;
   for (int32_t t : ctx.tokens)
-    TRELLIS_REQUIRE(t >= 0 && t < V, "token id {} is outside the vocabulary (size {})", t, V);
-  ops::embedding_forward(ctx.embedded.data(), ctx.tokens.data(), wte_, wpe_, ctx.B, ctx.T,
-                         cfg_.n_embd);
+    TRELLIS_REQUIRE(t >= 0 && t < cfg_.vocab_size, "token id {} is outside the vocabulary (size {})",
+                    t, cfg_.vocab_size);
+  // Each rank looks up the tokens of its vocabulary slice; leaving the region sums the slices.
+  float* lookup = tp_.sequence_parallel() ? full_.data() : ctx.embedded.data();
+  ops::embedding_forward(lookup, ctx.tokens.data(), wte_, vocab_start_, vocab_rows_, BT, C_);
+  tp_.leave(lookup, ctx.embedded.data(), BT, C_);
+  ops::position_forward(ctx.embedded.data(), wpe_, tp_.first_row(BT), tp_.local_rows(BT), ctx.T,
+                        C_);
 }
 
 void GPT::block_forward(Context& ctx, int l, const float* x) {
-  const int64_t BT = ctx.B * ctx.T, C = cfg_.n_embd;
+  const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT), C = C_, Cl = Cl_;
+  const bool sp = tp_.sequence_parallel();
   const BlockParams& p = blocks_[size_t(l)];
   Context::BlockActs& a = ctx.blocks[size_t(l)];
+  // Attention: heads split across the group (QKV column-parallel, projection row-parallel).
   ops::layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, p.ln1_w, p.ln1_b,
-                         BT, C);
-  ops::linear_forward(a.qkv.data(), a.ln1.data(), p.attn_w, p.attn_b, BT, C, 3 * C);
-  ops::attention_forward(a.att.data(), a.probs.data(), a.qkv.data(), ctx.B, ctx.T, C,
-                         cfg_.n_head);
-  // res_mid = x + att @ proj: the projection writes into res_mid, then the residual is added.
-  ops::linear_forward(a.res_mid.data(), a.att.data(), p.proj_w, p.proj_b, BT, C, C);
-  ops::accumulate(a.res_mid.data(), x, BT * C);
+                         R, C);
+  const float* in = tp_.enter(a.ln1.data(), a.ln1_full.data(), BT, C);
+  ops::linear_forward(a.qkv.data(), in, p.attn_w, p.attn_b, BT, C, 3 * Cl);
+  ops::attention_forward(a.att.data(), a.probs.data(), a.qkv.data(), ctx.B, ctx.T, Cl, Hl_);
+  float* partial = sp ? full_.data() : a.res_mid.data();
+  ops::linear_forward(partial, a.att.data(), p.proj_w, nullptr, BT, Cl, C);
+  tp_.leave(partial, a.res_mid.data(), BT, C);
+  ops::add_bias(a.res_mid.data(), p.proj_b, x, R, C);
+  // MLP: c_fc column-parallel, c_proj row-parallel.
   ops::layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res_mid.data(),
-                         p.ln2_w, p.ln2_b, BT, C);
-  ops::linear_forward(a.fc.data(), a.ln2.data(), p.fc_w, p.fc_b, BT, C, 4 * C);
-  ops::gelu_forward(a.gelu.data(), a.fc.data(), BT * 4 * C);
-  ops::linear_forward(a.res_out.data(), a.gelu.data(), p.mlp_proj_w, p.mlp_proj_b, BT, 4 * C, C);
-  ops::accumulate(a.res_out.data(), a.res_mid.data(), BT * C);
+                         p.ln2_w, p.ln2_b, R, C);
+  in = tp_.enter(a.ln2.data(), a.ln2_full.data(), BT, C);
+  ops::linear_forward(a.fc.data(), in, p.fc_w, p.fc_b, BT, C, 4 * Cl);
+  ops::gelu_forward(a.gelu.data(), a.fc.data(), BT * 4 * Cl);
+  partial = sp ? full_.data() : a.res_out.data();
+  ops::linear_forward(partial, a.gelu.data(), p.mlp_proj_w, nullptr, BT, 4 * Cl, C);
+  tp_.leave(partial, a.res_out.data(), BT, C);
+  ops::add_bias(a.res_out.data(), p.mlp_proj_b, a.res_mid.data(), R, C);
 }
 
 void GPT::head_forward(Context& ctx, const float* x) {
-  const int64_t BT = ctx.B * ctx.T, C = cfg_.n_embd;
+  const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT);
   ops::layernorm_forward(ctx.lnf.data(), ctx.lnf_mean.data(), ctx.lnf_rstd.data(), x, lnf_w_,
-                         lnf_b_, BT, C);
-  // logits = lnf @ wte^T over the padded vocabulary (padding rows are zero and masked in the loss).
-  ops::gemm(false, true, BT, cfg_.padded_vocab(), C, 1.0f, ctx.lnf.data(), C, wte_, C, 0.0f,
-            ctx.logits.data(), cfg_.padded_vocab());
+                         lnf_b_, R, C_);
+  const float* in = tp_.enter(ctx.lnf.data(), ctx.lnf_full.data(), BT, C_);
+  // logits over this rank's vocabulary slice (padding rows are zero and masked in the loss).
+  ops::gemm(false, true, BT, vocab_rows_, C_, 1.0f, in, C_, wte_, C_, 0.0f, ctx.logits.data(),
+            vocab_rows_);
 }
 
 double GPT::forward(Context& ctx, float grad_scale) {
@@ -113,73 +135,97 @@ double GPT::forward(Context& ctx, float grad_scale) {
   for (int32_t t : ctx.targets)
     TRELLIS_REQUIRE(t >= 0 && t < cfg_.vocab_size, "target id {} is outside the vocabulary", t);
   return ops::cross_entropy(ctx.logits.data(), ctx.losses.data(), ctx.targets.data(),
-                            ctx.B * ctx.T, cfg_.vocab_size, cfg_.padded_vocab(), grad_scale);
+                            ctx.B * ctx.T, vocab_valid_, vocab_rows_, vocab_start_, grad_scale,
+                            tp_.row_combine());
 }
 
 void GPT::block_backward(Context& ctx, int l, const float* x) {
-  const int64_t BT = ctx.B * ctx.T, C = cfg_.n_embd;
+  const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT), C = C_, Cl = Cl_;
+  const bool sp = tp_.sequence_parallel();
   const BlockParams& p = blocks_[size_t(l)];
   const BlockGrads& g = dblocks_[size_t(l)];
   Context::BlockActs& a = ctx.blocks[size_t(l)];
-  BackwardScratch& s = scratch_;
-  // dres holds d(res_out) on entry and d(x) on exit: the residual path is the identity and each
+  float* dlocal = sp ? dfull_.data() : dln_.data();  // where entering's backward leaves d(ln)
+  // dres_ holds d(res_out) on entry and d(x) on exit: the residual path is the identity and each
   // LayerNorm backward adds its branch's contribution in place.
-  zero(s.dgelu);
-  ops::linear_backward(s.dgelu.data(), g.mlp_proj_w, g.mlp_proj_b, s.dres.data(), a.gelu.data(),
-                       p.mlp_proj_w, BT, 4 * C, C);
-  zero(s.dfc);
-  ops::gelu_backward(s.dfc.data(), a.fc.data(), s.dgelu.data(), BT * 4 * C);
-  zero(s.dln);
-  ops::linear_backward(s.dln.data(), g.fc_w, g.fc_b, s.dfc.data(), a.ln2.data(), p.fc_w, BT, C,
-                       4 * C);
-  ops::layernorm_backward(s.dres.data(), g.ln2_w, g.ln2_b, s.dln.data(), a.res_mid.data(),
-                          p.ln2_w, a.ln2_mean.data(), a.ln2_rstd.data(), BT, C);
-  zero(s.datt);
-  ops::linear_backward(s.datt.data(), g.proj_w, g.proj_b, s.dres.data(), a.att.data(), p.proj_w,
-                       BT, C, C);
-  zero(s.dqkv);
-  ops::attention_backward(s.dqkv.data(), s.datt.data(), a.qkv.data(), a.probs.data(), ctx.B,
-                          ctx.T, C, cfg_.n_head);
-  zero(s.dln);
-  ops::linear_backward(s.dln.data(), g.attn_w, g.attn_b, s.dqkv.data(), a.ln1.data(), p.attn_w,
-                       BT, C, 3 * C);
-  ops::layernorm_backward(s.dres.data(), g.ln1_w, g.ln1_b, s.dln.data(), x, p.ln1_w,
-                          a.ln1_mean.data(), a.ln1_rstd.data(), BT, C);
+  ops::bias_backward(g.mlp_proj_b, dres_.data(), R, C);
+  const float* dy = tp_.leave_backward(dres_.data(), dfull_.data(), BT, C);
+  zero(dgelu_);
+  ops::linear_backward(dgelu_.data(), g.mlp_proj_w, nullptr, dy, a.gelu.data(), p.mlp_proj_w, BT,
+                       4 * Cl, C);
+  zero(dfc_);
+  ops::gelu_backward(dfc_.data(), a.fc.data(), dgelu_.data(), BT * 4 * Cl);
+  zero(dln_);
+  ops::linear_backward(dln_.data(), g.fc_w, g.fc_b, dfc_.data(),
+                       sp ? a.ln2_full.data() : a.ln2.data(), p.fc_w, BT, C, 4 * Cl);
+  tp_.enter_backward(dln_.data(), dlocal, BT, C);
+  ops::layernorm_backward(dres_.data(), g.ln2_w, g.ln2_b, dlocal, a.res_mid.data(), p.ln2_w,
+                          a.ln2_mean.data(), a.ln2_rstd.data(), R, C);
+
+  ops::bias_backward(g.proj_b, dres_.data(), R, C);
+  dy = tp_.leave_backward(dres_.data(), dfull_.data(), BT, C);
+  zero(datt_);
+  ops::linear_backward(datt_.data(), g.proj_w, nullptr, dy, a.att.data(), p.proj_w, BT, Cl, C);
+  zero(dqkv_);
+  ops::attention_backward(dqkv_.data(), datt_.data(), a.qkv.data(), a.probs.data(), ctx.B, ctx.T,
+                          Cl, Hl_);
+  zero(dln_);
+  ops::linear_backward(dln_.data(), g.attn_w, g.attn_b, dqkv_.data(),
+                       sp ? a.ln1_full.data() : a.ln1.data(), p.attn_w, BT, C, 3 * Cl);
+  tp_.enter_backward(dln_.data(), dlocal, BT, C);
+  ops::layernorm_backward(dres_.data(), g.ln1_w, g.ln1_b, dlocal, x, p.ln1_w, a.ln1_mean.data(),
+                          a.ln1_rstd.data(), R, C);
 }
 
-void GPT::backward(Context& ctx, const std::function<void(int)>& on_block_done) {
+void GPT::reduce_replicated(std::initializer_list<std::pair<float*, int64_t>> grads) {
+  for (const auto& [ptr, n] : grads) tp_.all_reduce(ptr, n);
+}
+
+void GPT::backward(Context& ctx, bool last_micro_step,
+                   const std::function<void(int)>& on_block_done) {
   TRELLIS_CHECK(dwte_ != nullptr, "backward on a model without gradient buffers");
-  const int64_t BT = ctx.B * ctx.T, C = cfg_.n_embd, Vp = cfg_.padded_vocab();
-  scratch_.resize(cfg_, BT);
-  BackwardScratch& s = scratch_;
-  // Head: ctx.logits already hold dlogits (fused in the loss).
-  zero(s.dln);
-  ops::gemm(false, false, BT, C, Vp, 1.0f, ctx.logits.data(), Vp, wte_, C, 0.0f, s.dln.data(), C);
-  ops::gemm(true, false, Vp, C, BT, 1.0f, ctx.logits.data(), Vp, ctx.lnf.data(), C, 1.0f, dwte_,
-            C);
-  zero(s.dres);
-  const float* x_last =
-      cfg_.n_layer > 0 ? ctx.blocks.back().res_out.data() : ctx.embedded.data();
-  ops::layernorm_backward(s.dres.data(), dlnf_w_, dlnf_b_, s.dln.data(), x_last, lnf_w_,
-                          ctx.lnf_mean.data(), ctx.lnf_rstd.data(), BT, C);
+  const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT), C = C_;
+  const bool sp = tp_.sequence_parallel(), reduce = sp && last_micro_step;
+  const bool notify = last_micro_step && on_block_done;
+  // Head: ctx.logits already hold dlogits (fused into the loss).
+  const float* lnf_in = sp ? ctx.lnf_full.data() : ctx.lnf.data();
+  ops::gemm(false, false, BT, C, vocab_rows_, 1.0f, ctx.logits.data(), vocab_rows_, wte_, C, 0.0f,
+            dln_.data(), C);
+  ops::gemm(true, false, vocab_rows_, C, BT, 1.0f, ctx.logits.data(), vocab_rows_, lnf_in, C,
+            1.0f, dwte_, C);
+  float* dlocal = sp ? dfull_.data() : dln_.data();
+  tp_.enter_backward(dln_.data(), dlocal, BT, C);
+  std::fill_n(dres_.begin(), R * C, 0.0f);
+  const float* x_last = ctx.blocks.back().res_out.data();
+  ops::layernorm_backward(dres_.data(), dlnf_w_, dlnf_b_, dlocal, x_last, lnf_w_,
+                          ctx.lnf_mean.data(), ctx.lnf_rstd.data(), R, C);
+  if (reduce) reduce_replicated({{dlnf_w_, C}, {dlnf_b_, C}});
   for (int l = cfg_.n_layer - 1; l >= 0; --l) {
     const float* x = l == 0 ? ctx.embedded.data() : ctx.blocks[size_t(l - 1)].res_out.data();
     block_backward(ctx, l, x);
-    if (on_block_done) on_block_done(l);
+    if (reduce) {
+      const BlockGrads& g = dblocks_[size_t(l)];
+      reduce_replicated({{g.ln1_w, C}, {g.ln1_b, C}, {g.proj_b, C}, {g.ln2_w, C}, {g.ln2_b, C},
+                         {g.mlp_proj_b, C}});
+    }
+    if (notify) on_block_done(l);
   }
-  ops::embedding_backward(dwte_, dwpe_, s.dres.data(), ctx.tokens.data(), ctx.B, ctx.T, C);
-  if (on_block_done) on_block_done(-1);
+  ops::position_backward(dwpe_, dres_.data(), tp_.first_row(BT), R, ctx.T, C);
+  if (reduce) reduce_replicated({{dwpe_, int64_t(cfg_.block_size) * C}});
+  const float* dfull = tp_.leave_backward(dres_.data(), dfull_.data(), BT, C);
+  ops::embedding_backward(dwte_, dfull, ctx.tokens.data(), vocab_start_, vocab_rows_, BT, C);
+  if (notify) on_block_done(-1);
 }
 
 std::vector<float> GPT::last_logits(Context& ctx) {
+  TRELLIS_CHECK(tp_.size() == 1, "sampling runs on a single rank");
   embedding_forward(ctx);
   const float* x = ctx.embedded.data();
   for (int l = 0; l < cfg_.n_layer; ++l) {
     block_forward(ctx, l, x);
     x = ctx.blocks[size_t(l)].res_out.data();
   }
-  const int64_t C = cfg_.n_embd, V = cfg_.vocab_size;
-  const int64_t last = ctx.T - 1;
+  const int64_t C = C_, V = cfg_.vocab_size, last = ctx.T - 1;
   ops::layernorm_forward(ctx.lnf.data(), ctx.lnf_mean.data(), ctx.lnf_rstd.data(), x + last * C,
                          lnf_w_, lnf_b_, 1, C);
   std::vector<float> logits(static_cast<size_t>(V));

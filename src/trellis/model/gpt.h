@@ -1,34 +1,30 @@
 #pragma once
-// GPT-2 as three modules (Embedding, Block, Head) with explicit forward/backward. Parameters and
-// gradients are views into flat buffers; activations of one micro-batch live in a Context.
+// GPT-2 as embedding, blocks and head with explicit forward/backward. Parameters and gradients
+// are views into flat buffers (this rank's tensor-parallel slices); the activations of one
+// micro-batch live in a Context. Tensor parallelism enters only through the TensorParallel
+// operators around each column → row-parallel pair (attention, MLP, vocabulary).
 #include <cstdint>
 #include <functional>
 #include <vector>
 
 #include "trellis/model/config.h"
 #include "trellis/model/params.h"
+#include "trellis/parallel/tensor_parallel.h"
 
 namespace trellis {
 
-// Everything one micro-batch's forward saves for its backward.
+// Everything one micro-batch's forward saves for its backward. "local" tensors hold this rank's
+// rows (all rows unless sequence parallelism splits them); "full" ones all B*T rows.
 struct Context {
   int64_t B = 0, T = 0;
   std::vector<int32_t> tokens, targets;  // [B*T]
-  std::vector<float> embedded;           // [BT,C] input of block 0
+  std::vector<float> embedded;           // [local, C] input of block 0
   struct BlockActs {
-    std::vector<float> ln1, ln1_mean, ln1_rstd, qkv, probs, att, res_mid;
-    std::vector<float> ln2, ln2_mean, ln2_rstd, fc, gelu, res_out;
+    std::vector<float> ln1, ln1_mean, ln1_rstd, ln1_full, qkv, probs, att, res_mid;
+    std::vector<float> ln2, ln2_mean, ln2_rstd, ln2_full, fc, gelu, res_out;
   };
   std::vector<BlockActs> blocks;
-  std::vector<float> lnf, lnf_mean, lnf_rstd, logits, losses;
-
-  void resize(const ModelConfig& cfg, int64_t B, int64_t T);
-};
-
-// Gradient scratch shared by all micro-batches (backward runs one at a time).
-struct BackwardScratch {
-  std::vector<float> dres, dln, dqkv, datt, dfc, dgelu;
-  void resize(const ModelConfig& cfg, int64_t BT);
+  std::vector<float> lnf, lnf_mean, lnf_rstd, lnf_full, logits, losses;
 };
 
 struct BlockParams {
@@ -42,19 +38,25 @@ struct BlockGrads {
 
 class GPT {
  public:
-  // params/grads: flat buffers laid out by `layout` (grads may be null for inference).
-  GPT(const ModelConfig& cfg, const ParamLayout& layout, float* params, float* grads);
+  // params/grads: flat buffers laid out by `layout` (grads may be null for inference). tp: the
+  // tensor-parallel group (size 1 for a single rank); it must outlive the model.
+  GPT(const ModelConfig& cfg, const ParamLayout& layout, float* params, float* grads,
+      TensorParallel& tp);
 
   const ModelConfig& config() const { return cfg_; }
+  // Sizes ctx's buffers for micro-batches of B sequences of T tokens.
+  void prepare(Context& ctx, int64_t B, int64_t T);
 
-  // Forward over ctx.tokens. With targets, returns the summed loss; when grad_scale != 0 the head
-  // already turns logits into dlogits (scaled by grad_scale = 1/global token count).
+  // Forward over ctx.tokens and ctx.targets; returns the summed loss of all B*T targets. When
+  // grad_scale != 0 the head already turns logits into dlogits (grad_scale = 1/global tokens).
   double forward(Context& ctx, float grad_scale);
   // Backward of the micro-batch in ctx (after forward with grad_scale != 0); accumulates into the
-  // gradient buffer. on_block_done(l) fires once block l's parameter gradients are complete for
-  // this micro-batch (blocks finish in order L-1..0; -1 means embeddings done).
-  void backward(Context& ctx, const std::function<void(int)>& on_block_done = {});
-  // Logits of the last position of sequence 0 (true vocabulary only), for sampling.
+  // gradient buffer. last_micro_step: gradients are complete after this backward, so partial
+  // gradients of replicated parameters are combined across the tensor-parallel group and
+  // on_block_done(l) fires as block l's gradients become final (L-1 .. 0; -1 = embeddings).
+  void backward(Context& ctx, bool last_micro_step,
+                const std::function<void(int)>& on_block_done = {});
+  // Logits of the last position of sequence 0 (true vocabulary only), for sampling (tp = 1).
   std::vector<float> last_logits(Context& ctx);
 
  private:
@@ -62,15 +64,18 @@ class GPT {
   void block_forward(Context& ctx, int l, const float* x);
   void head_forward(Context& ctx, const float* x);
   void block_backward(Context& ctx, int l, const float* x);
+  // Sequence parallelism leaves partial gradients in parameters replicated across the group.
+  void reduce_replicated(std::initializer_list<std::pair<float*, int64_t>> grads);
 
   ModelConfig cfg_;
-  const float* wte_;
-  const float* wpe_;
-  const float *lnf_w_, *lnf_b_;
+  TensorParallel& tp_;
+  int64_t C_, Cl_, Hl_, vocab_start_, vocab_rows_, vocab_valid_;  // l = this rank's slice
+  const float *wte_, *wpe_, *lnf_w_, *lnf_b_;
   float *dwte_ = nullptr, *dwpe_ = nullptr, *dlnf_w_ = nullptr, *dlnf_b_ = nullptr;
   std::vector<BlockParams> blocks_;
   std::vector<BlockGrads> dblocks_;
-  BackwardScratch scratch_;
+  // Scratch shared by all micro-batches (one forward or backward runs at a time).
+  std::vector<float> full_, dres_, dln_, dfull_, dqkv_, datt_, dfc_, dgelu_;
 };
 
 // Training FLOPs per token (forward + backward): 6 * params + attention's 12 * L * C * T.

@@ -41,6 +41,7 @@ struct TrainConfig {
   double peak_gflops_per_core = 185.0;  // measured fp32 GEMM peak (bench/RESULTS.md), for MFU
   // parallelism
   int dp = 0, tp = 1, pp = 1;    // dp = 0: world / (tp * pp)
+  bool sequence_parallel = false;  // split LayerNorm/residual regions along the sequence (tp > 1)
   int zero = 0;                  // 0 or 1 (ZeRO-1: shard optimizer state over dp)
   double bucket_mb = 25.0;       // gradient all-reduce bucket size
   double comm_timeout = 300.0;   // seconds any rank waits in one communication before aborting

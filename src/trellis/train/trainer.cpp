@@ -19,6 +19,7 @@
 #include "trellis/model/gpt.h"
 #include "trellis/parallel/data_parallel.h"
 #include "trellis/parallel/mesh.h"
+#include "trellis/parallel/tensor_parallel.h"
 #include "trellis/train/metrics.h"
 
 namespace trellis {
@@ -66,6 +67,35 @@ double evaluate(GPT& model, Context& ctx, const std::vector<uint16_t>& tokens, i
   return sum / double(windows * T);
 }
 
+// Sum of squared gradients in [begin, end) of this rank's buffer, counting parameters that are
+// replicated across the tensor-parallel group on its rank 0 only (summed over the group later).
+double grad_sum_squares(const ParamLayout& layout, const float* grads, size_t begin, size_t end) {
+  double s = 0.0;
+  for (const auto& spec : layout.specs()) {
+    if (spec.split == TpSplit::None && layout.tp_rank() != 0) continue;
+    const size_t lo = std::max(begin, spec.offset), hi = std::min(end, spec.offset + spec.numel());
+    if (lo < hi) s += ops::sum_squares(grads + lo, int64_t(hi - lo));
+  }
+  return s;
+}
+
+// The global (tp = 1 layout) tensor values from every tensor-parallel rank's slices.
+std::vector<float> gather_global(Communicator& tp_comm, const ModelConfig& mc,
+                                 const ParamLayout& local, const float* data) {
+  const ParamLayout global(mc);
+  std::vector<float> out(global.size(), 0.0f);
+  if (local.tp() == 1) {
+    std::copy_n(data, global.size(), out.begin());
+    return out;
+  }
+  std::vector<float> all(local.size() * size_t(local.tp()));
+  tp_comm.all_gather_async(data, all.data(), local.size())->wait();
+  for (int r = 0; r < local.tp(); ++r)
+    scatter_to_global(ParamLayout(mc, local.tp(), r), global, all.data() + local.size() * size_t(r),
+                      out.data());
+  return out;
+}
+
 // Full (unsharded) copy of a buffer that each DP rank holds only [shard.begin, shard.end) of.
 std::vector<float> gather_shards(Communicator& dp, const std::vector<float>& local,
                                  const ShardRange& sr, size_t n) {
@@ -81,11 +111,11 @@ std::vector<float> gather_shards(Communicator& dp, const std::vector<float>& loc
 int run_training(TrainConfig cfg, Communicator& world) {
   const auto run_start = Clock::now();
   Mesh mesh(world, {cfg.dp, cfg.tp, cfg.pp});
-  TRELLIS_REQUIRE(mesh.tp() == 1 && mesh.pp() == 1,
-                  "tensor and pipeline parallelism (--tp/--pp > 1) are not implemented yet");
+  TRELLIS_REQUIRE(mesh.pp() == 1, "pipeline parallelism (--pp > 1) is not implemented yet");
   TRELLIS_REQUIRE(cfg.zero == 0 || cfg.zero == 1, "zero must be 0 or 1 (got {})", cfg.zero);
   world.set_timeout(cfg.comm_timeout);
   mesh.dp_comm().set_timeout(cfg.comm_timeout);
+  mesh.tp_comm().set_timeout(cfg.comm_timeout);
   const bool lead = world.rank() == 0;
   const int threads = cfg.threads > 0 ? cfg.threads : default_threads();
   omp_set_num_threads(threads);
@@ -95,6 +125,8 @@ int run_training(TrainConfig cfg, Communicator& world) {
   const int64_t T = cfg.seq_len > 0 ? cfg.seq_len : mc.block_size;
   TRELLIS_REQUIRE(T <= mc.block_size, "seq_len {} exceeds the model's context length {}", T,
                   mc.block_size);
+  TRELLIS_REQUIRE(!cfg.sequence_parallel || T % mesh.tp() == 0,
+                  "sequence parallelism needs seq_len {} divisible by tp={}", T, mesh.tp());
   const int dp = mesh.dp();
   const int64_t G = cfg.batch_size;
   TRELLIS_REQUIRE(G >= 1 && G % dp == 0, "batch_size {} is not a positive multiple of dp={}", G,
@@ -107,7 +139,8 @@ int run_training(TrainConfig cfg, Communicator& world) {
   const int64_t accum = per_rank / b;
   TRELLIS_REQUIRE(cfg.steps >= 0, "steps must be >= 0");
 
-  const ParamLayout layout(mc);
+  const ParamLayout layout(mc, mesh.tp(), mesh.tp_rank());  // this rank's tensor-parallel slices
+  const ParamLayout global_layout(mc);
   const size_t n = layout.size();
   const ShardRange shard = cfg.zero ? shard_range(n, dp, mesh.dp_rank()) : ShardRange{n, n, 0, n};
   std::vector<float> params(shard.padded, 0.0f), grads(shard.padded, 0.0f);
@@ -122,33 +155,36 @@ int run_training(TrainConfig cfg, Communicator& world) {
                         ck.model.n_head == mc.n_head && ck.model.block_size == mc.block_size &&
                         ck.model.vocab_size == mc.vocab_size,
                     "{}: checkpoint model shape differs from the configured model", resumed_from);
-    std::copy(ck.params.begin(), ck.params.end(), params.begin());
+    const ParamLayout saved(ck.model);
+    copy_from_global(layout, saved, ck.params.data(), params.data());
+    std::vector<float> local(n);
     for (auto& [name, buf] : optimizer.state()) {
       auto it = std::find_if(ck.optimizer.buffers.begin(), ck.optimizer.buffers.end(),
                              [&](const auto& p) { return p.first == name; });
       TRELLIS_REQUIRE(it != ck.optimizer.buffers.end(),
                       "{}: optimizer.safetensors has no '{}' state (optimizer changed?)",
                       resumed_from, name);
-      std::copy(it->second.begin() + long(shard.begin), it->second.begin() + long(shard.end),
-                buf->begin());
+      copy_from_global(layout, saved, it->second.data(), local.data());
+      std::copy(local.begin() + long(shard.begin), local.begin() + long(shard.end), buf->begin());
     }
     start_step = ck.state.at("step").get<int64_t>();
   } else {
     init_params(layout, cfg.seed, params.data());
   }
-  // Every rank must start from identical weights (they are generated, never broadcast).
+  // Every DP replica must start from identical weights (they are generated, never broadcast).
   {
     double sums[2] = {0.0, 0.0};
     for (size_t i = 0; i < n; ++i) sums[0] += double(params[i]) * double((i % 7919) + 1);
     sums[1] = -sums[0];
-    world.all_reduce_max(sums, 2);
+    mesh.dp_comm().all_reduce_max(sums, 2);
     TRELLIS_CHECK(sums[0] == -sums[1], "ranks start from different weights (checksum {} vs {})",
                   sums[0], -sums[1]);
   }
 
-  GPT model(mc, layout, params.data(), grads.data());
+  TensorParallel tp(&mesh.tp_comm(), cfg.sequence_parallel);
+  GPT model(mc, layout, params.data(), grads.data(), tp);
   Context ctx;
-  ctx.resize(mc, b, T);
+  model.prepare(ctx, b, T);
   BatchLoader loader(corpus.train, T, G, cfg.seed, cfg.shuffle);
   std::unique_ptr<GradReducer> reducer;
   if (dp > 1 && cfg.zero == 0)
@@ -162,7 +198,7 @@ int run_training(TrainConfig cfg, Communicator& world) {
   std::unique_ptr<MetricsLog> log;
   if (lead) log = std::make_unique<MetricsLog>(cfg.out, cfg.tensorboard,
                                              resumed_from.empty() ? -1 : start_step);
-  const int64_t n_params = layout.count();
+  const int64_t n_params = global_layout.count();
   const double step_flops = flops_per_token(mc, n_params, T) * double(G * T);
   const double peak_flops = cfg.peak_gflops_per_core * 1e9 * threads * world.size();
   const int64_t mem_bytes = int64_t((params.size() + grads.size()) * sizeof(float) +
@@ -174,9 +210,10 @@ int run_training(TrainConfig cfg, Communicator& world) {
                mc.padded_vocab(), double(n_params) / 1e6);
     fmt::print("trellis: data {} | {} train / {} val tokens | {} windows of {}\n", corpus.source,
                corpus.train.size(), corpus.val.size(), loader.windows(), T);
-    fmt::print("trellis: world {} (dp {}, zero {}) | {} threads/rank | batch {} x {} tokens = "
-               "{} per rank x {} micro-steps of {}{}\n",
-               world.size(), dp, cfg.zero, threads, G, T, per_rank, accum, b,
+    fmt::print("trellis: world {} (dp {}, tp {}{}, zero {}) | {} threads/rank | batch {} x {} "
+               "tokens = {} per rank x {} micro-steps of {}{}\n",
+               world.size(), dp, mesh.tp(), tp.sequence_parallel() ? " + sequence parallel" : "",
+               cfg.zero, threads, G, T, per_rank, accum, b,
                resumed_from.empty() ? "" : " | resumed from " + resumed_from);
     std::fflush(stdout);
   }
@@ -185,10 +222,12 @@ int run_training(TrainConfig cfg, Communicator& world) {
     CheckpointData ck;
     ck.model = mc;
     ck.tokenizer = {corpus.tokenizer, corpus.tokenizer_dir};
-    ck.params.assign(params.begin(), params.begin() + long(n));
-    for (auto& [name, buf] : optimizer.state())
-      ck.optimizer.buffers.emplace_back(
-          name, cfg.zero ? gather_shards(mesh.dp_comm(), *buf, shard, n) : *buf);
+    ck.params = gather_global(mesh.tp_comm(), mc, layout, params.data());
+    for (auto& [name, buf] : optimizer.state()) {
+      const std::vector<float> local = cfg.zero ? gather_shards(mesh.dp_comm(), *buf, shard, n) : *buf;
+      ck.optimizer.buffers.emplace_back(name,
+                                        gather_global(mesh.tp_comm(), mc, layout, local.data()));
+    }
     nlohmann::json conf;
     auto keys = config_keys(cfg);
     for (auto& k : keys) conf[k.name] = k.get();
@@ -218,10 +257,9 @@ int run_training(TrainConfig cfg, Communicator& world) {
                   ctx.targets.data());
       loss_sum += model.forward(ctx, grad_scale);
       // Only the last micro-step's backward finalises gradients, so only it feeds the reducer.
-      if (reducer && k == accum - 1)
-        model.backward(ctx, [&](int l) { reducer->ready_from(l >= 0 ? layout.block_offset(l) : 0); });
-      else
-        model.backward(ctx);
+      model.backward(ctx, k == accum - 1, [&](int l) {
+        if (reducer) reducer->ready_from(l >= 0 ? layout.block_offset(l) : 0);
+      });
     }
     double comm_exposed = 0.0;
     if (reducer) {
@@ -233,7 +271,8 @@ int run_training(TrainConfig cfg, Communicator& world) {
       std::copy_n(grad_shard.data(), shard.end - shard.begin, grads.data() + shard.begin);
       comm_exposed = seconds_since(tc);
     }
-    double norm_sq = ops::sum_squares(grads.data() + shard.begin, int64_t(shard.end - shard.begin));
+    double norm_sq = grad_sum_squares(layout, grads.data(), shard.begin, shard.end);
+    if (mesh.tp() > 1) mesh.tp_comm().all_reduce_sum(&norm_sq, 1);
     double stats[2] = {loss_sum, cfg.zero ? norm_sq : 0.0};
     mesh.dp_comm().all_reduce_sum(stats, 2);
     if (cfg.zero) norm_sq = stats[1];

@@ -1,34 +1,57 @@
-// Token + position embedding lookup and its scatter-add backward.
+// Token lookup over a vocabulary slice, position embedding, and their scatter-add backwards.
 #include <algorithm>
+#include <cstring>
+
 #include "trellis/kernels/ops.h"
 
 namespace trellis::ops {
 
-void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                       int64_t B, int64_t T, int64_t C) {
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, int64_t vocab_start,
+                       int64_t vocab_rows, int64_t n, int64_t C) {
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < B * T; ++i) {
-    const float* e = wte + int64_t(tokens[i]) * C;
-    const float* p = wpe + (i % T) * C;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t row = int64_t(tokens[i]) - vocab_start;
     float* y = out + i * C;
-    for (int64_t c = 0; c < C; ++c) y[c] = e[c] + p[c];
+    if (row >= 0 && row < vocab_rows) std::memcpy(y, wte + row * C, size_t(C) * sizeof(float));
+    else std::memset(y, 0, size_t(C) * sizeof(float));
   }
 }
 
-void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                        int64_t B, int64_t T, int64_t C) {
+void embedding_backward(float* dwte, const float* dout, const int32_t* tokens, int64_t vocab_start,
+                        int64_t vocab_rows, int64_t n, int64_t C) {
   // Tokens repeat, so rows of dwte collide: split the channel dimension across threads instead.
 #pragma omp parallel for schedule(static)
   for (int64_t c0 = 0; c0 < C; c0 += 32) {
     const int64_t c1 = std::min(C, c0 + 32);
-    for (int64_t i = 0; i < B * T; ++i) {
-      float* e = dwte + int64_t(tokens[i]) * C;
-      float* p = dwpe + (i % T) * C;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t row = int64_t(tokens[i]) - vocab_start;
+      if (row < 0 || row >= vocab_rows) continue;
+      float* e = dwte + row * C;
       const float* dy = dout + i * C;
-      for (int64_t c = c0; c < c1; ++c) {
-        e[c] += dy[c];
-        p[c] += dy[c];
-      }
+      for (int64_t c = c0; c < c1; ++c) e[c] += dy[c];
+    }
+  }
+}
+
+void position_forward(float* out, const float* wpe, int64_t row0, int64_t rows, int64_t T,
+                      int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* p = wpe + ((row0 + i) % T) * C;
+    float* y = out + i * C;
+    for (int64_t c = 0; c < C; ++c) y[c] += p[c];
+  }
+}
+
+void position_backward(float* dwpe, const float* dout, int64_t row0, int64_t rows, int64_t T,
+                       int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t c0 = 0; c0 < C; c0 += 32) {
+    const int64_t c1 = std::min(C, c0 + 32);
+    for (int64_t i = 0; i < rows; ++i) {
+      float* p = dwpe + ((row0 + i) % T) * C;
+      const float* dy = dout + i * C;
+      for (int64_t c = c0; c < c1; ++c) p[c] += dy[c];
     }
   }
 }

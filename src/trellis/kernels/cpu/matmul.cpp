@@ -30,14 +30,25 @@ void linear_backward(float* dinp, float* dw, float* dbias, const float* dout, co
                      const float* w, int64_t BT, int64_t IC, int64_t OC) {
   if (dinp) gemm(false, true, BT, IC, OC, 1.0f, dout, OC, w, OC, 1.0f, dinp, IC);
   gemm(true, false, IC, OC, BT, 1.0f, inp, IC, dout, OC, 1.0f, dw, OC);
-  if (dbias) {
-    // Column sums; split columns across threads so there is no reduction race.
+  if (dbias) bias_backward(dbias, dout, BT, OC);
+}
+
+void add_bias(float* out, const float* bias, const float* residual, int64_t rows, int64_t C) {
 #pragma omp parallel for schedule(static)
-    for (int64_t o0 = 0; o0 < OC; o0 += 64) {
-      const int64_t o1 = std::min(OC, o0 + 64);
-      for (int64_t i = 0; i < BT; ++i)
-        for (int64_t o = o0; o < o1; ++o) dbias[o] += dout[i * OC + o];
-    }
+  for (int64_t i = 0; i < rows; ++i) {
+    float* y = out + i * C;
+    const float* r = residual ? residual + i * C : nullptr;
+    for (int64_t c = 0; c < C; ++c) y[c] += bias[c] + (r ? r[c] : 0.0f);
+  }
+}
+
+void bias_backward(float* dbias, const float* dout, int64_t rows, int64_t C) {
+  // Column sums; split columns across threads so there is no reduction race.
+#pragma omp parallel for schedule(static)
+  for (int64_t c0 = 0; c0 < C; c0 += 64) {
+    const int64_t c1 = std::min(C, c0 + 64);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t c = c0; c < c1; ++c) dbias[c] += dout[i * C + c];
   }
 }
 

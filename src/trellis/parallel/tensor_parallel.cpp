@@ -1,0 +1,62 @@
+#include "trellis/parallel/tensor_parallel.h"
+
+#include <algorithm>
+
+#include "trellis/comm/communicator.h"
+#include "trellis/core/error.h"
+
+namespace trellis {
+
+TensorParallel::TensorParallel(Communicator* comm, bool sequence_parallel)
+    : comm_(comm && comm->size() > 1 ? comm : nullptr) {
+  if (comm_) {
+    size_ = comm_->size();
+    rank_ = comm_->rank();
+  }
+  sp_ = sequence_parallel && size_ > 1;
+}
+
+const float* TensorParallel::enter(const float* local, float* full, int64_t rows, int64_t C) {
+  if (!sp_) return local;
+  comm_->all_gather_async(local, full, size_t(local_rows(rows) * C))->wait();
+  return full;
+}
+
+void TensorParallel::enter_backward(float* dfull, float* dlocal, int64_t rows, int64_t C) {
+  if (sp_) {
+    comm_->reduce_scatter_async(dfull, dlocal, size_t(local_rows(rows) * C))->wait();
+    return;
+  }
+  if (comm_) comm_->all_reduce(dfull, size_t(rows * C));
+  if (dlocal != dfull) std::copy_n(dfull, rows * C, dlocal);
+}
+
+void TensorParallel::leave(float* partial, float* out, int64_t rows, int64_t C) {
+  if (sp_) {
+    comm_->reduce_scatter_async(partial, out, size_t(local_rows(rows) * C))->wait();
+    return;
+  }
+  if (comm_) comm_->all_reduce(partial, size_t(rows * C));
+  if (out != partial) std::copy_n(partial, rows * C, out);
+}
+
+const float* TensorParallel::leave_backward(const float* dlocal, float* dfull, int64_t rows,
+                                            int64_t C) {
+  if (!sp_) return dlocal;
+  comm_->all_gather_async(dlocal, dfull, size_t(local_rows(rows) * C))->wait();
+  return dfull;
+}
+
+void TensorParallel::all_reduce(float* buf, int64_t n) {
+  if (comm_) comm_->all_reduce(buf, size_t(n));
+}
+
+ops::RowCombine TensorParallel::row_combine() {
+  if (!comm_) return {};
+  return [this](double* buf, int64_t n, bool is_max) {
+    if (is_max) comm_->all_reduce_max(buf, size_t(n));
+    else comm_->all_reduce_sum(buf, size_t(n));
+  };
+}
+
+}  // namespace trellis
