@@ -1,11 +1,27 @@
 #include "trellis/parallel/tensor_parallel.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "trellis/comm/communicator.h"
 #include "trellis/core/error.h"
 
 namespace trellis {
+
+namespace {
+// Adds the lifetime of the scope to a seconds counter.
+class CommTimer {
+ public:
+  explicit CommTimer(double& total) : total_(total), t0_(std::chrono::steady_clock::now()) {}
+  ~CommTimer() {
+    total_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  }
+
+ private:
+  double& total_;
+  std::chrono::steady_clock::time_point t0_;
+};
+}  // namespace
 
 TensorParallel::TensorParallel(Communicator* comm, bool sequence_parallel)
     : comm_(comm && comm->size() > 1 ? comm : nullptr) {
@@ -18,11 +34,13 @@ TensorParallel::TensorParallel(Communicator* comm, bool sequence_parallel)
 
 const float* TensorParallel::enter(const float* local, float* full, int64_t rows, int64_t C) {
   if (!sp_) return local;
+  CommTimer timer(comm_s_);
   comm_->all_gather_async(local, full, size_t(local_rows(rows) * C))->wait();
   return full;
 }
 
 void TensorParallel::enter_backward(float* dfull, float* dlocal, int64_t rows, int64_t C) {
+  CommTimer timer(comm_s_);
   if (sp_) {
     comm_->reduce_scatter_async(dfull, dlocal, size_t(local_rows(rows) * C))->wait();
     return;
@@ -32,6 +50,7 @@ void TensorParallel::enter_backward(float* dfull, float* dlocal, int64_t rows, i
 }
 
 void TensorParallel::leave(float* partial, float* out, int64_t rows, int64_t C) {
+  CommTimer timer(comm_s_);
   if (sp_) {
     comm_->reduce_scatter_async(partial, out, size_t(local_rows(rows) * C))->wait();
     return;
@@ -43,20 +62,29 @@ void TensorParallel::leave(float* partial, float* out, int64_t rows, int64_t C) 
 const float* TensorParallel::leave_backward(const float* dlocal, float* dfull, int64_t rows,
                                             int64_t C) {
   if (!sp_) return dlocal;
+  CommTimer timer(comm_s_);
   comm_->all_gather_async(dlocal, dfull, size_t(local_rows(rows) * C))->wait();
   return dfull;
 }
 
 void TensorParallel::all_reduce(float* buf, int64_t n) {
+  CommTimer timer(comm_s_);
   if (comm_) comm_->all_reduce(buf, size_t(n));
 }
 
 ops::RowCombine TensorParallel::row_combine() {
   if (!comm_) return {};
   return [this](double* buf, int64_t n, bool is_max) {
+    CommTimer timer(comm_s_);
     if (is_max) comm_->all_reduce_max(buf, size_t(n));
     else comm_->all_reduce_sum(buf, size_t(n));
   };
+}
+
+double TensorParallel::take_comm_seconds() {
+  const double s = comm_s_;
+  comm_s_ = 0.0;
+  return s;
 }
 
 }  // namespace trellis

@@ -41,11 +41,14 @@ class TensorParallel {
   void all_reduce(float* buf, int64_t n);
   // Row statistics combine for the vocabulary-parallel cross-entropy.
   ops::RowCombine row_combine();
+  // Seconds spent in tensor-parallel communication since the last call (for the step breakdown).
+  double take_comm_seconds();
 
  private:
   Communicator* comm_;
   int size_ = 1, rank_ = 0;
   bool sp_ = false;
+  double comm_s_ = 0.0;
 };
 
 }  // namespace trellis

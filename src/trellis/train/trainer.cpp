@@ -288,6 +288,10 @@ int run_training(TrainConfig cfg, Communicator& world) {
       mesh.dp_comm().all_gather_async(grad_shard.data(), params.data(), shard.shard)->wait();
     }
     const double dt = seconds_since(t0);
+    const double tp_comm = tp.take_comm_seconds();
+    // Memory of the largest rank (ZeRO and TP make ranks differ).
+    double mem[2] = {double(mem_bytes), double(peak_rss_bytes())};
+    world.all_reduce_max(mem, 2);
     const double tokens_per_s = double(G * T) / dt;
     const double mfu = step_flops / dt / peak_flops;
     if (step > start_step + 1 || cfg.steps == start_step + 1) {
@@ -298,8 +302,10 @@ int run_training(TrainConfig cfg, Communicator& world) {
     if (lead) {
       log->write({{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm},
                   {"tokens_per_s", tokens_per_s}, {"mfu", mfu}, {"step_ms", dt * 1e3},
-                  {"comm_exposed_ms", comm_exposed * 1e3}, {"mem_bytes", mem_bytes},
-                  {"peak_rss_bytes", peak_rss_bytes()}},
+                  {"compute_ms", (dt - comm_exposed - tp_comm) * 1e3},
+                  {"comm_exposed_ms", comm_exposed * 1e3}, {"tp_comm_ms", tp_comm * 1e3},
+                  {"mem_bytes", mem_bytes}, {"mem_bytes_max", mem[0]},
+                  {"peak_rss_bytes", peak_rss_bytes()}, {"peak_rss_bytes_max", mem[1]}},
                  "train");
       if (!cfg.quiet && (step % std::max<int64_t>(1, cfg.log_every) == 0 || step == cfg.steps)) {
         const double eta = seconds_since(loop_start) / double(step - start_step) *
