@@ -13,8 +13,8 @@ void zero(std::vector<float>& v) { std::fill(v.begin(), v.end(), 0.0f); }
 }  // namespace
 
 GPT::GPT(const ModelConfig& cfg, const ParamLayout& layout, float* params, float* grads,
-         TensorParallel& tp)
-    : cfg_(cfg), tp_(tp) {
+         TensorParallel& tp, const StageSpec* chunk)
+    : cfg_(cfg), chunk_(chunk ? *chunk : layout.stage()), tp_(tp) {
   cfg_.validate();
   TRELLIS_CHECK(layout.tp() == tp.size() && layout.tp_rank() == tp.rank(),
                 "parameter layout is for tp rank {}/{}, the group is {}/{}", layout.tp_rank(),
@@ -25,13 +25,16 @@ GPT::GPT(const ModelConfig& cfg, const ParamLayout& layout, float* params, float
   vocab_rows_ = layout.vocab_local();
   vocab_start_ = layout.vocab_start();
   vocab_valid_ = std::clamp<int64_t>(cfg.vocab_size - vocab_start_, 0, vocab_rows_);
+  TRELLIS_CHECK(!chunk_.layers.empty(), "a model chunk needs at least one block");
   auto p = [&](const std::string& n) { return params + layout.spec(n).offset; };
   auto g = [&](const std::string& n) { return grads ? grads + layout.spec(n).offset : nullptr; };
-  wte_ = p("wte.weight"), wpe_ = p("wpe.weight");
-  lnf_w_ = p("ln_f.weight"), lnf_b_ = p("ln_f.bias");
-  dwte_ = g("wte.weight"), dwpe_ = g("wpe.weight");
-  dlnf_w_ = g("ln_f.weight"), dlnf_b_ = g("ln_f.bias");
-  for (int l = 0; l < cfg.n_layer; ++l) {
+  if (chunk_.embedding || chunk_.head) wte_ = p("wte.weight"), dwte_ = g("wte.weight");
+  if (chunk_.embedding) wpe_ = p("wpe.weight"), dwpe_ = g("wpe.weight");
+  if (chunk_.head) {
+    lnf_w_ = p("ln_f.weight"), lnf_b_ = p("ln_f.bias");
+    dlnf_w_ = g("ln_f.weight"), dlnf_b_ = g("ln_f.bias");
+  }
+  for (int l : chunk_.layers) {
     const std::string h = "h." + std::to_string(l) + ".";
     blocks_.push_back({p(h + "ln_1.weight"), p(h + "ln_1.bias"), p(h + "attn.c_attn.weight"),
                        p(h + "attn.c_attn.bias"), p(h + "attn.c_proj.weight"),
@@ -56,16 +59,20 @@ void GPT::prepare(Context& ctx, int64_t B, int64_t T) {
   ctx.T = T;
   ctx.tokens.resize(size_t(BT));
   ctx.targets.resize(size_t(BT));
-  fit(ctx.embedded, R * C);
-  ctx.blocks.resize(size_t(cfg_.n_layer));
+  ctx.blocks.resize(chunk_.layers.size());
   for (auto& a : ctx.blocks) {
     fit(a.ln1, R * C), fit(a.ln1_mean, R), fit(a.ln1_rstd, R), fit(a.ln1_full, full);
     fit(a.qkv, BT * 3 * Cl), fit(a.probs, B * Hl_ * T * T), fit(a.att, BT * Cl);
     fit(a.res_mid, R * C), fit(a.ln2, R * C), fit(a.ln2_mean, R), fit(a.ln2_rstd, R);
     fit(a.ln2_full, full), fit(a.fc, BT * 4 * Cl), fit(a.gelu, BT * 4 * Cl), fit(a.res_out, R * C);
   }
-  fit(ctx.lnf, R * C), fit(ctx.lnf_mean, R), fit(ctx.lnf_rstd, R), fit(ctx.lnf_full, full);
-  fit(ctx.logits, BT * vocab_rows_), fit(ctx.losses, BT);
+  const bool head = chunk_.head, embedding = chunk_.embedding;
+  fit(ctx.lnf, head ? R * C : 0), fit(ctx.lnf_mean, head ? R : 0), fit(ctx.lnf_rstd, head ? R : 0);
+  fit(ctx.lnf_full, head ? full : 0);
+  fit(ctx.logits, head ? BT * vocab_rows_ : 0), fit(ctx.losses, BT);
+  fit(ctx.embedded, embedding ? R * C : 0);
+  fit(ctx.input, embedding ? 0 : R * C), fit(ctx.dinput, embedding ? 0 : R * C);
+  fit(ctx.doutput, head ? 0 : R * C);
   if (int64_t(full_.size()) < BT * C) {
     fit(full_, BT * C), fit(dres_, R * C), fit(dln_, BT * C), fit(dfull_, BT * C);
     fit(dqkv_, BT * 3 * Cl), fit(datt_, BT * Cl), fit(dfc_, BT * 4 * Cl), fit(dgelu_, BT * 4 * Cl);
@@ -125,12 +132,16 @@ void GPT::head_forward(Context& ctx, const float* x) {
 double GPT::forward(Context& ctx, float grad_scale) {
   TRELLIS_REQUIRE(ctx.T <= cfg_.block_size, "sequence length {} exceeds the context length {}",
                   ctx.T, cfg_.block_size);
-  embedding_forward(ctx);
-  const float* x = ctx.embedded.data();
-  for (int l = 0; l < cfg_.n_layer; ++l) {
-    block_forward(ctx, l, x);
-    x = ctx.blocks[size_t(l)].res_out.data();
+  const float* x = ctx.input.data();
+  if (chunk_.embedding) {
+    embedding_forward(ctx);
+    x = ctx.embedded.data();
   }
+  for (size_t i = 0; i < chunk_.layers.size(); ++i) {
+    block_forward(ctx, int(i), x);
+    x = ctx.blocks[i].res_out.data();
+  }
+  if (!chunk_.head) return 0.0;
   head_forward(ctx, x);
   for (int32_t t : ctx.targets)
     TRELLIS_REQUIRE(t >= 0 && t < cfg_.vocab_size, "target id {} is outside the vocabulary", t);
@@ -183,11 +194,42 @@ void GPT::reduce_replicated(std::initializer_list<std::pair<float*, int64_t>> gr
 
 void GPT::backward(Context& ctx, bool last_micro_step,
                    const std::function<void(int)>& on_block_done) {
-  TRELLIS_CHECK(dwte_ != nullptr, "backward on a model without gradient buffers");
+  TRELLIS_CHECK(dblocks_[0].ln1_w != nullptr, "backward on a model without gradient buffers");
   const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT), C = C_;
-  const bool sp = tp_.sequence_parallel(), reduce = sp && last_micro_step;
+  const bool reduce = tp_.sequence_parallel() && last_micro_step;
   const bool notify = last_micro_step && on_block_done;
-  // Head: ctx.logits already hold dlogits (fused into the loss).
+  if (chunk_.head) {
+    head_backward(ctx, reduce);
+  } else {
+    std::copy_n(ctx.doutput.begin(), R * C, dres_.begin());
+  }
+  const int n = int(chunk_.layers.size());
+  for (int i = n - 1; i >= 0; --i) {
+    const float* x = i > 0 ? ctx.blocks[size_t(i - 1)].res_out.data()
+                           : (chunk_.embedding ? ctx.embedded.data() : ctx.input.data());
+    block_backward(ctx, i, x);
+    if (reduce) {
+      const BlockGrads& g = dblocks_[size_t(i)];
+      reduce_replicated({{g.ln1_w, C}, {g.ln1_b, C}, {g.proj_b, C}, {g.ln2_w, C}, {g.ln2_b, C},
+                         {g.mlp_proj_b, C}});
+    }
+    if (notify) on_block_done(chunk_.layers[size_t(i)]);
+  }
+  if (!chunk_.embedding) {
+    std::copy_n(dres_.begin(), R * C, ctx.dinput.begin());
+    return;
+  }
+  ops::position_backward(dwpe_, dres_.data(), tp_.first_row(BT), R, ctx.T, C);
+  if (reduce) reduce_replicated({{dwpe_, int64_t(cfg_.block_size) * C}});
+  const float* dfull = tp_.leave_backward(dres_.data(), dfull_.data(), BT, C);
+  ops::embedding_backward(dwte_, dfull, ctx.tokens.data(), vocab_start_, vocab_rows_, BT, C);
+  if (notify) on_block_done(-1);
+}
+
+void GPT::head_backward(Context& ctx, bool reduce) {
+  const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT), C = C_;
+  const bool sp = tp_.sequence_parallel();
+  // ctx.logits already hold dlogits (fused into the loss).
   const float* lnf_in = sp ? ctx.lnf_full.data() : ctx.lnf.data();
   ops::gemm(false, false, BT, C, vocab_rows_, 1.0f, ctx.logits.data(), vocab_rows_, wte_, C, 0.0f,
             dln_.data(), C);
@@ -200,30 +242,16 @@ void GPT::backward(Context& ctx, bool last_micro_step,
   ops::layernorm_backward(dres_.data(), dlnf_w_, dlnf_b_, dlocal, x_last, lnf_w_,
                           ctx.lnf_mean.data(), ctx.lnf_rstd.data(), R, C);
   if (reduce) reduce_replicated({{dlnf_w_, C}, {dlnf_b_, C}});
-  for (int l = cfg_.n_layer - 1; l >= 0; --l) {
-    const float* x = l == 0 ? ctx.embedded.data() : ctx.blocks[size_t(l - 1)].res_out.data();
-    block_backward(ctx, l, x);
-    if (reduce) {
-      const BlockGrads& g = dblocks_[size_t(l)];
-      reduce_replicated({{g.ln1_w, C}, {g.ln1_b, C}, {g.proj_b, C}, {g.ln2_w, C}, {g.ln2_b, C},
-                         {g.mlp_proj_b, C}});
-    }
-    if (notify) on_block_done(l);
-  }
-  ops::position_backward(dwpe_, dres_.data(), tp_.first_row(BT), R, ctx.T, C);
-  if (reduce) reduce_replicated({{dwpe_, int64_t(cfg_.block_size) * C}});
-  const float* dfull = tp_.leave_backward(dres_.data(), dfull_.data(), BT, C);
-  ops::embedding_backward(dwte_, dfull, ctx.tokens.data(), vocab_start_, vocab_rows_, BT, C);
-  if (notify) on_block_done(-1);
 }
 
 std::vector<float> GPT::last_logits(Context& ctx) {
-  TRELLIS_CHECK(tp_.size() == 1, "sampling runs on a single rank");
+  TRELLIS_CHECK(tp_.size() == 1 && chunk_.embedding && chunk_.head,
+                 "sampling runs the whole model on a single rank");
   embedding_forward(ctx);
   const float* x = ctx.embedded.data();
-  for (int l = 0; l < cfg_.n_layer; ++l) {
-    block_forward(ctx, l, x);
-    x = ctx.blocks[size_t(l)].res_out.data();
+  for (size_t i = 0; i < chunk_.layers.size(); ++i) {
+    block_forward(ctx, int(i), x);
+    x = ctx.blocks[i].res_out.data();
   }
   const int64_t C = C_, V = cfg_.vocab_size, last = ctx.T - 1;
   ops::layernorm_forward(ctx.lnf.data(), ctx.lnf_mean.data(), ctx.lnf_rstd.data(), x + last * C,

@@ -25,6 +25,9 @@ struct Context {
   };
   std::vector<BlockActs> blocks;
   std::vector<float> lnf, lnf_mean, lnf_rstd, lnf_full, logits, losses;
+  // Pipeline stages after the first: the activation received from the previous stage, and the
+  // gradient of it that backward produces; stages before the last: the received output gradient.
+  std::vector<float> input, dinput, doutput;
 };
 
 struct BlockParams {
@@ -39,18 +42,25 @@ struct BlockGrads {
 class GPT {
  public:
   // params/grads: flat buffers laid out by `layout` (grads may be null for inference). tp: the
-  // tensor-parallel group (size 1 for a single rank); it must outlive the model.
+  // tensor-parallel group (size 1 for a single rank); it must outlive the model. chunk: the part
+  // of layout's stage this object runs (a pipeline model chunk; default: all of it).
   GPT(const ModelConfig& cfg, const ParamLayout& layout, float* params, float* grads,
-      TensorParallel& tp);
+      TensorParallel& tp, const StageSpec* chunk = nullptr);
 
   const ModelConfig& config() const { return cfg_; }
   // Sizes ctx's buffers for micro-batches of B sequences of T tokens.
   void prepare(Context& ctx, int64_t B, int64_t T);
 
-  // Forward over ctx.tokens and ctx.targets; returns the summed loss of all B*T targets. When
+  // Forward over ctx.tokens (or ctx.input after the first stage) and, on the last stage,
+  // ctx.targets: returns the summed loss of all B*T targets (0 before the last stage). When
   // grad_scale != 0 the head already turns logits into dlogits (grad_scale = 1/global tokens).
   double forward(Context& ctx, float grad_scale);
-  // Backward of the micro-batch in ctx (after forward with grad_scale != 0); accumulates into the
+  // The activation a stage hands to the next one ([local rows, C]).
+  const float* output(const Context& ctx) const { return ctx.blocks.back().res_out.data(); }
+  bool has_embedding() const { return chunk_.embedding; }
+  bool has_head() const { return chunk_.head; }
+  // Backward of the micro-batch in ctx (after forward with grad_scale != 0; before the last stage
+  // from ctx.doutput, after the first stage leaving d(input) in ctx.dinput); accumulates into the
   // gradient buffer. last_micro_step: gradients are complete after this backward, so partial
   // gradients of replicated parameters are combined across the tensor-parallel group and
   // on_block_done(l) fires as block l's gradients become final (L-1 .. 0; -1 = embeddings).
@@ -60,17 +70,20 @@ class GPT {
   std::vector<float> last_logits(Context& ctx);
 
  private:
+  // l in block_* is the position of the block within this chunk.
   void embedding_forward(Context& ctx);
   void block_forward(Context& ctx, int l, const float* x);
   void head_forward(Context& ctx, const float* x);
   void block_backward(Context& ctx, int l, const float* x);
+  void head_backward(Context& ctx, bool reduce);
   // Sequence parallelism leaves partial gradients in parameters replicated across the group.
   void reduce_replicated(std::initializer_list<std::pair<float*, int64_t>> grads);
 
   ModelConfig cfg_;
+  StageSpec chunk_;
   TensorParallel& tp_;
   int64_t C_, Cl_, Hl_, vocab_start_, vocab_rows_, vocab_valid_;  // l = this rank's slice
-  const float *wte_, *wpe_, *lnf_w_, *lnf_b_;
+  const float *wte_ = nullptr, *wpe_ = nullptr, *lnf_w_ = nullptr, *lnf_b_ = nullptr;
   float *dwte_ = nullptr, *dwpe_ = nullptr, *dlnf_w_ = nullptr, *dlnf_b_ = nullptr;
   std::vector<BlockParams> blocks_;
   std::vector<BlockGrads> dblocks_;

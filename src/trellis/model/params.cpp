@@ -39,8 +39,14 @@ void ParamLayout::add(ParamSpec s) {
   specs_.push_back(std::move(s));
 }
 
-ParamLayout::ParamLayout(const ModelConfig& cfg, int tp, int tp_rank)
-    : tp_(tp), tp_rank_(tp_rank) {
+StageSpec StageSpec::whole(const ModelConfig& cfg) {
+  StageSpec s;
+  for (int l = 0; l < cfg.n_layer; ++l) s.layers.push_back(l);
+  return s;
+}
+
+ParamLayout::ParamLayout(const ModelConfig& cfg, int tp, int tp_rank, const StageSpec* stage)
+    : tp_(tp), tp_rank_(tp_rank), stage_(stage ? *stage : StageSpec::whole(cfg)) {
   TRELLIS_REQUIRE(tp >= 1 && cfg.n_head % tp == 0,
                   "tp={} does not divide the number of heads {}", tp, cfg.n_head);
   const int64_t C = cfg.n_embd, V = cfg.vocab_size;
@@ -74,9 +80,9 @@ ParamLayout::ParamLayout(const ModelConfig& cfg, int tp, int tp_rank)
   ParamSpec wte = split(weight("wte.weight", {Vp, C}, std), TpSplit::Rows);
   wte.export_rows = V;
   wte.init_rows = V;
-  add(wte);
-  add(weight("wpe.weight", {cfg.block_size, C}, std));
-  for (int l = 0; l < cfg.n_layer; ++l) {
+  if (stage_.embedding || stage_.head) add(wte);
+  if (stage_.embedding) add(weight("wpe.weight", {cfg.block_size, C}, std));
+  for (int l : stage_.layers) {
     const std::string h = "h." + std::to_string(l) + ".";
     add(constant(h + "ln_1.weight", C, 1.0f));
     add(constant(h + "ln_1.bias", C, 0.0f));
@@ -91,8 +97,10 @@ ParamLayout::ParamLayout(const ModelConfig& cfg, int tp, int tp_rank)
     add(split(weight(h + "mlp.c_proj.weight", {4 * C, C}, proj_std), TpSplit::Rows));
     add(constant(h + "mlp.c_proj.bias", C, 0.0f));
   }
-  add(constant("ln_f.weight", C, 1.0f));
-  add(constant("ln_f.bias", C, 0.0f));
+  if (stage_.head) {
+    add(constant("ln_f.weight", C, 1.0f));
+    add(constant("ln_f.bias", C, 0.0f));
+  }
   size_ = (size_ + 15) / 16 * 16;
 }
 
@@ -144,6 +152,7 @@ namespace {
 template <class Fn>
 void for_each_global(const ParamLayout& local, const ParamLayout& global, Fn fn) {
   for (const auto& s : local.specs()) {
+    if (!global.has(s.name)) continue;
     const ParamSpec& g = global.spec(s.name);
     const int64_t n = int64_t(s.numel()), limit = int64_t(g.numel());
     for (int64_t i = 0; i < n; ++i) {

@@ -32,10 +32,23 @@ struct ParamSpec {
   int64_t global_index(int64_t i, int tp_rank) const;
 };
 
+// The part of the model a pipeline rank holds: some blocks, maybe the embedding (first stage),
+// maybe the final LayerNorm and head (last stage; the head is tied to the embedding, so a last
+// stage holds its own copy of wte).
+struct StageSpec {
+  std::vector<int> layers;
+  bool embedding = true, head = true;
+  static StageSpec whole(const ModelConfig& cfg);
+};
+
 class ParamLayout {
  public:
-  // The slice of the model held by tensor-parallel rank tp_rank of tp.
-  explicit ParamLayout(const ModelConfig& cfg, int tp = 1, int tp_rank = 0);
+  // The slice of the model held by tensor-parallel rank tp_rank of tp, for the blocks of `stage`
+  // (default: the whole model).
+  explicit ParamLayout(const ModelConfig& cfg, int tp = 1, int tp_rank = 0,
+                       const StageSpec* stage = nullptr);
+  const StageSpec& stage() const { return stage_; }
+  bool has(const std::string& name) const { return index_.count(name) > 0; }
   int tp() const { return tp_; }
   int tp_rank() const { return tp_rank_; }
   const std::vector<ParamSpec>& specs() const { return specs_; }
@@ -43,7 +56,8 @@ class ParamLayout {
   size_t size() const { return size_; }
   // Offset of the first parameter of block l (blocks are stored in order after wte, wpe).
   size_t block_offset(int l) const;
-  // Parameters of the whole model counted for FLOPs/MFU (true vocabulary rows only).
+  // Parameters counted for FLOPs/MFU (true vocabulary rows only; for the whole model when this
+  // layout is).
   int64_t count() const;
   // Padded vocabulary rows held by this rank and the first of them.
   int64_t vocab_local() const { return vocab_local_; }
@@ -56,6 +70,7 @@ class ParamLayout {
   size_t size_ = 0;
   int tp_ = 1, tp_rank_ = 0;
   int64_t vocab_local_ = 0;
+  StageSpec stage_;
 };
 
 // Fills this rank's flat parameter buffer: each element is a pure function of (seed, name, global
