@@ -110,7 +110,12 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       make_key("peak_gflops_per_core", "fp32 peak per core used for MFU", &c.peak_gflops_per_core),
       make_key("dp", "data-parallel size (0 = world / (tp*pp))", &c.dp),
       make_key("tp", "tensor-parallel size (must divide the number of heads)", &c.tp),
-      make_key("pp", "pipeline-parallel size", &c.pp),
+      make_key("pp", "pipeline-parallel size (stages)", &c.pp),
+      make_key("schedule", "pipeline schedule: gpipe, 1f1b or interleaved", &c.schedule),
+      make_key("virtual_stages", "model chunks per pipeline rank (interleaved schedule)", &c.virtual_stages),
+      make_key("layer_split", "blocks per pipeline chunk, e.g. 3,1 (empty = balanced)", &c.layer_split),
+      make_key("trace", "write a Chrome trace (Perfetto) of the first trace_steps steps to this file", &c.trace),
+      make_key("trace_steps", "steps recorded in the trace", &c.trace_steps),
       make_key("sequence_parallel", "with tp > 1: split LayerNorm/residual activations along the sequence", &c.sequence_parallel),
       make_key("zero", "ZeRO stage: 0 or 1 (shard optimizer state over dp)", &c.zero),
       make_key("bucket_mb", "gradient all-reduce bucket size in MiB", &c.bucket_mb),
@@ -152,7 +157,7 @@ std::string dump_config(std::vector<ConfigKey>& keys) {
   std::string out;
   for (auto& k : keys) {
     const std::string v = k.get();
-    const bool quoted = k.name == "model" || k.name == "data" || k.name == "out" || k.name == "optimizer";
+    const bool quoted = k.type == "TEXT";
     out += fmt::format("{} = {}{}{}   # {}\n", k.name, quoted ? "\"" : "", v, quoted ? "\"" : "", k.help);
   }
   return out;

@@ -41,6 +41,11 @@ struct TrainConfig {
   double peak_gflops_per_core = 185.0;  // measured fp32 GEMM peak (bench/RESULTS.md), for MFU
   // parallelism
   int dp = 0, tp = 1, pp = 1;    // dp = 0: world / (tp * pp)
+  std::string schedule = "1f1b";  // pipeline schedule: gpipe | 1f1b | interleaved
+  int virtual_stages = 1;        // model chunks per pipeline rank (interleaved)
+  std::string layer_split;       // blocks per pipeline chunk, e.g. "3,1"; empty = balanced
+  std::string trace;             // write a Chrome trace of the first trace_steps steps here
+  int64_t trace_steps = 3;
   bool sequence_parallel = false;  // split LayerNorm/residual regions along the sequence (tp > 1)
   int zero = 0;                  // 0 or 1 (ZeRO-1: shard optimizer state over dp)
   double bucket_mb = 25.0;       // gradient all-reduce bucket size

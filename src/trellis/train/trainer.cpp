@@ -14,11 +14,13 @@
 #include "trellis/core/error.h"
 #include "trellis/data/corpus.h"
 #include "trellis/data/loader.h"
+#include "trellis/io/atomic_file.h"
 #include "trellis/io/checkpoint.h"
 #include "trellis/kernels/ops.h"
 #include "trellis/model/gpt.h"
 #include "trellis/parallel/data_parallel.h"
 #include "trellis/parallel/mesh.h"
+#include "trellis/parallel/pipeline/pipeline.h"
 #include "trellis/parallel/tensor_parallel.h"
 #include "trellis/train/metrics.h"
 
@@ -45,54 +47,122 @@ int64_t peak_rss_bytes() {
   return int64_t(ru.ru_maxrss) * 1024;
 }
 
-// Mean loss over the first `windows` fixed windows of `tokens`, split across DP ranks.
-double evaluate(GPT& model, Context& ctx, const std::vector<uint16_t>& tokens, int64_t windows,
-                Mesh& mesh) {
-  const int64_t b = ctx.B, T = ctx.T;
+// Mean loss over the first `windows` fixed windows of `tokens`, split across DP ranks and run
+// forward-only through the pipeline in micro-batches of b.
+double evaluate(Pipeline& pipe, int virtual_stages, const std::vector<uint16_t>& tokens,
+                int64_t windows, int64_t b, int64_t T, Mesh& mesh) {
   const int64_t lo = windows * mesh.dp_rank() / mesh.dp();
   const int64_t hi = windows * (mesh.dp_rank() + 1) / mesh.dp();
+  const int micro = int((hi - lo + b - 1) / b);
   double sum = 0.0;
-  for (int64_t w = lo; w < hi; w += b) {
-    const int64_t rows = std::min(b, hi - w);
-    fill_eval_windows(tokens, T, w, rows, ctx.tokens.data(), ctx.targets.data());
-    // A short last chunk: pad with copies of its first row and drop their losses.
-    for (int64_t r = rows; r < b; ++r) {
-      std::copy_n(ctx.tokens.data(), T, ctx.tokens.data() + r * T);
-      std::copy_n(ctx.targets.data(), T, ctx.targets.data() + r * T);
-    }
-    model.forward(ctx, 0.0f);
-    for (int64_t i = 0; i < rows * T; ++i) sum += ctx.losses[size_t(i)];
+  if (micro > 0) {
+    auto load = [&](int k, Context& ctx) {
+      const int64_t first = lo + k * b, rows = std::min(b, hi - first);
+      fill_eval_windows(tokens, T, first, rows, ctx.tokens.data(), ctx.targets.data());
+      // A short last micro-batch: pad with copies of its first row, whose losses do not count.
+      for (int64_t r = rows; r < b; ++r) {
+        std::copy_n(ctx.tokens.data(), T, ctx.tokens.data() + r * T);
+        std::copy_n(ctx.targets.data(), T, ctx.targets.data() + r * T);
+      }
+      return rows;
+    };
+    sum = pipe.run(forward_schedule(micro, virtual_stages), load, 0.0f).loss_sum;
   }
+  mesh.pp_comm().all_reduce_sum(&sum, 1);
   mesh.dp_comm().all_reduce_sum(&sum, 1);
   return sum / double(windows * T);
 }
 
+// "3,1,2" -> {3, 1, 2}.
+std::vector<int> parse_layer_split(const std::string& text) {
+  std::vector<int> out;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    const size_t comma = std::min(text.find(',', pos), text.size());
+    const std::string item = text.substr(pos, comma - pos);
+    char* end = nullptr;
+    const long v = std::strtol(item.c_str(), &end, 10);
+    TRELLIS_REQUIRE(!item.empty() && *end == '\0' && v >= 1,
+                    "layer_split: '{}' is not a positive layer count (e.g. layer_split=3,1)", item);
+    out.push_back(int(v));
+    pos = comma + 1;
+  }
+  return out;
+}
+
+// Writes the per-rank schedule timelines as a Chrome trace (chrome://tracing, Perfetto).
+void write_trace(const std::string& path, Communicator& world, const Mesh& mesh,
+                 const std::vector<TraceEvent>& events) {
+  // Ranks record different numbers of events: pad to the largest and sum (others add zeros).
+  double count = double(events.size());
+  world.all_reduce_max(&count, 1);
+  const size_t per = size_t(count), fields = 5;
+  std::vector<double> all(per * fields * size_t(world.size()), 0.0);
+  std::vector<double> coords(size_t(world.size()) * 3, 0.0);
+  for (size_t i = 0; i < events.size(); ++i) {
+    double* e = all.data() + (size_t(world.rank()) * per + i) * fields;
+    e[0] = events[i].start_us, e[1] = events[i].dur_us, e[2] = events[i].micro;
+    e[3] = events[i].chunk, e[4] = events[i].forward ? 1.0 : 2.0;
+  }
+  double* c = coords.data() + size_t(world.rank()) * 3;
+  c[0] = mesh.pp_rank(), c[1] = mesh.dp_rank(), c[2] = mesh.tp_rank();
+  world.all_reduce_sum(all.data(), all.size());
+  world.all_reduce_sum(coords.data(), coords.size());
+  if (world.rank() != 0) return;
+  nlohmann::json trace = nlohmann::json::array();
+  for (int r = 0; r < world.size(); ++r) {
+    const double* rc = coords.data() + size_t(r) * 3;
+    trace.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 0}, {"tid", r},
+                     {"args", {{"name", fmt::format("rank {} (pp {}, dp {}, tp {})", r, rc[0],
+                                                    rc[1], rc[2])}}}});
+    for (size_t i = 0; i < per; ++i) {
+      const double* e = all.data() + (size_t(r) * per + i) * fields;
+      if (e[4] == 0.0) continue;
+      const bool fwd = e[4] == 1.0;
+      trace.push_back({{"name", fmt::format("{}{}", fwd ? "F" : "B", int(e[2]))},
+                       {"cat", fwd ? "forward" : "backward"}, {"ph", "X"}, {"pid", 0},
+                       {"tid", r}, {"ts", e[0]}, {"dur", e[1]},
+                       {"args", {{"micro_batch", int(e[2])}, {"chunk", int(e[3])}}}});
+    }
+  }
+  write_file_atomic(path, nlohmann::json{{"traceEvents", trace}, {"displayTimeUnit", "ms"}}.dump());
+}
+
 // Sum of squared gradients in [begin, end) of this rank's buffer, counting parameters that are
-// replicated across the tensor-parallel group on its rank 0 only (summed over the group later).
+// replicated across the tensor-parallel group on its rank 0 only, and the tied embedding on the
+// first pipeline stage only (summed over the groups later).
 double grad_sum_squares(const ParamLayout& layout, const float* grads, size_t begin, size_t end) {
   double s = 0.0;
   for (const auto& spec : layout.specs()) {
     if (spec.split == TpSplit::None && layout.tp_rank() != 0) continue;
+    if (spec.name == "wte.weight" && !layout.stage().embedding) continue;
     const size_t lo = std::max(begin, spec.offset), hi = std::min(end, spec.offset + spec.numel());
     if (lo < hi) s += ops::sum_squares(grads + lo, int64_t(hi - lo));
   }
   return s;
 }
 
-// The global (tp = 1 layout) tensor values from every tensor-parallel rank's slices.
-std::vector<float> gather_global(Communicator& tp_comm, const ModelConfig& mc,
-                                 const ParamLayout& local, const float* data) {
+// The global (tp = 1, whole-model layout) tensor values from every tensor-parallel rank's slices
+// and every pipeline stage's tensors.
+std::vector<float> gather_global(Mesh& mesh, const ModelConfig& mc, const ParamLayout& local,
+                                 const float* data) {
   const ParamLayout global(mc);
   std::vector<float> out(global.size(), 0.0f);
-  if (local.tp() == 1) {
-    std::copy_n(data, global.size(), out.begin());
-    return out;
-  }
   std::vector<float> all(local.size() * size_t(local.tp()));
-  tp_comm.all_gather_async(data, all.data(), local.size())->wait();
+  if (local.tp() > 1) mesh.tp_comm().all_gather_async(data, all.data(), local.size())->wait();
+  else std::copy_n(data, local.size(), all.begin());
   for (int r = 0; r < local.tp(); ++r)
-    scatter_to_global(ParamLayout(mc, local.tp(), r), global, all.data() + local.size() * size_t(r),
-                      out.data());
+    scatter_to_global(ParamLayout(mc, local.tp(), r, &local.stage()), global,
+                      all.data() + local.size() * size_t(r), out.data());
+  if (mesh.pp() > 1) {
+    // Each stage filled its own tensors (x + 0 is exact); the last stage's copy of the tied
+    // embedding stays out.
+    if (!local.stage().embedding) {
+      const ParamSpec& wte = global.spec("wte.weight");
+      std::fill_n(out.begin() + long(wte.offset), wte.numel(), 0.0f);
+    }
+    mesh.pp_comm().all_reduce(out.data(), out.size());
+  }
   return out;
 }
 
@@ -111,11 +181,16 @@ std::vector<float> gather_shards(Communicator& dp, const std::vector<float>& loc
 int run_training(TrainConfig cfg, Communicator& world) {
   const auto run_start = Clock::now();
   Mesh mesh(world, {cfg.dp, cfg.tp, cfg.pp});
-  TRELLIS_REQUIRE(mesh.pp() == 1, "pipeline parallelism (--pp > 1) is not implemented yet");
+  const ScheduleKind schedule = parse_schedule(cfg.schedule);
+  const int V = cfg.virtual_stages;
+  TRELLIS_REQUIRE(V >= 1, "virtual_stages must be >= 1");
+  TRELLIS_REQUIRE(V == 1 || schedule == ScheduleKind::Interleaved,
+                  "virtual_stages={} needs --schedule interleaved", V);
   TRELLIS_REQUIRE(cfg.zero == 0 || cfg.zero == 1, "zero must be 0 or 1 (got {})", cfg.zero);
   world.set_timeout(cfg.comm_timeout);
   mesh.dp_comm().set_timeout(cfg.comm_timeout);
   mesh.tp_comm().set_timeout(cfg.comm_timeout);
+  mesh.pp_comm().set_timeout(cfg.comm_timeout);
   const bool lead = world.rank() == 0;
   const int threads = cfg.threads > 0 ? cfg.threads : default_threads();
   omp_set_num_threads(threads);
@@ -138,8 +213,25 @@ int run_training(TrainConfig cfg, Communicator& world) {
                   b, per_rank, G, dp);
   const int64_t accum = per_rank / b;
   TRELLIS_REQUIRE(cfg.steps >= 0, "steps must be >= 0");
+  // Pipeline: pp * V model chunks, chunk g on pipeline rank g % pp. The schedule is built now so
+  // that impossible combinations are refused before any work.
+  const int pp = mesh.pp(), pp_rank = mesh.pp_rank();
+  const auto chunk_layers = partition_layers(mc.n_layer, pp * V, parse_layer_split(cfg.layer_split));
+  const std::vector<PipeOp> step_ops = build_schedule(schedule, pp, pp_rank, int(accum), V);
+  std::vector<StageSpec> chunks;
+  StageSpec stage;
+  stage.layers.clear();
+  stage.embedding = pp_rank == 0;
+  stage.head = pp_rank == pp - 1;
+  for (int v = 0; v < V; ++v) {
+    const int g = v * pp + pp_rank;
+    chunks.push_back({chunk_layers[size_t(g)], g == 0, g == pp * V - 1});
+    stage.layers.insert(stage.layers.end(), chunk_layers[size_t(g)].begin(),
+                        chunk_layers[size_t(g)].end());
+  }
 
-  const ParamLayout layout(mc, mesh.tp(), mesh.tp_rank());  // this rank's tensor-parallel slices
+  // This rank's tensor-parallel slices of its pipeline stage.
+  const ParamLayout layout(mc, mesh.tp(), mesh.tp_rank(), &stage);
   const ParamLayout global_layout(mc);
   const size_t n = layout.size();
   const ShardRange shard = cfg.zero ? shard_range(n, dp, mesh.dp_rank()) : ShardRange{n, n, 0, n};
@@ -182,9 +274,19 @@ int run_training(TrainConfig cfg, Communicator& world) {
   }
 
   TensorParallel tp(&mesh.tp_comm(), cfg.sequence_parallel);
-  GPT model(mc, layout, params.data(), grads.data(), tp);
-  Context ctx;
-  model.prepare(ctx, b, T);
+  std::vector<std::unique_ptr<GPT>> models;
+  std::vector<GPT*> model_chunks;
+  for (const StageSpec& c : chunks) {
+    models.push_back(std::make_unique<GPT>(mc, layout, params.data(), grads.data(), tp, &c));
+    model_chunks.push_back(models.back().get());
+  }
+  Pipeline pipe(mesh.pp_comm(), model_chunks, b, T, mc.n_embd);
+  // The tied embedding lives on the first and the last stage: their gradients are summed.
+  std::unique_ptr<Communicator> tied;
+  if (pp > 1) {
+    tied = mesh.pp_comm().split(stage.embedding || stage.head ? 0 : 1, pp_rank);
+    tied->set_timeout(cfg.comm_timeout);
+  }
   BatchLoader loader(corpus.train, T, G, cfg.seed, cfg.shuffle);
   std::unique_ptr<GradReducer> reducer;
   if (dp > 1 && cfg.zero == 0)
@@ -210,9 +312,12 @@ int run_training(TrainConfig cfg, Communicator& world) {
                mc.padded_vocab(), double(n_params) / 1e6);
     fmt::print("trellis: data {} | {} train / {} val tokens | {} windows of {}\n", corpus.source,
                corpus.train.size(), corpus.val.size(), loader.windows(), T);
-    fmt::print("trellis: world {} (dp {}, tp {}{}, zero {}) | {} threads/rank | batch {} x {} "
-               "tokens = {} per rank x {} micro-steps of {}{}\n",
+    fmt::print("trellis: world {} (dp {}, tp {}{}, pp {}{}, zero {}) | {} threads/rank | batch {} "
+               "x {} tokens = {} per rank x {} micro-batches of {}{}\n",
                world.size(), dp, mesh.tp(), tp.sequence_parallel() ? " + sequence parallel" : "",
+               pp, pp > 1 ? fmt::format(" {}{}", schedule_name(schedule),
+                                        V > 1 ? fmt::format(" x{}", V) : "")
+                          : "",
                cfg.zero, threads, G, T, per_rank, accum, b,
                resumed_from.empty() ? "" : " | resumed from " + resumed_from);
     std::fflush(stdout);
@@ -222,11 +327,10 @@ int run_training(TrainConfig cfg, Communicator& world) {
     CheckpointData ck;
     ck.model = mc;
     ck.tokenizer = {corpus.tokenizer, corpus.tokenizer_dir};
-    ck.params = gather_global(mesh.tp_comm(), mc, layout, params.data());
+    ck.params = gather_global(mesh, mc, layout, params.data());
     for (auto& [name, buf] : optimizer.state()) {
       const std::vector<float> local = cfg.zero ? gather_shards(mesh.dp_comm(), *buf, shard, n) : *buf;
-      ck.optimizer.buffers.emplace_back(name,
-                                        gather_global(mesh.tp_comm(), mc, layout, local.data()));
+      ck.optimizer.buffers.emplace_back(name, gather_global(mesh, mc, layout, local.data()));
     }
     nlohmann::json conf;
     auto keys = config_keys(cfg);
@@ -246,23 +350,37 @@ int run_training(TrainConfig cfg, Communicator& world) {
   double best_val = INFINITY, tokens_per_s_sum = 0.0, mfu_sum = 0.0;
   int64_t timed_steps = 0;
   std::string last_checkpoint;
+  std::vector<TraceEvent> trace;
+  world.barrier();  // a common time origin for the trace
+  pipe.record_trace(!cfg.trace.empty());
   const auto loop_start = Clock::now();
   for (int64_t step = start_step + 1; step <= cfg.steps; ++step) {
     const auto t0 = Clock::now();
     std::fill(grads.begin(), grads.end(), 0.0f);
-    double loss_sum = 0.0;
     const float grad_scale = 1.0f / float(G * T);
-    for (int64_t k = 0; k < accum; ++k) {
+    auto load = [&](int k, Context& ctx) {
       loader.fill(step - 1, mesh.dp_rank() * per_rank + k * b, b, ctx.tokens.data(),
                   ctx.targets.data());
-      loss_sum += model.forward(ctx, grad_scale);
-      // Only the last micro-step's backward finalises gradients, so only it feeds the reducer.
-      model.backward(ctx, k == accum - 1, [&](int l) {
-        if (reducer) reducer->ready_from(l >= 0 ? layout.block_offset(l) : 0);
-      });
+      return b;
+    };
+    // Without a pipeline, buckets are all-reduced while backward still runs (chunks finish in
+    // layout order); with one, after the schedule.
+    std::function<void(int)> on_block_done;
+    if (reducer && pp == 1)
+      on_block_done = [&](int l) { reducer->ready_from(l >= 0 ? layout.block_offset(l) : 0); };
+    const PipelineStats ps = pipe.run(step_ops, load, grad_scale, on_block_done);
+    if (cfg.trace.empty() == false && step - start_step == cfg.trace_steps) {
+      write_trace(cfg.trace, world, mesh, pipe.trace());
+      pipe.record_trace(false);
+    }
+    double loss_sum = ps.loss_sum;
+    if (tied && tied->size() > 1) {
+      const ParamSpec& wte = layout.spec("wte.weight");
+      tied->all_reduce(grads.data() + wte.offset, wte.numel());
     }
     double comm_exposed = 0.0;
     if (reducer) {
+      if (pp > 1) reducer->ready_from(0);
       reducer->finish();
       comm_exposed = reducer->exposed_seconds();
     } else if (cfg.zero && dp > 1) {
@@ -273,6 +391,13 @@ int run_training(TrainConfig cfg, Communicator& world) {
     }
     double norm_sq = grad_sum_squares(layout, grads.data(), shard.begin, shard.end);
     if (mesh.tp() > 1) mesh.tp_comm().all_reduce_sum(&norm_sq, 1);
+    // The loss is known on the last stage only; the norm sums over the stages.
+    double pp_stats[4] = {loss_sum, norm_sq, 1.0 - ps.compute_s / ps.total_s,
+                          double(ps.peak_contexts)};
+    if (pp > 1) mesh.pp_comm().all_reduce_sum(pp_stats, 4);
+    loss_sum = pp_stats[0];
+    norm_sq = pp_stats[1];
+    const double bubble = pp_stats[2] / pp;
     double stats[2] = {loss_sum, cfg.zero ? norm_sq : 0.0};
     mesh.dp_comm().all_reduce_sum(stats, 2);
     if (cfg.zero) norm_sq = stats[1];
@@ -305,7 +430,9 @@ int run_training(TrainConfig cfg, Communicator& world) {
                   {"compute_ms", (dt - comm_exposed - tp_comm) * 1e3},
                   {"comm_exposed_ms", comm_exposed * 1e3}, {"tp_comm_ms", tp_comm * 1e3},
                   {"mem_bytes", mem_bytes}, {"mem_bytes_max", mem[0]},
-                  {"peak_rss_bytes", peak_rss_bytes()}, {"peak_rss_bytes_max", mem[1]}},
+                  {"peak_rss_bytes", peak_rss_bytes()}, {"peak_rss_bytes_max", mem[1]},
+                  {"bubble", bubble}, {"bubble_theory", theoretical_bubble(pp, int(accum), V)},
+                  {"peak_micro_batches", ps.peak_contexts}},
                  "train");
       if (!cfg.quiet && (step % std::max<int64_t>(1, cfg.log_every) == 0 || step == cfg.steps)) {
         const double eta = seconds_since(loop_start) / double(step - start_step) *
@@ -320,7 +447,7 @@ int run_training(TrainConfig cfg, Communicator& world) {
     const bool stopping = step == cfg.stop_at;
     const bool last = step == cfg.steps;
     if (val_windows > 0 && ((cfg.val_every > 0 && step % cfg.val_every == 0) || last)) {
-      const double val = evaluate(model, ctx, corpus.val, val_windows, mesh);
+      const double val = evaluate(pipe, V, corpus.val, val_windows, b, T, mesh);
       best_val = std::min(best_val, val);
       if (lead) {
         log->write({{"step", step}, {"val_loss", val}}, "val");

@@ -1,0 +1,139 @@
+#include "trellis/parallel/pipeline/pipeline.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+
+#include "trellis/comm/communicator.h"
+#include "trellis/core/error.h"
+
+namespace trellis {
+
+namespace {
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+Pipeline::Pipeline(Communicator& pp_comm, std::vector<GPT*> chunks, int64_t micro_batch,
+                   int64_t seq_len, int64_t n_embd)
+    : comm_(pp_comm),
+      chunks_(std::move(chunks)),
+      pp_(pp_comm.size()),
+      rank_(pp_comm.rank()),
+      global_chunks_(int(chunks_.size()) * pp_comm.size()),
+      b_(micro_batch),
+      T_(seq_len),
+      C_(n_embd),
+      pool_(chunks_.size()) {}
+
+Context* Pipeline::acquire(int v) {
+  release_finished(false);
+  for (auto& s : pool_[size_t(v)])
+    if (!s.busy) {
+      s.busy = true;
+      return s.ctx.get();
+    }
+  pool_[size_t(v)].push_back({std::make_unique<Context>(), true});
+  Context* ctx = pool_[size_t(v)].back().ctx.get();
+  chunks_[size_t(v)]->prepare(*ctx, b_, T_);
+  return ctx;
+}
+
+void Pipeline::release_finished(bool wait_all) {
+  for (auto it = sends_.begin(); it != sends_.end();) {
+    if (wait_all) it->work->wait();
+    else if (!it->work->test()) {
+      ++it;
+      continue;
+    }
+    if (it->release_after)
+      for (auto& s : pool_[size_t(it->chunk)])
+        if (s.ctx.get() == it->ctx) s.busy = false;
+    it = sends_.erase(it);
+  }
+}
+
+PipelineStats Pipeline::run(const std::vector<PipeOp>& ops, const Loader& load, float grad_scale,
+                            const std::function<void(int)>& on_block_done) {
+  PipelineStats st;
+  const double t_start = now_s();
+  if (trace_origin_ < 0) trace_origin_ = t_start;
+  const int last_chunk = global_chunks_ - 1;
+  const int64_t micro_count = std::max_element(ops.begin(), ops.end(), [](auto& a, auto& b) {
+                                return a.micro < b.micro;
+                              })->micro + 1;
+  // Messages between a pair of ranks are told apart by (micro-batch, chunk, direction).
+  TRELLIS_REQUIRE(micro_count * global_chunks_ * 2 < 32767,
+                  "{} micro-batches x {} pipeline chunks is more than the message tags allow",
+                  micro_count, global_chunks_);
+  auto tag = [&](int micro, int g, bool fwd) { return (micro * global_chunks_ + g) * 2 + fwd; };
+  auto rank_of = [&](int g) { return g % pp_; };
+  // The last backward of each chunk completes its gradients.
+  std::vector<size_t> last_backward(chunks_.size(), ops.size());
+  for (size_t i = 0; i < ops.size(); ++i)
+    if (!ops[i].forward) last_backward[size_t(ops[i].chunk)] = i;
+
+  std::map<std::pair<int, int>, Context*> alive;  // (chunk, micro) -> context between F and B
+  std::map<std::pair<int, int>, int64_t> valid;   // rows that count, per (chunk, micro)
+  int n_alive = 0;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const PipeOp& op = ops[i];
+    const int g = op.chunk * pp_ + rank_;
+    GPT& model = *chunks_[size_t(op.chunk)];
+    const double t0 = now_s();
+    if (op.forward) {
+      Context* ctx = acquire(op.chunk);
+      st.peak_contexts = std::max(st.peak_contexts, ++n_alive);
+      valid[{op.chunk, op.micro}] = load(op.micro, *ctx);
+      if (g > 0) comm_.recv_async(ctx->input.data(), ctx->input.size(), rank_of(g - 1),
+                                  tag(op.micro, g, true))->wait();
+      const double tc = now_s();
+      model.forward(*ctx, grad_scale);
+      st.compute_s += now_s() - tc;
+      if (g == last_chunk) {
+        const int64_t n = valid[{op.chunk, op.micro}] * T_;
+        for (int64_t r = 0; r < n; ++r) st.loss_sum += ctx->losses[size_t(r)];
+      }
+      const bool keep = grad_scale != 0.0f;
+      if (g < last_chunk) {
+        const float* out = model.output(*ctx);
+        const size_t count = ctx->blocks.back().res_out.size();
+        sends_.push_back({comm_.send_async(out, count, rank_of(g + 1), tag(op.micro, g + 1, true)),
+                          ctx, op.chunk, !keep});
+      } else if (!keep) {
+        for (auto& s : pool_[size_t(op.chunk)])
+          if (s.ctx.get() == ctx) s.busy = false;
+      }
+      if (keep) alive[{op.chunk, op.micro}] = ctx;
+      else --n_alive;
+    } else {
+      auto it = alive.find({op.chunk, op.micro});
+      TRELLIS_CHECK(it != alive.end(), "backward of micro-batch {} before its forward", op.micro);
+      Context* ctx = it->second;
+      alive.erase(it);
+      if (g < last_chunk) comm_.recv_async(ctx->doutput.data(), ctx->doutput.size(),
+                                           rank_of(g + 1), tag(op.micro, g, false))->wait();
+      const double tc = now_s();
+      model.backward(*ctx, i == last_backward[size_t(op.chunk)], on_block_done);
+      st.compute_s += now_s() - tc;
+      if (g > 0) {
+        sends_.push_back({comm_.send_async(ctx->dinput.data(), ctx->dinput.size(), rank_of(g - 1),
+                                           tag(op.micro, g - 1, false)),
+                          ctx, op.chunk, true});
+      } else {
+        for (auto& s : pool_[size_t(op.chunk)])
+          if (s.ctx.get() == ctx) s.busy = false;
+      }
+      --n_alive;
+    }
+    if (tracing_)
+      trace_.push_back({(t0 - trace_origin_) * 1e6, (now_s() - t0) * 1e6, op.micro,
+                        op.chunk * pp_ + rank_, op.forward});
+  }
+  release_finished(true);
+  st.total_s = now_s() - t_start;
+  return st;
+}
+
+}  // namespace trellis

@@ -1,0 +1,73 @@
+#pragma once
+// Runs a schedule on this pipeline rank: micro-batch Contexts from a pool, activations and their
+// gradients exchanged with the neighbouring stages by asynchronous send/recv (bounded waits, like
+// every collective), and a record of where the time went (compute vs waiting: the bubble).
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "trellis/model/gpt.h"
+#include "trellis/parallel/pipeline/schedule.h"
+
+namespace trellis {
+
+class Communicator;
+
+struct TraceEvent {
+  double start_us, dur_us;
+  int micro, chunk;
+  bool forward;
+};
+
+struct PipelineStats {
+  double loss_sum = 0.0;   // summed losses of valid rows (last stage only; 0 elsewhere)
+  double total_s = 0.0;    // wall time of the schedule
+  double compute_s = 0.0;  // forward + backward
+  int peak_contexts = 0;   // micro-batch activations alive at once
+};
+
+class Pipeline {
+ public:
+  // chunks: this rank's model chunks by local index v (global chunk v * pp + rank). pp_comm:
+  // the pipeline group (size 1 without pipeline parallelism).
+  Pipeline(Communicator& pp_comm, std::vector<GPT*> chunks, int64_t micro_batch, int64_t seq_len,
+           int64_t n_embd);
+
+  // Loads micro-batch `micro` into ctx.tokens/targets; returns how many of its rows count.
+  using Loader = std::function<int64_t(int micro, Context& ctx)>;
+  // Runs `ops`. grad_scale != 0 trains (backward ops present); on_block_done is passed to the
+  // last backward of each chunk (see GPT::backward).
+  PipelineStats run(const std::vector<PipeOp>& ops, const Loader& load, float grad_scale,
+                    const std::function<void(int)>& on_block_done = {});
+
+  void record_trace(bool on) { tracing_ = on; }
+  std::vector<TraceEvent>& trace() { return trace_; }
+
+ private:
+  Context* acquire(int v);
+  void release_finished(bool wait_all);
+
+  Communicator& comm_;
+  std::vector<GPT*> chunks_;
+  int pp_, rank_, global_chunks_;
+  int64_t b_, T_, C_;
+  struct Slot {
+    std::unique_ptr<Context> ctx;
+    bool busy = false;
+  };
+  std::vector<std::vector<Slot>> pool_;  // per local chunk
+  struct PendingSend {
+    std::unique_ptr<class Work> work;
+    Context* ctx;  // released (if release_after) once the send completed
+    int chunk;
+    bool release_after;
+  };
+  std::vector<PendingSend> sends_;
+  bool tracing_ = false;
+  std::vector<TraceEvent> trace_;
+  double trace_origin_ = -1.0;
+};
+
+}  // namespace trellis

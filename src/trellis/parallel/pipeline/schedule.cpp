@@ -1,0 +1,110 @@
+#include "trellis/parallel/pipeline/schedule.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "trellis/core/error.h"
+
+namespace trellis {
+
+ScheduleKind parse_schedule(const std::string& name) {
+  if (name == "gpipe") return ScheduleKind::GPipe;
+  if (name == "1f1b") return ScheduleKind::OneFOneB;
+  if (name == "interleaved") return ScheduleKind::Interleaved;
+  TRELLIS_REQUIRE(false, "unknown schedule '{}' (choose gpipe, 1f1b or interleaved)", name);
+  return ScheduleKind::OneFOneB;
+}
+
+std::string schedule_name(ScheduleKind kind) {
+  switch (kind) {
+    case ScheduleKind::GPipe: return "gpipe";
+    case ScheduleKind::OneFOneB: return "1f1b";
+    case ScheduleKind::Interleaved: return "interleaved";
+  }
+  return "?";
+}
+
+std::vector<PipeOp> build_schedule(ScheduleKind kind, int pp, int rank, int m, int V) {
+  TRELLIS_REQUIRE(m >= 1, "a pipeline step needs at least one micro-batch");
+  std::vector<PipeOp> ops;
+  if (kind != ScheduleKind::Interleaved) {
+    TRELLIS_REQUIRE(V == 1, "virtual_stages={} needs the interleaved schedule", V);
+    if (kind == ScheduleKind::GPipe) {
+      // All forwards, then all backwards: m micro-batches of activations alive at once.
+      for (int i = 0; i < m; ++i) ops.push_back({true, i, 0});
+      for (int i = 0; i < m; ++i) ops.push_back({false, i, 0});
+      return ops;
+    }
+    // 1F1B: enough forwards to fill the pipeline below this rank, then alternate, then drain.
+    // At most pp - rank micro-batches are alive on this rank.
+    const int warmup = std::min(pp - rank - 1, m);
+    for (int i = 0; i < warmup; ++i) ops.push_back({true, i, 0});
+    for (int i = 0; i < m - warmup; ++i) {
+      ops.push_back({true, warmup + i, 0});
+      ops.push_back({false, i, 0});
+    }
+    for (int i = m - warmup; i < m; ++i) ops.push_back({false, i, 0});
+    return ops;
+  }
+  TRELLIS_REQUIRE(V >= 2, "the interleaved schedule needs virtual_stages >= 2 (got {})", V);
+  TRELLIS_REQUIRE(pp >= 2, "the interleaved schedule needs pp >= 2");
+  TRELLIS_REQUIRE(m % pp == 0,
+                  "the interleaved schedule needs micro-batches ({}) to be a multiple of pp ({})",
+                  m, pp);
+  // Megatron-LM's interleaved 1F1B: virtual micro-step k visits chunk (k / pp) % V of micro-batch
+  // (k / (pp * V)) * pp + k % pp; backwards visit the chunks in reverse.
+  const int total = m * V;
+  auto op = [&](int k, bool forward) {
+    const int in_group = k % (pp * V);
+    int chunk = in_group / pp;
+    if (!forward) chunk = V - 1 - chunk;
+    return PipeOp{forward, (k / (pp * V)) * pp + k % pp, chunk};
+  };
+  const int warmup = std::min((pp - rank - 1) * 2 + (V - 1) * pp, total);
+  for (int k = 0; k < warmup; ++k) ops.push_back(op(k, true));
+  for (int k = 0; k < total - warmup; ++k) {
+    ops.push_back(op(warmup + k, true));
+    ops.push_back(op(k, false));
+  }
+  for (int k = total - warmup; k < total; ++k) ops.push_back(op(k, false));
+  return ops;
+}
+
+std::vector<PipeOp> forward_schedule(int m, int V) {
+  std::vector<PipeOp> ops;
+  for (int i = 0; i < m; ++i)
+    for (int v = 0; v < V; ++v) ops.push_back({true, i, v});
+  return ops;
+}
+
+std::vector<std::vector<int>> partition_layers(int n_layer, int chunks,
+                                               const std::vector<int>& split) {
+  std::vector<int> counts(size_t(chunks), n_layer / chunks);
+  if (split.empty()) {
+    TRELLIS_REQUIRE(n_layer >= chunks,
+                    "{} pipeline chunks (pp x virtual_stages) need at least as many layers; the "
+                    "model has {}",
+                    chunks, n_layer);
+    for (int c = 0; c < n_layer % chunks; ++c) ++counts[size_t(c)];
+  } else {
+    TRELLIS_REQUIRE(int(split.size()) == chunks,
+                    "layer_split has {} entries but there are {} pipeline chunks", split.size(),
+                    chunks);
+    TRELLIS_REQUIRE(std::accumulate(split.begin(), split.end(), 0) == n_layer,
+                    "layer_split sums to {} but the model has {} layers",
+                    std::accumulate(split.begin(), split.end(), 0), n_layer);
+    for (int c : split) TRELLIS_REQUIRE(c >= 1, "every layer_split entry must be >= 1");
+    counts = split;
+  }
+  std::vector<std::vector<int>> layers(static_cast<size_t>(chunks));
+  int next = 0;
+  for (int c = 0; c < chunks; ++c)
+    for (int i = 0; i < counts[size_t(c)]; ++i) layers[size_t(c)].push_back(next++);
+  return layers;
+}
+
+double theoretical_bubble(int pp, int m, int V) {
+  return double(pp - 1) / double(m + pp - 1) / double(V);
+}
+
+}  // namespace trellis
