@@ -120,9 +120,9 @@ class LayoutCheck:
     """Runs a 1-process baseline once, then compares parallel layouts of the same run with it:
     per-step train losses, validation losses and final parameters to <= tol relative."""
 
-    def __init__(self, train_args, n_embd, steps, tol=1e-5):
+    def __init__(self, train_args, n_embd, steps, tol=1e-5, name="baseline"):
         self.args, self.n_embd, self.steps, self.tol = train_args, n_embd, steps, tol
-        out = fresh_dir("baseline")
+        out = fresh_dir(name)
         run(self.args + ["--out", out])
         self.base = self._result(out)
 

@@ -282,7 +282,7 @@ int run_training(TrainConfig cfg, Communicator& world) {
   }
   Pipeline pipe(mesh.pp_comm(), model_chunks, b, T, mc.n_embd);
   // The tied embedding lives on the first and the last stage: their gradients are summed.
-  std::unique_ptr<Communicator> tied;
+  std::unique_ptr<Communicator> tied;  // first + last stage (middle stages form an unused group)
   if (pp > 1) {
     tied = mesh.pp_comm().split(stage.embedding || stage.head ? 0 : 1, pp_rank);
     tied->set_timeout(cfg.comm_timeout);
@@ -374,7 +374,7 @@ int run_training(TrainConfig cfg, Communicator& world) {
       pipe.record_trace(false);
     }
     double loss_sum = ps.loss_sum;
-    if (tied && tied->size() > 1) {
+    if (tied && (stage.embedding || stage.head)) {
       const ParamSpec& wte = layout.spec("wte.weight");
       tied->all_reduce(grads.data() + wte.offset, wte.numel());
     }
@@ -392,9 +392,12 @@ int run_training(TrainConfig cfg, Communicator& world) {
     double norm_sq = grad_sum_squares(layout, grads.data(), shard.begin, shard.end);
     if (mesh.tp() > 1) mesh.tp_comm().all_reduce_sum(&norm_sq, 1);
     // The loss is known on the last stage only; the norm sums over the stages.
-    double pp_stats[4] = {loss_sum, norm_sq, 1.0 - ps.compute_s / ps.total_s,
-                          double(ps.peak_contexts)};
-    if (pp > 1) mesh.pp_comm().all_reduce_sum(pp_stats, 4);
+    double pp_stats[3] = {loss_sum, norm_sq, 1.0 - ps.compute_s / ps.total_s};
+    double peak_micro = ps.peak_contexts;  // activations alive at once, largest stage
+    if (pp > 1) {
+      mesh.pp_comm().all_reduce_sum(pp_stats, 3);
+      mesh.pp_comm().all_reduce_max(&peak_micro, 1);
+    }
     loss_sum = pp_stats[0];
     norm_sq = pp_stats[1];
     const double bubble = pp_stats[2] / pp;
@@ -432,7 +435,7 @@ int run_training(TrainConfig cfg, Communicator& world) {
                   {"mem_bytes", mem_bytes}, {"mem_bytes_max", mem[0]},
                   {"peak_rss_bytes", peak_rss_bytes()}, {"peak_rss_bytes_max", mem[1]},
                   {"bubble", bubble}, {"bubble_theory", theoretical_bubble(pp, int(accum), V)},
-                  {"peak_micro_batches", ps.peak_contexts}},
+                  {"peak_micro_batches", peak_micro}},
                  "train");
       if (!cfg.quiet && (step % std::max<int64_t>(1, cfg.log_every) == 0 || step == cfg.steps)) {
         const double eta = seconds_since(loop_start) / double(step - start_step) *
