@@ -4,8 +4,9 @@
 Runs a 5-step tiny training, then decodes every record of OUT/tb/events.out.tfevents.* with
 nothing but the standard library: TFRecord framing (u64 length, masked CRC32C of the length,
 payload, masked CRC32C of the payload) and a minimal protobuf reader for Event/Summary. Checks
-both CRCs of every record, the leading file_version record, and that the scalars "train/loss" and
-"train/lr" at steps 1..5 equal "loss" and "lr" in OUT/metrics.jsonl to float32 precision.
+both CRCs of every record, the leading file_version record, and that the scalars (train/loss,
+train/lr, train/grad_norm, train/tokens_per_s, train/mfu, the step-time breakdown, memory, and
+val/loss) equal their twins in OUT/metrics.jsonl to float32 precision.
 
 Usage: under ctest (TRELLIS_BIN and TRELLIS_TMP set), or `test_tfevents_decode.py EVENTS_FILE...`
 to decode given files and print their records.
@@ -200,6 +201,7 @@ def check_run(out):
 
     metrics_path = os.path.join(out, "metrics.jsonl")
     train = {}  # step -> metrics line with "loss"
+    val = {}  # step -> metrics line with "val_loss"
     with open(metrics_path) as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
@@ -210,9 +212,23 @@ def check_run(out):
                 fail(f"{metrics_path}:{lineno}: not JSON: {e}")
             if "loss" in obj:
                 train[obj["step"]] = obj
+            if "val_loss" in obj:
+                val[obj["step"]] = obj
+
+    # Validation (at the last step) lands under val/loss.
+    got = scalars.get("val/loss", {})
+    if sorted(got) != sorted(val) or not val:
+        fail(f"'val/loss' has steps {sorted(got)}, metrics.jsonl has val_loss at {sorted(val)}")
+    for step, obj in val.items():
+        if not same_float32(got[step], obj["val_loss"]):
+            fail(f"'val/loss' step {step}: {got[step]!r} vs val_loss {obj['val_loss']!r}")
+    print(f"val/loss: steps {sorted(val)} match metrics.jsonl 'val_loss'")
 
     steps = [1, 2, 3, 4, 5]
-    for tag, key in (("train/loss", "loss"), ("train/lr", "lr")):
+    for tag, key in (("train/loss", "loss"), ("train/lr", "lr"), ("train/grad_norm", "grad_norm"),
+                     ("train/tokens_per_s", "tokens_per_s"), ("train/mfu", "mfu"),
+                     ("train/step_ms", "step_ms"), ("train/compute_ms", "compute_ms"),
+                     ("train/mem_bytes_max", "mem_bytes_max")):
         got = scalars.get(tag)
         if got is None:
             fail(f"no scalar {tag!r} in the event files (tags: {sorted(scalars)})")
