@@ -1,6 +1,7 @@
 """Tensor parallelism (Megatron-style, with and without sequence parallelism, alone and with data
 parallelism and ZeRO-1) under mpirun equals the 1-process run: per-step losses over 20 steps and
 final parameters to <= 1e-5 relative (fp32)."""
+import json
 import os
 
 from trellis_test import (LayoutCheck, check, compare_params, fresh_dir, mpirun, run,
@@ -45,3 +46,18 @@ check(worst <= 1e-5, f"tp2 x dp2 checkpoint resumed by 1 process: losses match (
 worst_p, where, whole = compare_params(params, layouts.base[2], 32)
 check(worst_p <= 1e-5 and whole <= 1e-5,
       f"... and final parameters match (worst {worst_p:.1e} in {where})")
+
+# Evaluation and sampling work on checkpoints written under tensor parallelism (global tensors).
+val_shard = os.path.join(data, "val_000000.bin")
+losses = {}
+for name in ("baseline", "tp2_sp"):
+    out, _ = run(["eval", "--checkpoint", os.path.join(TMP, name, "step_00000020"), "--data",
+                  val_shard, "--seq-len", 32, "--batch-size", 2, "--batches", 2])
+    losses[name] = json.loads(out)["loss"]
+rel = abs(losses["tp2_sp"] - losses["baseline"]) / losses["baseline"]
+check(rel <= 1e-5, f"eval of the tp2 checkpoint equals the baseline's ({rel:.1e})")
+text, _ = run(["sample", "--checkpoint", os.path.join(TMP, "tp2_sp", "step_00000020"),
+               "--prompt", "the", "--tokens", 10, "--temperature", 0])
+ref, _ = run(["sample", "--checkpoint", os.path.join(TMP, "baseline", "step_00000020"),
+              "--prompt", "the", "--tokens", 10, "--temperature", 0])
+check(text == ref, "greedy samples from the tp2 checkpoint equal the baseline's")
