@@ -240,7 +240,11 @@ int run_training(TrainConfig cfg, Communicator& world) {
 
   int64_t start_step = 0;
   std::string resumed_from;
-  if (cfg.resume) resumed_from = find_latest_checkpoint(cfg.out);
+  if (cfg.resume) {
+    resumed_from = find_latest_checkpoint(cfg.out);
+    if (resumed_from.empty() && lead && !cfg.quiet)
+      fmt::print("trellis: --resume: no checkpoint in {} yet, starting from step 0\n", cfg.out);
+  }
   if (!resumed_from.empty()) {
     CheckpointData ck = load_checkpoint(resumed_from, true);
     TRELLIS_REQUIRE(ck.model.n_layer == mc.n_layer && ck.model.n_embd == mc.n_embd &&
