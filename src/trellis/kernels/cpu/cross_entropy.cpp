@@ -3,12 +3,51 @@
 // combined, the full logits never are). Padding columns get zero gradient.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "trellis/core/error.h"
+#include "trellis/kernels/cpu/simd_math.h"
 #include "trellis/kernels/ops.h"
 
 namespace trellis::ops {
+
+namespace {
+
+float row_max(const float* row, int64_t n) {
+  using f8 = float __attribute__((vector_size(32)));
+  float mx = -INFINITY;
+  f8 m8 = {mx, mx, mx, mx, mx, mx, mx, mx};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    f8 v;
+    std::memcpy(&v, row + j, sizeof v);
+    m8 = v > m8 ? v : m8;
+  }
+  for (int k = 0; k < 8; ++k) mx = std::max(mx, m8[k]);
+  for (; j < n; ++j) mx = std::max(mx, row[j]);
+  return mx;
+}
+
+// Sum of exp(row[j] - mx) in double; 4 lanes at a time (libm's scalar exp dominated this loop),
+// combined in a fixed order so the sum is reproducible.
+double row_sum_exp(const float* row, int64_t n, double mx) {
+  const simd::d4 mx4 = simd::splat(mx);
+  simd::d4 acc[2] = {};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    acc[0] += simd::exp(simd::load4(row + j) - mx4);
+    acc[1] += simd::exp(simd::load4(row + j + 4) - mx4);
+  }
+  const int64_t vec_end = n / 4 * 4;
+  for (; j < vec_end; j += 4) acc[0] += simd::exp(simd::load4(row + j) - mx4);
+  const simd::d4 s4 = acc[0] + acc[1];
+  double sum = (s4[0] + s4[1]) + (s4[2] + s4[3]);
+  for (; j < n; ++j) sum += std::exp(double(row[j]) - mx);
+  return sum;
+}
+
+}  // namespace
 
 double cross_entropy(float* logits, float* losses, const int32_t* targets, int64_t BT,
                      int64_t valid, int64_t ld, int64_t vocab_start, float grad_scale,
@@ -20,20 +59,12 @@ double cross_entropy(float* logits, float* losses, const int32_t* targets, int64
   double* sum = mx + BT;
   double* target_logit = sum + BT;
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < BT; ++i) {
-    const float* row = logits + i * ld;
-    float m = -INFINITY;
-    for (int64_t j = 0; j < valid; ++j) m = std::max(m, row[j]);
-    mx[i] = m;
-  }
+  for (int64_t i = 0; i < BT; ++i) mx[i] = row_max(logits + i * ld, valid);
   if (combine) combine(mx, BT, true);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < BT; ++i) {
     const float* row = logits + i * ld;
-    const float m = float(mx[i]);
-    double s = 0.0;
-    for (int64_t j = 0; j < valid; ++j) s += std::exp(double(row[j] - m));
-    sum[i] = s;
+    sum[i] = row_sum_exp(row, valid, double(float(mx[i])));
     const int64_t t = int64_t(targets[i]) - vocab_start;
     target_logit[i] = t >= 0 && t < valid ? double(row[t]) : 0.0;
   }
@@ -43,10 +74,14 @@ double cross_entropy(float* logits, float* losses, const int32_t* targets, int64
     losses[i] = float(mx[i] + std::log(sum[i]) - target_logit[i]);
     if (grad_scale == 0.0f) continue;
     float* row = logits + i * ld;
-    const float m = float(mx[i]);
-    const float inv = float(1.0 / sum[i]);
-    for (int64_t j = 0; j < valid; ++j) row[j] = grad_scale * std::exp(row[j] - m) * inv;
-    for (int64_t j = valid; j < ld; ++j) row[j] = 0.0f;
+    // dlogits = grad_scale * softmax, evaluated in double and rounded once.
+    const double m = double(float(mx[i])), k = double(grad_scale) / sum[i];
+    const simd::d4 mx4 = simd::splat(m), k4 = simd::splat(k);
+    const int64_t vec_end = valid / 4 * 4;
+    int64_t j = 0;
+    for (; j < vec_end; j += 4) simd::store4(row + j, simd::exp(simd::load4(row + j) - mx4) * k4);
+    for (; j < valid; ++j) row[j] = float(std::exp(double(row[j]) - m) * k);
+    for (j = valid; j < ld; ++j) row[j] = 0.0f;
     const int64_t t = int64_t(targets[i]) - vocab_start;
     if (t >= 0 && t < valid) row[t] -= grad_scale;
   }
