@@ -1,5 +1,6 @@
 #include "trellis/optim/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "trellis/core/error.h"
@@ -20,47 +21,98 @@ Optimizer::Optimizer(const OptimConfig& cfg, const ParamLayout& layout, size_t b
     : cfg_(cfg), begin_(begin), end_(end) {
   TRELLIS_REQUIRE(cfg.name == "adamw" || cfg.name == "sgd",
                   "optimizer must be 'adamw' or 'sgd' (got '{}')", cfg.name);
-  decay_.assign(end - begin, 0);
+  std::vector<uint8_t> decay(end - begin, 0);
   for (const auto& s : layout.specs()) {
     if (!s.decay) continue;
     const size_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.numel());
-    for (size_t i = lo; i < hi; ++i) decay_[i - begin] = 1;
+    for (size_t i = lo; i < hi; ++i) decay[i - begin] = 1;
+  }
+  // Few runs (one per tensor at most) instead of a flag per element: the update streams less.
+  for (size_t i = 0; i < decay.size();) {
+    size_t j = i;
+    while (j < decay.size() && decay[j] == decay[i]) ++j;
+    runs_.push_back({i, j, decay[i] != 0});
+    i = j;
   }
   m_.assign(end - begin, 0.0f);
   if (cfg.name == "adamw") v_.assign(end - begin, 0.0f);
 }
 
-void Optimizer::step(float* params, const float* grads, float lr, int64_t t) {
-  const int64_t n = int64_t(end_ - begin_);
+namespace {
+
+// Element-wise updates over [lo, hi) with one decay flag. Plain loops over __restrict pointers
+// without branches, so the compiler vectorises them; per element the arithmetic is that of
+// torch.optim (foreach=False), so results do not depend on threads or chunking.
+struct AdamW {
+  float b1, b2, eps, bc2_sqrt, step_size, decay_mul, grad_mul;
+  void operator()(float* __restrict p, const float* __restrict g, float* __restrict m,
+                  float* __restrict v, size_t n, bool decay) const {
+    const float dm = decay ? decay_mul : 1.0f;
+    const bool scaled = grad_mul != 1.0f;
+    for (size_t i = 0; i < n; ++i) {
+      const float gi = scaled ? g[i] * grad_mul : g[i];
+      const float pi = decay ? p[i] * dm : p[i];
+      const float mi = b1 * m[i] + (1.0f - b1) * gi;
+      const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+      m[i] = mi;
+      v[i] = vi;
+      const float denom = std::sqrt(vi) / bc2_sqrt + eps;
+      p[i] = pi - step_size * (mi / denom);
+    }
+  }
+};
+
+struct Sgd {
+  float lr, mu, wd, grad_mul;
+  bool first;
+  void operator()(float* __restrict p, const float* __restrict g, float* __restrict m, size_t n,
+                  bool decay) const {
+    const bool scaled = grad_mul != 1.0f;
+    for (size_t i = 0; i < n; ++i) {
+      const float g0 = scaled ? g[i] * grad_mul : g[i];
+      const float gi = decay ? g0 + wd * p[i] : g0;
+      const float mi = first ? gi : mu * m[i] + gi;
+      m[i] = mi;
+      p[i] -= lr * (mu != 0.0f ? mi : gi);
+    }
+  }
+};
+
+}  // namespace
+
+void Optimizer::step(float* params, const float* grads, float lr, int64_t t, float grad_mul) {
+  const size_t n = end_ - begin_;
   float* p = params + begin_;
   const float* g = grads + begin_;
   float* m = m_.data();
-  const uint8_t* dk = decay_.data();
-  if (cfg_.name == "adamw") {
-    // Same arithmetic as torch.optim.AdamW (foreach=False): decay first, then the Adam step.
-    float* v = v_.data();
-    const float b1 = cfg_.beta1, b2 = cfg_.beta2, eps = cfg_.eps;
-    const float bc1 = 1.0f - std::pow(b1, float(t));
-    const float bc2_sqrt = std::sqrt(1.0f - std::pow(b2, float(t)));
-    const float step_size = lr / bc1;
-    const float decay_mul = 1.0f - lr * cfg_.weight_decay;
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      float pi = dk[i] ? p[i] * decay_mul : p[i];
-      m[i] = b1 * m[i] + (1.0f - b1) * g[i];
-      v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
-      const float denom = std::sqrt(v[i]) / bc2_sqrt + eps;
-      p[i] = pi - step_size * (m[i] / denom);
-    }
-  } else {
-    // torch.optim.SGD: coupled weight decay, momentum buffer initialised to the first gradient.
-    const float mu = cfg_.momentum, wd = cfg_.weight_decay;
-    const bool first = t == 1;
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const float gi = dk[i] ? g[i] + wd * p[i] : g[i];
-      m[i] = first ? gi : mu * m[i] + gi;
-      p[i] -= lr * (mu != 0.0f ? m[i] : gi);
+  float* v = v_.data();
+  const bool adamw = cfg_.name == "adamw";
+  // Same arithmetic as torch.optim.AdamW (foreach=False): decay first, then the Adam step.
+  const float b1 = cfg_.beta1, b2 = cfg_.beta2;
+  const AdamW adam{b1,
+                   b2,
+                   cfg_.eps,
+                   std::sqrt(1.0f - std::pow(b2, float(t))),
+                   lr / (1.0f - std::pow(b1, float(t))),
+                   1.0f - lr * cfg_.weight_decay,
+                   grad_mul};
+  // torch.optim.SGD: coupled weight decay, momentum buffer initialised to the first gradient.
+  const Sgd sgd{lr, cfg_.momentum, cfg_.weight_decay, grad_mul, t == 1};
+  constexpr size_t kChunk = 16384;
+  const int64_t chunks = int64_t((n + kChunk - 1) / kChunk);
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const size_t lo = size_t(c) * kChunk, hi = std::min(n, lo + kChunk);
+    // First run that ends after lo (runs are sorted and cover [0, n)).
+    auto r = std::upper_bound(runs_.begin(), runs_.end(), lo,
+                              [](size_t x, const Run& run) { return x < run.hi; });
+    for (size_t i = lo; i < hi; ++r) {
+      const size_t j = std::min(hi, r->hi);
+      if (adamw)
+        adam(p + i, g + i, m + i, v + i, j - i, r->decay);
+      else
+        sgd(p + i, g + i, m + i, j - i, r->decay);
+      i = j;
     }
   }
 }

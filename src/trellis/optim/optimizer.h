@@ -29,8 +29,10 @@ class Optimizer {
   // Holds state only for [begin, end) of the flat buffer (ZeRO-1 shard; whole buffer otherwise).
   Optimizer(const OptimConfig& cfg, const ParamLayout& layout, size_t begin, size_t end);
   // One update of params[begin:end) from grads[begin:end) (both indexed globally). step is
-  // 1-based (bias correction).
-  void step(float* params, const float* grads, float lr, int64_t step);
+  // 1-based (bias correction). grad_mul multiplies each gradient first (the global-norm clip
+  // factor): identical to ops::scale(grads, grad_mul) before the step, without the extra sweep.
+  // grads is left unchanged.
+  void step(float* params, const float* grads, float lr, int64_t step, float grad_mul = 1.0f);
   // State tensors for checkpoints: "exp_avg"/"exp_avg_sq" (adamw) or "momentum_buffer" (sgd),
   // each covering [begin, end).
   std::vector<std::pair<std::string, std::vector<float>*>> state();
@@ -41,7 +43,12 @@ class Optimizer {
  private:
   OptimConfig cfg_;
   size_t begin_, end_;
-  std::vector<uint8_t> decay_;  // per element of [begin, end): weight decay applies
+  // Runs of [begin, end) (offsets relative to begin) with the same weight-decay flag, in order.
+  struct Run {
+    size_t lo, hi;
+    bool decay;
+  };
+  std::vector<Run> runs_;
   std::vector<float> m_, v_;
 };
 
