@@ -1,6 +1,7 @@
 // Per-phase breakdown of one training step (the op sequence of GPT::forward/backward and the
 // trainer's update), timed op by op. Mirrors src/trellis/model/gpt.cpp and train/trainer.cpp;
-// keep it in step when those change.
+// keep it in step when those change. It uses ops::zero for the gradients and the optimizer's
+// fused clip factor, as proposed for the trainer.
 //   step_profile <preset> <vocab> <B> <T> [steps=5] [threads=2]
 #include <omp.h>
 
@@ -78,7 +79,7 @@ int main(int argc, char** argv) {
   for (int s = 1; s <= steps; ++s) {
     if (s == 2) g_ms.clear(), g_order.clear();  // first step is warm-up
     const auto t0 = Clock::now();
-    T_("zero_grads", zero(grads));
+    T_("zero_grads", ops::zero(grads.data(), n));
     T_("embedding_fwd", ops::embedding_forward(emb.data(), tok.data(), P("wte.weight"), P("wpe.weight"), B, T, C));
     const float* x = emb.data();
     for (int l = 0; l < L; ++l) {
@@ -129,8 +130,9 @@ int main(int argc, char** argv) {
     double nsq = 0;
     T_("sum_squares", nsq = ops::sum_squares(grads.data(), n));
     const double norm = std::sqrt(nsq);
-    if (norm > 1.0) T_("clip_scale", ops::scale(grads.data(), float(1.0 / (norm + 1e-6)), n));
-    T_("optimizer", opt.step(params.data(), grads.data(), 1e-4f, s));
+    // As proposed for trainer.cpp: the clip factor rides along the optimizer sweep.
+    const float grad_mul = norm > 1.0 ? float(1.0 / (norm + 1e-6)) : 1.0f;
+    T_("optimizer", opt.step(params.data(), grads.data(), 1e-4f, s, grad_mul));
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     if (s >= 2) step_ms.push_back(ms);
     std::printf("step %d loss %.6f norm %.6f %.1f ms\n", s, loss / double(BT), norm, ms);

@@ -4,9 +4,35 @@
 #include <cmath>
 #include <vector>
 
+#include "trellis/kernels/cpu/simd_math.h"
 #include "trellis/kernels/ops.h"
 
 namespace trellis::ops {
+
+namespace {
+// In place: row[0, n) <- softmax(row[0, n)), row[n, T) <- 0. The exponentials go through
+// simd::exp (double, 4 lanes) and are summed in double with a fixed lane order.
+void softmax_causal_row(float* row, int64_t n, int64_t T) {
+  float mx = row[0];
+  for (int64_t j = 1; j < n; ++j) mx = std::max(mx, row[j]);
+  const simd::d4 mx4 = simd::splat(double(mx));
+  simd::d4 acc = {};
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    const simd::d4 e = simd::exp(simd::load4(row + j) - mx4);
+    simd::store4(row + j, e);
+    acc += simd::load4(row + j);  // the rounded values, as normalised below
+  }
+  double sum = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+  for (; j < n; ++j) {
+    row[j] = float(std::exp(double(row[j]) - double(mx)));
+    sum += double(row[j]);
+  }
+  const float inv = float(1.0 / sum);
+  for (j = 0; j < n; ++j) row[j] *= inv;
+  for (j = n; j < T; ++j) row[j] = 0.0f;
+}
+}  // namespace
 
 void attention_forward(float* out, float* probs, const float* qkv, int64_t B, int64_t T, int64_t C,
                        int64_t H) {
@@ -20,19 +46,7 @@ void attention_forward(float* out, float* probs, const float* qkv, int64_t B, in
     const float* v = q + 2 * C;
     float* p = probs + bh * T * T;
     gemm(false, true, T, T, hs, scale, q, C3, k, C3, 0.0f, p, T);
-    for (int64_t i = 0; i < T; ++i) {
-      float* row = p + i * T;
-      float mx = row[0];
-      for (int64_t j = 1; j <= i; ++j) mx = std::max(mx, row[j]);
-      float sum = 0.0f;
-      for (int64_t j = 0; j <= i; ++j) {
-        row[j] = std::exp(row[j] - mx);
-        sum += row[j];
-      }
-      const float inv = 1.0f / sum;
-      for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
-      for (int64_t j = i + 1; j < T; ++j) row[j] = 0.0f;
-    }
+    for (int64_t i = 0; i < T; ++i) softmax_causal_row(p + i * T, i + 1, T);
     gemm(false, false, T, hs, T, 1.0f, p, T, v, C3, 0.0f, out + b * T * C + h * hs, C);
   }
 }

@@ -1,6 +1,7 @@
 // Element-wise ops: GELU, residual adds, scaling, norms.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "trellis/kernels/cpu/simd_math.h"
@@ -63,6 +64,12 @@ void add(float* out, const float* a, const float* b, int64_t n) {
 void accumulate(float* y, const float* x, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+void zero(float* x, int64_t n) {
+  constexpr int64_t kChunk = 1 << 16;
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < n; c += kChunk) std::memset(x + c, 0, size_t(std::min(kChunk, n - c)) * sizeof(float));
 }
 
 void scale(float* x, float s, int64_t n) {
