@@ -80,7 +80,8 @@ int main(int argc, char** argv) {
     if (s == 2) g_ms.clear(), g_order.clear();  // first step is warm-up
     const auto t0 = Clock::now();
     T_("zero_grads", ops::zero(grads.data(), n));
-    T_("embedding_fwd", ops::embedding_forward(emb.data(), tok.data(), P("wte.weight"), P("wpe.weight"), B, T, C));
+    T_("embedding_fwd", ops::embedding_forward(emb.data(), tok.data(), P("wte.weight"), 0, Vp, BT, C);
+       ops::position_forward(emb.data(), P("wpe.weight"), 0, BT, T, C));
     const float* x = emb.data();
     for (int l = 0; l < L; ++l) {
       const std::string h = "h." + std::to_string(l) + ".";
@@ -100,7 +101,7 @@ int main(int argc, char** argv) {
     T_("layernorm_fwd", ops::layernorm_forward(lnf.data(), lnfm.data(), lnfr.data(), x, P("ln_f.weight"), P("ln_f.bias"), BT, C));
     T_("logits_gemm", ops::gemm(false, true, BT, Vp, C, 1.0f, lnf.data(), C, P("wte.weight"), C, 0.0f, logits.data(), Vp));
     double loss = 0;
-    T_("cross_entropy", loss = ops::cross_entropy(logits.data(), losses.data(), tgt.data(), BT, V, Vp, 1.0f / float(BT)));
+    T_("cross_entropy", loss = ops::cross_entropy(logits.data(), losses.data(), tgt.data(), BT, V, Vp, 0, 1.0f / float(BT)));
     // backward
     T_("zero_scratch", zero(dln));
     T_("logits_bwd_gemms", ops::gemm(false, false, BT, C, Vp, 1.0f, logits.data(), Vp, P("wte.weight"), C, 0.0f, dln.data(), C);
@@ -126,7 +127,8 @@ int main(int argc, char** argv) {
       T_("linear_bwd", ops::linear_backward(dln.data(), G(h + "attn.c_attn.weight"), G(h + "attn.c_attn.bias"), dqkv.data(), a.ln1.data(), P(h + "attn.c_attn.weight"), BT, C, 3 * C));
       T_("layernorm_bwd", ops::layernorm_backward(dres.data(), G(h + "ln_1.weight"), G(h + "ln_1.bias"), dln.data(), xin, P(h + "ln_1.weight"), a.m1.data(), a.r1.data(), BT, C));
     }
-    T_("embedding_bwd", ops::embedding_backward(G("wte.weight"), G("wpe.weight"), dres.data(), tok.data(), B, T, C));
+    T_("embedding_bwd", ops::embedding_backward(G("wte.weight"), dres.data(), tok.data(), 0, Vp, BT, C);
+       ops::position_backward(G("wpe.weight"), dres.data(), 0, BT, T, C));
     double nsq = 0;
     T_("sum_squares", nsq = ops::sum_squares(grads.data(), n));
     const double norm = std::sqrt(nsq);

@@ -9,7 +9,7 @@ namespace trellis {
 
 namespace {
 void fit(std::vector<float>& v, int64_t n) { v.resize(size_t(n)); }
-void zero(std::vector<float>& v) { std::fill(v.begin(), v.end(), 0.0f); }
+void zero(std::vector<float>& v) { ops::zero(v.data(), int64_t(v.size())); }
 }  // namespace
 
 GPT::GPT(const ModelConfig& cfg, const ParamLayout& layout, float* params, float* grads,

@@ -70,7 +70,9 @@ struct Sgd {
     const bool scaled = grad_mul != 1.0f;
     for (size_t i = 0; i < n; ++i) {
       const float g0 = scaled ? g[i] * grad_mul : g[i];
-      const float gi = decay ? g0 + wd * p[i] : g0;
+      // An explicit fma keeps g0 rounded on its own, as if the gradients had been scaled first
+      // (left to itself the compiler may contract g * grad_mul into the decay's add instead).
+      const float gi = decay ? std::fma(wd, p[i], g0) : g0;
       const float mi = first ? gi : mu * m[i] + gi;
       m[i] = mi;
       p[i] -= lr * (mu != 0.0f ? mi : gi);

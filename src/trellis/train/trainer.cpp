@@ -360,7 +360,7 @@ int run_training(TrainConfig cfg, Communicator& world) {
   const auto loop_start = Clock::now();
   for (int64_t step = start_step + 1; step <= cfg.steps; ++step) {
     const auto t0 = Clock::now();
-    std::fill(grads.begin(), grads.end(), 0.0f);
+    ops::zero(grads.data(), int64_t(grads.size()));
     const float grad_scale = 1.0f / float(G * T);
     auto load = [&](int k, Context& ctx) {
       loader.fill(step - 1, mesh.dp_rank() * per_rank + k * b, b, ctx.tokens.data(),
@@ -410,11 +410,12 @@ int run_training(TrainConfig cfg, Communicator& world) {
     if (cfg.zero) norm_sq = stats[1];
     const double loss = stats[0] / double(G * T);
     const double grad_norm = std::sqrt(norm_sq);
-    if (cfg.optim.grad_clip > 0.0f && grad_norm > cfg.optim.grad_clip)
-      ops::scale(grads.data() + shard.begin, float(cfg.optim.grad_clip / (grad_norm + 1e-6)),
-                 int64_t(shard.end - shard.begin));
+    // Clipping rides along the optimizer's sweep instead of a pass of its own.
+    const float grad_mul = cfg.optim.grad_clip > 0.0f && grad_norm > cfg.optim.grad_clip
+                               ? float(cfg.optim.grad_clip / (grad_norm + 1e-6))
+                               : 1.0f;
     const float lr = learning_rate(cfg.optim, step, cfg.steps);
-    optimizer.step(params.data(), grads.data(), lr, step);
+    optimizer.step(params.data(), grads.data(), lr, step, grad_mul);
     if (cfg.zero && dp > 1) {
       std::copy_n(params.data() + shard.begin, shard.end - shard.begin, grad_shard.data());
       mesh.dp_comm().all_gather_async(grad_shard.data(), params.data(), shard.shard)->wait();
