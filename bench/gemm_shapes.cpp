@@ -2,6 +2,7 @@
 // them), against a plain dnnl_sgemm call (oneDNN's own threading), interleaved rep by rep so
 // load from other processes hits both alike. gemm_shapes <BT> <C> <Vp> [reps=5]
 #include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
 #include <chrono>
@@ -9,23 +10,26 @@
 #include <cstdlib>
 #include <vector>
 
-#include <oneapi/dnnl/dnnl.h>
-
 #include "trellis/kernels/ops.h"
 
 int main(int argc, char** argv) {
   const int64_t BT = argc > 1 ? std::atoll(argv[1]) : 256, C = argc > 2 ? std::atoll(argv[2]) : 768,
                 Vp = argc > 3 ? std::atoll(argv[3]) : 50304;
   const int reps = argc > 4 ? std::atoi(argv[4]) : 5;
-  struct S { const char* name; bool ta, tb; int64_t M, N, K; };
-  const S shapes[] = {
-      {"qkv fwd", false, false, BT, 3 * C, C},    {"fc fwd", false, false, BT, 4 * C, C},
-      {"proj4 fwd", false, false, BT, C, 4 * C},  {"fc dinp", false, true, BT, C, 4 * C},
-      {"fc dW", true, false, C, 4 * C, BT},       {"proj4 dinp", false, true, BT, 4 * C, C},
-      {"proj4 dW", true, false, 4 * C, C, BT},    {"logits fwd", false, true, BT, Vp, C},
-      {"logits dinp", false, false, BT, C, Vp},   {"logits dW", true, false, Vp, C, BT},
+  struct S {
+    const char* name;
+    bool ta, tb;
+    int64_t M, N, K;
   };
-  std::vector<float> A(size_t(std::max({BT * Vp, Vp * C, 4 * C * C, BT * 4 * C})), 0.01f), B(A.size(), 0.02f), Cm(A.size());
+  const S shapes[] = {
+      {"qkv fwd", false, false, BT, 3 * C, C},   {"fc fwd", false, false, BT, 4 * C, C},
+      {"proj4 fwd", false, false, BT, C, 4 * C}, {"fc dinp", false, true, BT, C, 4 * C},
+      {"fc dW", true, false, C, 4 * C, BT},      {"proj4 dinp", false, true, BT, 4 * C, C},
+      {"proj4 dW", true, false, 4 * C, C, BT},   {"logits fwd", false, true, BT, Vp, C},
+      {"logits dinp", false, false, BT, C, Vp},  {"logits dW", true, false, Vp, C, BT},
+  };
+  std::vector<float> A(size_t(std::max({BT * Vp, Vp * C, 4 * C * C, BT * 4 * C})), 0.01f),
+      B(A.size(), 0.02f), Cm(A.size());
   for (int threads : {2}) {
     omp_set_num_threads(threads);
     for (const S& s : shapes) {
@@ -33,18 +37,22 @@ int main(int argc, char** argv) {
       std::vector<double> t, tb;
       for (int r = 0; r < reps; ++r) {
         auto t0 = std::chrono::steady_clock::now();
-        trellis::ops::gemm(s.ta, s.tb, s.M, s.N, s.K, 1.0f, A.data(), lda, B.data(), ldb, 1.0f, Cm.data(), s.N);
+        trellis::ops::gemm(s.ta, s.tb, s.M, s.N, s.K, 1.0f, A.data(), lda, B.data(), ldb, 1.0f,
+                           Cm.data(), s.N);
         t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         t0 = std::chrono::steady_clock::now();
-        dnnl_sgemm(s.ta ? 'T' : 'N', s.tb ? 'T' : 'N', s.M, s.N, s.K, 1.0f, A.data(), lda, B.data(), ldb, 1.0f, Cm.data(), s.N);
+        dnnl_sgemm(s.ta ? 'T' : 'N', s.tb ? 'T' : 'N', s.M, s.N, s.K, 1.0f, A.data(), lda, B.data(),
+                   ldb, 1.0f, Cm.data(), s.N);
         tb.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       }
       std::sort(t.begin(), t.end());
       std::sort(tb.begin(), tb.end());
       const double a = t[0], b = tb[0];  // minimum: the least disturbed run
-      std::printf("%d thr %-12s %6lld x %6lld x %6lld  ops::gemm %7.2f ms %6.1f GFLOP/s | dnnl_sgemm %7.2f ms | x%.2f\n",
-                  threads, s.name, (long long)s.M, (long long)s.N, (long long)s.K, a * 1e3,
-                  2.0 * s.M * s.N * s.K / a / 1e9, b * 1e3, b / a);
+      std::printf(
+          "%d thr %-12s %6lld x %6lld x %6lld  ops::gemm %7.2f ms %6.1f GFLOP/s | dnnl_sgemm %7.2f "
+          "ms | x%.2f\n",
+          threads, s.name, (long long)s.M, (long long)s.N, (long long)s.K, a * 1e3,
+          2.0 * s.M * s.N * s.K / a / 1e9, b * 1e3, b / a);
     }
   }
 }

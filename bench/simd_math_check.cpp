@@ -45,9 +45,10 @@ int main(int argc, char** argv) {
   const double inf = std::numeric_limits<double>::infinity(), nan = std::nan("");
   float out[4];
   trellis::simd::store_partial(out, trellis::simd::exp(trellis::simd::d4{inf, -inf, nan, 0.0}), 4);
-  const bool exp_special = std::isinf(out[0]) && out[0] > 0 && out[1] == 0.0f &&
-                           std::isnan(out[2]) && out[3] == 1.0f;
-  trellis::simd::store_partial(out, trellis::simd::tanh(trellis::simd::d4{inf, -inf, nan, -0.0}), 4);
+  const bool exp_special =
+      std::isinf(out[0]) && out[0] > 0 && out[1] == 0.0f && std::isnan(out[2]) && out[3] == 1.0f;
+  trellis::simd::store_partial(out, trellis::simd::tanh(trellis::simd::d4{inf, -inf, nan, -0.0}),
+                               4);
   const bool tanh_special = out[0] == 1.0f && out[1] == -1.0f && std::isnan(out[2]) &&
                             out[3] == 0.0f && std::signbit(out[3]);
   std::printf("exp : worst %.3f ulp at %a (libm expf %.3f) specials %s\n", worst_exp, at_exp,

@@ -34,10 +34,10 @@ struct Timed {
     g_ms[name] += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   }
 };
-#define T_(name, ...)   \
-  do {                  \
-    Timed _t(name);     \
-    __VA_ARGS__;        \
+#define T_(name, ...) \
+  do {                \
+    Timed _t(name);   \
+    __VA_ARGS__;      \
   } while (0)
 void zero(std::vector<float>& v) { std::fill(v.begin(), v.end(), 0.0f); }
 }  // namespace
@@ -61,7 +61,8 @@ int main(int argc, char** argv) {
   auto P = [&](const std::string& s) { return params.data() + layout.spec(s).offset; };
   auto G = [&](const std::string& s) { return grads.data() + layout.spec(s).offset; };
   std::vector<int32_t> tok(static_cast<size_t>(BT)), tgt(static_cast<size_t>(BT));
-  for (int64_t i = 0; i < BT; ++i) tok[size_t(i)] = int32_t((i * 7919) % V), tgt[size_t(i)] = int32_t((i * 104729 + 3) % V);
+  for (int64_t i = 0; i < BT; ++i)
+    tok[size_t(i)] = int32_t((i * 7919) % V), tgt[size_t(i)] = int32_t((i * 104729 + 3) % V);
   struct A {
     std::vector<float> ln1, m1, r1, qkv, probs, att, res_mid, ln2, m2, r2, fc, gelu, res_out;
   };
@@ -80,54 +81,87 @@ int main(int argc, char** argv) {
     if (s == 2) g_ms.clear(), g_order.clear();  // first step is warm-up
     const auto t0 = Clock::now();
     T_("zero_grads", ops::zero(grads.data(), n));
-    T_("embedding_fwd", ops::embedding_forward(emb.data(), tok.data(), P("wte.weight"), 0, Vp, BT, C);
+    T_("embedding_fwd",
+       ops::embedding_forward(emb.data(), tok.data(), P("wte.weight"), 0, Vp, BT, C);
        ops::position_forward(emb.data(), P("wpe.weight"), 0, BT, T, C));
     const float* x = emb.data();
     for (int l = 0; l < L; ++l) {
       const std::string h = "h." + std::to_string(l) + ".";
       A& a = acts[size_t(l)];
-      T_("layernorm_fwd", ops::layernorm_forward(a.ln1.data(), a.m1.data(), a.r1.data(), x, P(h + "ln_1.weight"), P(h + "ln_1.bias"), BT, C));
-      T_("linear_fwd", ops::linear_forward(a.qkv.data(), a.ln1.data(), P(h + "attn.c_attn.weight"), P(h + "attn.c_attn.bias"), BT, C, 3 * C));
-      T_("attention_fwd", ops::attention_forward(a.att.data(), a.probs.data(), a.qkv.data(), B, T, C, H));
-      T_("linear_fwd", ops::linear_forward(a.res_mid.data(), a.att.data(), P(h + "attn.c_proj.weight"), P(h + "attn.c_proj.bias"), BT, C, C));
+      T_("layernorm_fwd", ops::layernorm_forward(a.ln1.data(), a.m1.data(), a.r1.data(), x,
+                                                 P(h + "ln_1.weight"), P(h + "ln_1.bias"), BT, C));
+      T_("linear_fwd", ops::linear_forward(a.qkv.data(), a.ln1.data(), P(h + "attn.c_attn.weight"),
+                                           P(h + "attn.c_attn.bias"), BT, C, 3 * C));
+      T_("attention_fwd",
+         ops::attention_forward(a.att.data(), a.probs.data(), a.qkv.data(), B, T, C, H));
+      T_("linear_fwd",
+         ops::linear_forward(a.res_mid.data(), a.att.data(), P(h + "attn.c_proj.weight"),
+                             P(h + "attn.c_proj.bias"), BT, C, C));
       T_("residual", ops::accumulate(a.res_mid.data(), x, BT * C));
-      T_("layernorm_fwd", ops::layernorm_forward(a.ln2.data(), a.m2.data(), a.r2.data(), a.res_mid.data(), P(h + "ln_2.weight"), P(h + "ln_2.bias"), BT, C));
-      T_("linear_fwd", ops::linear_forward(a.fc.data(), a.ln2.data(), P(h + "mlp.c_fc.weight"), P(h + "mlp.c_fc.bias"), BT, C, 4 * C));
+      T_("layernorm_fwd",
+         ops::layernorm_forward(a.ln2.data(), a.m2.data(), a.r2.data(), a.res_mid.data(),
+                                P(h + "ln_2.weight"), P(h + "ln_2.bias"), BT, C));
+      T_("linear_fwd", ops::linear_forward(a.fc.data(), a.ln2.data(), P(h + "mlp.c_fc.weight"),
+                                           P(h + "mlp.c_fc.bias"), BT, C, 4 * C));
       T_("gelu_fwd", ops::gelu_forward(a.gelu.data(), a.fc.data(), BT * 4 * C));
-      T_("linear_fwd", ops::linear_forward(a.res_out.data(), a.gelu.data(), P(h + "mlp.c_proj.weight"), P(h + "mlp.c_proj.bias"), BT, 4 * C, C));
+      T_("linear_fwd",
+         ops::linear_forward(a.res_out.data(), a.gelu.data(), P(h + "mlp.c_proj.weight"),
+                             P(h + "mlp.c_proj.bias"), BT, 4 * C, C));
       T_("residual", ops::accumulate(a.res_out.data(), a.res_mid.data(), BT * C));
       x = a.res_out.data();
     }
-    T_("layernorm_fwd", ops::layernorm_forward(lnf.data(), lnfm.data(), lnfr.data(), x, P("ln_f.weight"), P("ln_f.bias"), BT, C));
-    T_("logits_gemm", ops::gemm(false, true, BT, Vp, C, 1.0f, lnf.data(), C, P("wte.weight"), C, 0.0f, logits.data(), Vp));
+    T_("layernorm_fwd", ops::layernorm_forward(lnf.data(), lnfm.data(), lnfr.data(), x,
+                                               P("ln_f.weight"), P("ln_f.bias"), BT, C));
+    T_("logits_gemm", ops::gemm(false, true, BT, Vp, C, 1.0f, lnf.data(), C, P("wte.weight"), C,
+                                0.0f, logits.data(), Vp));
     double loss = 0;
-    T_("cross_entropy", loss = ops::cross_entropy(logits.data(), losses.data(), tgt.data(), BT, V, Vp, 0, 1.0f / float(BT)));
+    T_("cross_entropy", loss = ops::cross_entropy(logits.data(), losses.data(), tgt.data(), BT, V,
+                                                  Vp, 0, 1.0f / float(BT)));
     // backward
     T_("zero_scratch", zero(dln));
-    T_("logits_bwd_gemms", ops::gemm(false, false, BT, C, Vp, 1.0f, logits.data(), Vp, P("wte.weight"), C, 0.0f, dln.data(), C);
-       ops::gemm(true, false, Vp, C, BT, 1.0f, logits.data(), Vp, lnf.data(), C, 1.0f, G("wte.weight"), C));
+    T_("logits_bwd_gemms", ops::gemm(false, false, BT, C, Vp, 1.0f, logits.data(), Vp,
+                                     P("wte.weight"), C, 0.0f, dln.data(), C);
+       ops::gemm(true, false, Vp, C, BT, 1.0f, logits.data(), Vp, lnf.data(), C, 1.0f,
+                 G("wte.weight"), C));
     T_("zero_scratch", zero(dres));
-    T_("layernorm_bwd", ops::layernorm_backward(dres.data(), G("ln_f.weight"), G("ln_f.bias"), dln.data(), x, P("ln_f.weight"), lnfm.data(), lnfr.data(), BT, C));
+    T_("layernorm_bwd",
+       ops::layernorm_backward(dres.data(), G("ln_f.weight"), G("ln_f.bias"), dln.data(), x,
+                               P("ln_f.weight"), lnfm.data(), lnfr.data(), BT, C));
     for (int l = int(L) - 1; l >= 0; --l) {
       const std::string h = "h." + std::to_string(l) + ".";
       A& a = acts[size_t(l)];
       const float* xin = l == 0 ? emb.data() : acts[size_t(l - 1)].res_out.data();
       T_("zero_scratch", zero(dgelu));
-      T_("linear_bwd", ops::linear_backward(dgelu.data(), G(h + "mlp.c_proj.weight"), G(h + "mlp.c_proj.bias"), dres.data(), a.gelu.data(), P(h + "mlp.c_proj.weight"), BT, 4 * C, C));
+      T_("linear_bwd", ops::linear_backward(dgelu.data(), G(h + "mlp.c_proj.weight"),
+                                            G(h + "mlp.c_proj.bias"), dres.data(), a.gelu.data(),
+                                            P(h + "mlp.c_proj.weight"), BT, 4 * C, C));
       T_("zero_scratch", zero(dfc));
       T_("gelu_bwd", ops::gelu_backward(dfc.data(), a.fc.data(), dgelu.data(), BT * 4 * C));
       T_("zero_scratch", zero(dln));
-      T_("linear_bwd", ops::linear_backward(dln.data(), G(h + "mlp.c_fc.weight"), G(h + "mlp.c_fc.bias"), dfc.data(), a.ln2.data(), P(h + "mlp.c_fc.weight"), BT, C, 4 * C));
-      T_("layernorm_bwd", ops::layernorm_backward(dres.data(), G(h + "ln_2.weight"), G(h + "ln_2.bias"), dln.data(), a.res_mid.data(), P(h + "ln_2.weight"), a.m2.data(), a.r2.data(), BT, C));
+      T_("linear_bwd",
+         ops::linear_backward(dln.data(), G(h + "mlp.c_fc.weight"), G(h + "mlp.c_fc.bias"),
+                              dfc.data(), a.ln2.data(), P(h + "mlp.c_fc.weight"), BT, C, 4 * C));
+      T_("layernorm_bwd",
+         ops::layernorm_backward(dres.data(), G(h + "ln_2.weight"), G(h + "ln_2.bias"), dln.data(),
+                                 a.res_mid.data(), P(h + "ln_2.weight"), a.m2.data(), a.r2.data(),
+                                 BT, C));
       T_("zero_scratch", zero(datt));
-      T_("linear_bwd", ops::linear_backward(datt.data(), G(h + "attn.c_proj.weight"), G(h + "attn.c_proj.bias"), dres.data(), a.att.data(), P(h + "attn.c_proj.weight"), BT, C, C));
+      T_("linear_bwd",
+         ops::linear_backward(datt.data(), G(h + "attn.c_proj.weight"), G(h + "attn.c_proj.bias"),
+                              dres.data(), a.att.data(), P(h + "attn.c_proj.weight"), BT, C, C));
       T_("zero_scratch", zero(dqkv));
-      T_("attention_bwd", ops::attention_backward(dqkv.data(), datt.data(), a.qkv.data(), a.probs.data(), B, T, C, H));
+      T_("attention_bwd", ops::attention_backward(dqkv.data(), datt.data(), a.qkv.data(),
+                                                  a.probs.data(), B, T, C, H));
       T_("zero_scratch", zero(dln));
-      T_("linear_bwd", ops::linear_backward(dln.data(), G(h + "attn.c_attn.weight"), G(h + "attn.c_attn.bias"), dqkv.data(), a.ln1.data(), P(h + "attn.c_attn.weight"), BT, C, 3 * C));
-      T_("layernorm_bwd", ops::layernorm_backward(dres.data(), G(h + "ln_1.weight"), G(h + "ln_1.bias"), dln.data(), xin, P(h + "ln_1.weight"), a.m1.data(), a.r1.data(), BT, C));
+      T_("linear_bwd", ops::linear_backward(dln.data(), G(h + "attn.c_attn.weight"),
+                                            G(h + "attn.c_attn.bias"), dqkv.data(), a.ln1.data(),
+                                            P(h + "attn.c_attn.weight"), BT, C, 3 * C));
+      T_("layernorm_bwd",
+         ops::layernorm_backward(dres.data(), G(h + "ln_1.weight"), G(h + "ln_1.bias"), dln.data(),
+                                 xin, P(h + "ln_1.weight"), a.m1.data(), a.r1.data(), BT, C));
     }
-    T_("embedding_bwd", ops::embedding_backward(G("wte.weight"), dres.data(), tok.data(), 0, Vp, BT, C);
+    T_("embedding_bwd",
+       ops::embedding_backward(G("wte.weight"), dres.data(), tok.data(), 0, Vp, BT, C);
        ops::position_backward(G("wpe.weight"), dres.data(), 0, BT, T, C));
     double nsq = 0;
     T_("sum_squares", nsq = ops::sum_squares(grads.data(), n));
@@ -146,5 +180,6 @@ int main(int argc, char** argv) {
   std::printf("%-18s %9s %6s\n", "phase", "ms/step", "%");
   for (const auto& name : g_order)
     std::printf("%-18s %9.1f %5.1f%%\n", name.c_str(), g_ms[name] / k, 100.0 * g_ms[name] / tot);
-  std::printf("%-18s %9.1f   (median step %.1f ms)\n", "total", tot / k, step_ms[step_ms.size() / 2]);
+  std::printf("%-18s %9.1f   (median step %.1f ms)\n", "total", tot / k,
+              step_ms[step_ms.size() / 2]);
 }

@@ -677,8 +677,8 @@ TEST(KernelsCrossEntropy, PaddingColumnsNeverMatter) {
     Vec logits = d.logits, losses(sz(BT));
     for (int64_t i = 0; i < BT; ++i)
       for (int64_t j = V; j < Vp; ++j) logits[i * Vp + j] = pad;
-    const double total =
-        ops::cross_entropy(logits.data(), losses.data(), d.targets.data(), BT, V, Vp, 0, grad_scale);
+    const double total = ops::cross_entropy(logits.data(), losses.data(), d.targets.data(), BT, V,
+                                            Vp, 0, grad_scale);
     if (grads) *grads = logits;
     return std::make_pair(total, losses);
   };

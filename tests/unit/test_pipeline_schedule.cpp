@@ -94,10 +94,10 @@ TEST(PipelineSchedule, OneFOneBKeepsAtMostPpMicroBatchesAlive) {
 TEST(PipelineSchedule, ImpossibleCombinationsAreRefused) {
   EXPECT_THROW(build_schedule(ScheduleKind::Interleaved, 2, 0, 3, 2), Error);  // m % pp != 0
   EXPECT_THROW(build_schedule(ScheduleKind::Interleaved, 2, 0, 4, 1), Error);  // V < 2
-  EXPECT_THROW(build_schedule(ScheduleKind::OneFOneB, 2, 0, 4, 2), Error);     // V needs interleaved
-  EXPECT_THROW(partition_layers(2, 4, {}), Error);                              // fewer layers
-  EXPECT_THROW(partition_layers(4, 2, {3, 2}), Error);                          // wrong sum
-  EXPECT_THROW(partition_layers(4, 2, {4, 0}), Error);                          // empty chunk
+  EXPECT_THROW(build_schedule(ScheduleKind::OneFOneB, 2, 0, 4, 2), Error);  // V needs interleaved
+  EXPECT_THROW(partition_layers(2, 4, {}), Error);                          // fewer layers
+  EXPECT_THROW(partition_layers(4, 2, {3, 2}), Error);                      // wrong sum
+  EXPECT_THROW(partition_layers(4, 2, {4, 0}), Error);                      // empty chunk
   EXPECT_EQ(partition_layers(5, 2, {}), (std::vector<std::vector<int>>{{0, 1, 2}, {3, 4}}));
   EXPECT_EQ(partition_layers(4, 2, {3, 1}), (std::vector<std::vector<int>>{{0, 1, 2}, {3}}));
   EXPECT_DOUBLE_EQ(theoretical_bubble(4, 8, 1), 3.0 / 11.0);

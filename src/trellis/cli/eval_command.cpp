@@ -68,10 +68,10 @@ Command add_eval_command(CLI::App& app) {
             CheckpointData ck = load_checkpoint(a->checkpoint, false);
             const int64_t rows = a->batches * a->batch_size;
             const double loss = windows_loss(*a, rows, false, ck, nullptr);
-            fmt::print("{}\n", nlohmann::json{{"loss", loss},
-                                              {"windows", rows},
-                                              {"tokens", rows * a->seq_len}}
-                                   .dump());
+            fmt::print(
+                "{}\n",
+                nlohmann::json{{"loss", loss}, {"windows", rows}, {"tokens", rows * a->seq_len}}
+                    .dump());
             return 0;
           }};
 }

@@ -9,7 +9,6 @@
 #include "trellis/cli/commands.h"
 #include "trellis/comm/communicator.h"
 #include "trellis/core/error.h"
-#include "trellis/core/error.h"
 #include "trellis/core/philox.h"
 #include "trellis/data/tokenizer.h"
 #include "trellis/io/checkpoint.h"
@@ -29,7 +28,8 @@ struct SampleArgs {
 
 // Draws from softmax(logits / temperature) restricted to the top_k largest logits.
 int sample_token(std::vector<float> logits, const SampleArgs& a, uint64_t i) {
-  if (a.temperature <= 0.0) return int(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  if (a.temperature <= 0.0)
+    return int(std::max_element(logits.begin(), logits.end()) - logits.begin());
   std::vector<int> idx(logits.size());
   std::iota(idx.begin(), idx.end(), 0);
   const size_t k = a.top_k > 0 ? std::min(size_t(a.top_k), idx.size()) : idx.size();
@@ -38,7 +38,8 @@ int sample_token(std::vector<float> logits, const SampleArgs& a, uint64_t i) {
   const double mx = logits[size_t(idx[0])];
   std::vector<double> p(k);
   double sum = 0.0;
-  for (size_t j = 0; j < k; ++j) sum += p[j] = std::exp((logits[size_t(idx[j])] - mx) / a.temperature);
+  for (size_t j = 0; j < k; ++j)
+    sum += p[j] = std::exp((logits[size_t(idx[j])] - mx) / a.temperature);
   double u = philox_uniform(a.seed, 0x5a3b1e, i) * sum;
   for (size_t j = 0; j < k; ++j) {
     if ((u -= p[j]) <= 0.0) return idx[j];
@@ -65,8 +66,8 @@ Command add_sample_command(CLI::App& app) {
             if (world.rank() != 0) return 0;
             if (a->threads > 0) omp_set_num_threads(a->threads);
             CheckpointData ck = load_checkpoint(a->checkpoint, false);
-            auto tok = make_tokenizer(ck.tokenizer.kind,
-                                      a->tokenizer_dir.empty() ? ck.tokenizer.dir : a->tokenizer_dir);
+            auto tok = make_tokenizer(
+                ck.tokenizer.kind, a->tokenizer_dir.empty() ? ck.tokenizer.dir : a->tokenizer_dir);
             std::vector<int> ids = tok->encode(a->prompt);
             TRELLIS_REQUIRE(!ids.empty(), "--prompt must not be empty");
             const ParamLayout layout(ck.model);

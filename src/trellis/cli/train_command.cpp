@@ -49,8 +49,10 @@ Command add_train_command(CLI::App& app) {
     opt = sub->add_option(flag_name(k.name), args->flag_values[i],
                           boolean ? k.help + " (default " + def + ")" : k.help)
               ->type_name(boolean ? "[BOOL]" : k.type);
-    if (boolean) opt->expected(0, 1);
-    else opt->default_str(def);
+    if (boolean)
+      opt->expected(0, 1);
+    else
+      opt->default_str(def);
     opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // the last occurrence wins
     args->flag_opts.emplace_back(k.name, opt);
   }

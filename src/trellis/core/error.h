@@ -26,17 +26,17 @@ namespace detail {
 }  // namespace trellis
 
 // Bad input from the user (files, config, flags): exit code 2.
-#define TRELLIS_REQUIRE(cond, ...)                                                          \
-  do {                                                                                      \
-    if (!(cond))                                                                            \
-      ::trellis::detail::throw_error(::trellis::ErrorKind::Input, nullptr, 0,               \
-                                     fmt::format(__VA_ARGS__));                             \
+#define TRELLIS_REQUIRE(cond, ...)                                            \
+  do {                                                                        \
+    if (!(cond))                                                              \
+      ::trellis::detail::throw_error(::trellis::ErrorKind::Input, nullptr, 0, \
+                                     fmt::format(__VA_ARGS__));               \
   } while (0)
 
 // Internal invariant: exit code 1, message carries file:line.
-#define TRELLIS_CHECK(cond, ...)                                                            \
-  do {                                                                                      \
-    if (!(cond))                                                                            \
-      ::trellis::detail::throw_error(::trellis::ErrorKind::Internal, __FILE__, __LINE__,    \
-                                     fmt::format(__VA_ARGS__));                             \
+#define TRELLIS_CHECK(cond, ...)                                                         \
+  do {                                                                                   \
+    if (!(cond))                                                                         \
+      ::trellis::detail::throw_error(::trellis::ErrorKind::Internal, __FILE__, __LINE__, \
+                                     fmt::format(__VA_ARGS__));                          \
   } while (0)

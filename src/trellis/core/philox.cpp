@@ -59,7 +59,7 @@ float philox_normal(uint64_t seed, uint64_t stream, uint64_t index) {
 double philox_uniform(uint64_t seed, uint64_t stream, uint64_t index) {
   uint32_t w[4];
   Philox::block(mix_key(seed, stream), index, w);
-  return (double((uint64_t(w[0]) << 21) ^ (w[1] >> 11)) ) / 9007199254740992.0;
+  return (double((uint64_t(w[0]) << 21) ^ (w[1] >> 11))) / 9007199254740992.0;
 }
 
 }  // namespace trellis

@@ -16,7 +16,8 @@ struct Corpus {
 };
 
 // Reads every train*.bin / val*.bin in `dir` (sorted by name, concatenated) and meta.json if
-// present (without one, tokenizer is inferred: max token < 256 -> byte, else gpt2 with vocab 50257).
+// present (without one, tokenizer is inferred: max token < 256 -> byte, else gpt2 with vocab
+// 50257).
 Corpus load_corpus_dir(const std::string& dir);
 // Default corpus when --data is not given: the licence texts every Debian system ships in
 // /usr/share/common-licenses, byte-tokenised, last 10% as validation.

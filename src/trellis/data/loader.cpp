@@ -7,8 +7,8 @@
 
 namespace trellis {
 
-BatchLoader::BatchLoader(const std::vector<uint16_t>& tokens, int64_t seq_len,
-                         int64_t global_batch, uint64_t seed, bool shuffle)
+BatchLoader::BatchLoader(const std::vector<uint16_t>& tokens, int64_t seq_len, int64_t global_batch,
+                         uint64_t seed, bool shuffle)
     : tokens_(tokens), T_(seq_len), G_(global_batch), seed_(seed), shuffle_(shuffle) {
   windows_ = tokens.size() > 0 ? (int64_t(tokens.size()) - 1) / T_ : 0;
   TRELLIS_REQUIRE(windows_ >= 1,

@@ -10,9 +10,9 @@ namespace trellis {
 struct PrepareOptions {
   std::vector<std::string> inputs;  // text files (or directories: every regular file inside)
   std::string out_dir;
-  std::string tokenizer = "byte";  // "byte" or "gpt2"
-  std::string tokenizer_dir;       // for gpt2: directory with encoder.json and vocab.bpe
-  double val_fraction = 0.1;       // the last fraction of the token stream becomes val
+  std::string tokenizer = "byte";     // "byte" or "gpt2"
+  std::string tokenizer_dir;          // for gpt2: directory with encoder.json and vocab.bpe
+  double val_fraction = 0.1;          // the last fraction of the token stream becomes val
   size_t shard_tokens = 100'000'000;  // max tokens per shard file
 };
 

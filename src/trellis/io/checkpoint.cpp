@@ -1,9 +1,9 @@
 #include "trellis/io/checkpoint.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <filesystem>
-
-#include <fmt/ranges.h>
 
 #include "trellis/core/error.h"
 #include "trellis/io/atomic_file.h"
@@ -68,8 +68,8 @@ nlohmann::json hf_config(const ModelConfig& m, const TokenizerInfo& tok) {
   j["tie_word_embeddings"] = true;
   if (tok.kind == "gpt2") j["bos_token_id"] = j["eos_token_id"] = 50256;
   j["torch_dtype"] = "float32";
-  j["trellis"] = {{"tokenizer", tok.kind}, {"tokenizer_dir", tok.dir},
-                  {"vocab_multiple", m.vocab_multiple}};
+  j["trellis"] = {
+      {"tokenizer", tok.kind}, {"tokenizer_dir", tok.dir}, {"vocab_multiple", m.vocab_multiple}};
   return j;
 }
 

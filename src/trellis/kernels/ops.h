@@ -9,9 +9,8 @@ namespace trellis::ops {
 
 // C[M,N] = alpha * op(A) * op(B) + beta * C, row-major, via the BLAS backend. Called inside an
 // OpenMP parallel region it runs on the calling thread only.
-void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-          const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-          int64_t ldc);
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+          int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
 // out[rows,C] += bias[C] (+ residual[rows,C] when not null).
 void add_bias(float* out, const float* bias, const float* residual, int64_t rows, int64_t C);
@@ -28,8 +27,8 @@ void linear_backward(float* dinp, float* dw, float* dbias, const float* dout, co
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int64_t BT, int64_t C, float eps = 1e-5f);
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                        const float* inp, const float* weight, const float* mean,
-                        const float* rstd, int64_t BT, int64_t C);
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int64_t BT, int64_t C);
 
 // GELU, tanh approximation (GPT-2's "gelu_new").
 void gelu_forward(float* out, const float* inp, int64_t n);
@@ -48,7 +47,8 @@ void embedding_forward(float* out, const int32_t* tokens, const float* wte, int6
                        int64_t vocab_rows, int64_t n, int64_t C);
 void embedding_backward(float* dwte, const float* dout, const int32_t* tokens, int64_t vocab_start,
                         int64_t vocab_rows, int64_t n, int64_t C);
-// Position embedding of rows [row0, row0 + rows) of a [B*T, C] batch: out[i,:] += wpe[(row0+i)%T,:].
+// Position embedding of rows [row0, row0 + rows) of a [B*T, C] batch: out[i,:] +=
+// wpe[(row0+i)%T,:].
 void position_forward(float* out, const float* wpe, int64_t row0, int64_t rows, int64_t T,
                       int64_t C);
 void position_backward(float* dwpe, const float* dout, int64_t row0, int64_t rows, int64_t T,

@@ -21,13 +21,23 @@ ModelConfig model_preset(const std::string& name, ModelConfig c) {
     c.n_embd = e;
     c.block_size = t;
   };
-  if (name == "tiny") set(2, 2, 32, 64);
-  else if (name == "baby") set(6, 6, 384, 256);
-  else if (name == "gpt2") set(12, 12, 768, 1024);
-  else if (name == "gpt2-medium") set(24, 16, 1024, 1024);
-  else if (name == "gpt2-large") set(36, 20, 1280, 1024);
-  else if (name == "gpt2-xl") set(48, 25, 1600, 1024);
-  else TRELLIS_REQUIRE(false, "unknown model preset '{}' (choose tiny, baby, gpt2, gpt2-medium, gpt2-large, gpt2-xl)", name);
+  if (name == "tiny")
+    set(2, 2, 32, 64);
+  else if (name == "baby")
+    set(6, 6, 384, 256);
+  else if (name == "gpt2")
+    set(12, 12, 768, 1024);
+  else if (name == "gpt2-medium")
+    set(24, 16, 1024, 1024);
+  else if (name == "gpt2-large")
+    set(36, 20, 1280, 1024);
+  else if (name == "gpt2-xl")
+    set(48, 25, 1600, 1024);
+  else
+    TRELLIS_REQUIRE(
+        false,
+        "unknown model preset '{}' (choose tiny, baby, gpt2, gpt2-medium, gpt2-large, gpt2-xl)",
+        name);
   return c;
 }
 

@@ -10,11 +10,13 @@ struct ModelConfig {
   int n_layer = 2;
   int n_head = 2;
   int n_embd = 64;
-  int block_size = 64;  // context length (n_positions)
-  int vocab_size = 256;  // true vocabulary; comes from the tokenizer/data
+  int block_size = 64;      // context length (n_positions)
+  int vocab_size = 256;     // true vocabulary; comes from the tokenizer/data
   int vocab_multiple = 64;  // rows of wte padded up to a multiple of this (speed only)
 
-  int padded_vocab() const { return (vocab_size + vocab_multiple - 1) / vocab_multiple * vocab_multiple; }
+  int padded_vocab() const {
+    return (vocab_size + vocab_multiple - 1) / vocab_multiple * vocab_multiple;
+  }
   int head_size() const { return n_embd / n_head; }
   // Throws an input error for impossible shapes.
   void validate() const;

@@ -39,8 +39,8 @@ GPT::GPT(const ModelConfig& cfg, const ParamLayout& layout, float* params, float
     blocks_.push_back({p(h + "ln_1.weight"), p(h + "ln_1.bias"), p(h + "attn.c_attn.weight"),
                        p(h + "attn.c_attn.bias"), p(h + "attn.c_proj.weight"),
                        p(h + "attn.c_proj.bias"), p(h + "ln_2.weight"), p(h + "ln_2.bias"),
-                       p(h + "mlp.c_fc.weight"), p(h + "mlp.c_fc.bias"),
-                       p(h + "mlp.c_proj.weight"), p(h + "mlp.c_proj.bias")});
+                       p(h + "mlp.c_fc.weight"), p(h + "mlp.c_fc.bias"), p(h + "mlp.c_proj.weight"),
+                       p(h + "mlp.c_proj.bias")});
     dblocks_.push_back({g(h + "ln_1.weight"), g(h + "ln_1.bias"), g(h + "attn.c_attn.weight"),
                         g(h + "attn.c_attn.bias"), g(h + "attn.c_proj.weight"),
                         g(h + "attn.c_proj.bias"), g(h + "ln_2.weight"), g(h + "ln_2.bias"),
@@ -82,8 +82,8 @@ void GPT::prepare(Context& ctx, int64_t B, int64_t T) {
 void GPT::embedding_forward(Context& ctx) {
   const int64_t BT = ctx.B * ctx.T;
   for (int32_t t : ctx.tokens)
-    TRELLIS_REQUIRE(t >= 0 && t < cfg_.vocab_size, "token id {} is outside the vocabulary (size {})",
-                    t, cfg_.vocab_size);
+    TRELLIS_REQUIRE(t >= 0 && t < cfg_.vocab_size,
+                    "token id {} is outside the vocabulary (size {})", t, cfg_.vocab_size);
   // Each rank looks up the tokens of its vocabulary slice; leaving the region sums the slices.
   float* lookup = tp_.sequence_parallel() ? full_.data() : ctx.embedded.data();
   ops::embedding_forward(lookup, ctx.tokens.data(), wte_, vocab_start_, vocab_rows_, BT, C_);
@@ -98,8 +98,8 @@ void GPT::block_forward(Context& ctx, int l, const float* x) {
   const BlockParams& p = blocks_[size_t(l)];
   Context::BlockActs& a = ctx.blocks[size_t(l)];
   // Attention: heads split across the group (QKV column-parallel, projection row-parallel).
-  ops::layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, p.ln1_w, p.ln1_b,
-                         R, C);
+  ops::layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, p.ln1_w, p.ln1_b, R,
+                         C);
   const float* in = tp_.enter(a.ln1.data(), a.ln1_full.data(), BT, C);
   ops::linear_forward(a.qkv.data(), in, p.attn_w, p.attn_b, BT, C, 3 * Cl);
   ops::attention_forward(a.att.data(), a.probs.data(), a.qkv.data(), ctx.B, ctx.T, Cl, Hl_);
@@ -145,9 +145,8 @@ double GPT::forward(Context& ctx, float grad_scale) {
   head_forward(ctx, x);
   for (int32_t t : ctx.targets)
     TRELLIS_REQUIRE(t >= 0 && t < cfg_.vocab_size, "target id {} is outside the vocabulary", t);
-  return ops::cross_entropy(ctx.logits.data(), ctx.losses.data(), ctx.targets.data(),
-                            ctx.B * ctx.T, vocab_valid_, vocab_rows_, vocab_start_, grad_scale,
-                            tp_.row_combine());
+  return ops::cross_entropy(ctx.logits.data(), ctx.losses.data(), ctx.targets.data(), ctx.B * ctx.T,
+                            vocab_valid_, vocab_rows_, vocab_start_, grad_scale, tp_.row_combine());
 }
 
 void GPT::block_backward(Context& ctx, int l, const float* x) {
@@ -210,7 +209,11 @@ void GPT::backward(Context& ctx, bool last_micro_step,
     block_backward(ctx, i, x);
     if (reduce) {
       const BlockGrads& g = dblocks_[size_t(i)];
-      reduce_replicated({{g.ln1_w, C}, {g.ln1_b, C}, {g.proj_b, C}, {g.ln2_w, C}, {g.ln2_b, C},
+      reduce_replicated({{g.ln1_w, C},
+                         {g.ln1_b, C},
+                         {g.proj_b, C},
+                         {g.ln2_w, C},
+                         {g.ln2_b, C},
                          {g.mlp_proj_b, C}});
     }
     if (notify) on_block_done(chunk_.layers[size_t(i)]);
@@ -233,8 +236,8 @@ void GPT::head_backward(Context& ctx, bool reduce) {
   const float* lnf_in = sp ? ctx.lnf_full.data() : ctx.lnf.data();
   ops::gemm(false, false, BT, C, vocab_rows_, 1.0f, ctx.logits.data(), vocab_rows_, wte_, C, 0.0f,
             dln_.data(), C);
-  ops::gemm(true, false, vocab_rows_, C, BT, 1.0f, ctx.logits.data(), vocab_rows_, lnf_in, C,
-            1.0f, dwte_, C);
+  ops::gemm(true, false, vocab_rows_, C, BT, 1.0f, ctx.logits.data(), vocab_rows_, lnf_in, C, 1.0f,
+            dwte_, C);
   float* dlocal = sp ? dfull_.data() : dln_.data();
   tp_.enter_backward(dln_.data(), dlocal, BT, C);
   std::fill_n(dres_.begin(), R * C, 0.0f);
@@ -246,7 +249,7 @@ void GPT::head_backward(Context& ctx, bool reduce) {
 
 std::vector<float> GPT::last_logits(Context& ctx) {
   TRELLIS_CHECK(tp_.size() == 1 && chunk_.embedding && chunk_.head,
-                 "sampling runs the whole model on a single rank");
+                "sampling runs the whole model on a single rank");
   embedding_forward(ctx);
   const float* x = ctx.embedded.data();
   for (size_t i = 0; i < chunk_.layers.size(); ++i) {

@@ -47,8 +47,8 @@ StageSpec StageSpec::whole(const ModelConfig& cfg) {
 
 ParamLayout::ParamLayout(const ModelConfig& cfg, int tp, int tp_rank, const StageSpec* stage)
     : tp_(tp), tp_rank_(tp_rank), stage_(stage ? *stage : StageSpec::whole(cfg)) {
-  TRELLIS_REQUIRE(tp >= 1 && cfg.n_head % tp == 0,
-                  "tp={} does not divide the number of heads {}", tp, cfg.n_head);
+  TRELLIS_REQUIRE(tp >= 1 && cfg.n_head % tp == 0, "tp={} does not divide the number of heads {}",
+                  tp, cfg.n_head);
   const int64_t C = cfg.n_embd, V = cfg.vocab_size;
   // The vocabulary is padded so that every tensor-parallel rank holds the same number of rows.
   const int64_t multiple = int64_t(cfg.vocab_multiple) * tp;

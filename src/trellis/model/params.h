@@ -16,17 +16,17 @@ namespace trellis {
 enum class TpSplit { None, Columns, Rows };
 
 struct ParamSpec {
-  std::string name;             // Hugging Face GPT-2 name, e.g. "h.3.attn.c_attn.weight"
-  std::vector<int64_t> shape;   // this rank's shape (the global one when tp = 1)
+  std::string name;            // Hugging Face GPT-2 name, e.g. "h.3.attn.c_attn.weight"
+  std::vector<int64_t> shape;  // this rank's shape (the global one when tp = 1)
   std::vector<int64_t> global_shape;
   TpSplit split = TpSplit::None;
-  int parts = 1;                // column groups split separately (c_attn: q|k|v = 3)
-  int64_t export_rows = -1;     // global rows written to checkpoints (wte: true vocab); -1 = all
-  float init_std = 0.0f;        // 0 => constant init_value
+  int parts = 1;             // column groups split separately (c_attn: q|k|v = 3)
+  int64_t export_rows = -1;  // global rows written to checkpoints (wte: true vocab); -1 = all
+  float init_std = 0.0f;     // 0 => constant init_value
   float init_value = 0.0f;
-  int64_t init_rows = -1;       // rows drawn from the RNG; the rest (padding) stay zero
-  bool decay = false;           // weight decay applies (2-D weights only)
-  size_t offset = 0;            // into the flat buffer
+  int64_t init_rows = -1;  // rows drawn from the RNG; the rest (padding) stay zero
+  bool decay = false;      // weight decay applies (2-D weights only)
+  size_t offset = 0;       // into the flat buffer
   size_t numel() const;
   // Index into the global tensor of element i of this rank's slice.
   int64_t global_index(int64_t i, int tp_rank) const;

@@ -17,7 +17,7 @@ struct OptimConfig {
   int warmup_steps = 0;
   float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
   float weight_decay = 0.1f;
-  float momentum = 0.9f;  // sgd
+  float momentum = 0.9f;   // sgd
   float grad_clip = 1.0f;  // global-norm clip; 0 disables
 };
 

@@ -76,8 +76,10 @@ ops::RowCombine TensorParallel::row_combine() {
   if (!comm_) return {};
   return [this](double* buf, int64_t n, bool is_max) {
     CommTimer timer(comm_s_);
-    if (is_max) comm_->all_reduce_max(buf, size_t(n));
-    else comm_->all_reduce_sum(buf, size_t(n));
+    if (is_max)
+      comm_->all_reduce_max(buf, size_t(n));
+    else
+      comm_->all_reduce_sum(buf, size_t(n));
   };
 }
 

@@ -1,9 +1,9 @@
 #include "trellis/train/config.h"
 
 #include <fmt/format.h>
+#include <toml++/toml.h>
 
 #include <charconv>
-#include <toml++/toml.h>
 
 #include "trellis/core/error.h"
 
@@ -52,19 +52,29 @@ ConfigKey make_key(std::string name, std::string help, T* field) {
   ConfigKey k;
   k.name = name;
   k.help = std::move(help);
-  if constexpr (std::is_same_v<T, std::string>) k.type = "TEXT";
-  else if constexpr (std::is_same_v<T, bool>) k.type = "BOOL";
-  else if constexpr (std::is_floating_point_v<T>) k.type = "FLOAT";
-  else k.type = "INT";
+  if constexpr (std::is_same_v<T, std::string>)
+    k.type = "TEXT";
+  else if constexpr (std::is_same_v<T, bool>)
+    k.type = "BOOL";
+  else if constexpr (std::is_floating_point_v<T>)
+    k.type = "FLOAT";
+  else
+    k.type = "INT";
   k.set = [name, field](const std::string& v) {
-    if constexpr (std::is_same_v<T, std::string>) *field = v;
-    else if constexpr (std::is_same_v<T, bool>) *field = parse_bool(name, v);
-    else *field = parse_number<T>(name, v);
+    if constexpr (std::is_same_v<T, std::string>)
+      *field = v;
+    else if constexpr (std::is_same_v<T, bool>)
+      *field = parse_bool(name, v);
+    else
+      *field = parse_number<T>(name, v);
   };
   k.get = [field]() {
-    if constexpr (std::is_same_v<T, std::string>) return *field;
-    else if constexpr (std::is_same_v<T, bool>) return std::string(*field ? "true" : "false");
-    else return fmt::format("{}", *field);
+    if constexpr (std::is_same_v<T, std::string>)
+      return *field;
+    else if constexpr (std::is_same_v<T, bool>)
+      return std::string(*field ? "true" : "false");
+    else
+      return fmt::format("{}", *field);
   };
   return k;
 }
@@ -74,18 +84,27 @@ ConfigKey make_key(std::string name, std::string help, T* field) {
 std::vector<ConfigKey> config_keys(TrainConfig& c) {
   OptimConfig& o = c.optim;
   return {
-      make_key("model", "model preset: tiny, baby, gpt2, gpt2-medium, gpt2-large, gpt2-xl", &c.model),
+      make_key("model", "model preset: tiny, baby, gpt2, gpt2-medium, gpt2-large, gpt2-xl",
+               &c.model),
       make_key("n_layer", "override the preset's number of blocks (0 = preset)", &c.n_layer),
       make_key("n_head", "override the preset's attention heads (0 = preset)", &c.n_head),
       make_key("n_embd", "override the preset's width (0 = preset)", &c.n_embd),
       make_key("block_size", "override the preset's context length (0 = preset)", &c.block_size),
-      make_key("vocab_multiple", "pad the embedding rows to a multiple of this (speed only)", &c.vocab_multiple),
-      make_key("data", "data directory from `trellis prepare` (train*.bin, val*.bin); empty = built-in corpus", &c.data),
+      make_key("vocab_multiple", "pad the embedding rows to a multiple of this (speed only)",
+               &c.vocab_multiple),
+      make_key(
+          "data",
+          "data directory from `trellis prepare` (train*.bin, val*.bin); empty = built-in corpus",
+          &c.data),
       make_key("shuffle", "shuffle training windows each epoch (seeded)", &c.shuffle),
       make_key("out", "output directory: metrics.jsonl, tb/, step_NNNNNNNN/ checkpoints", &c.out),
       make_key("steps", "number of optimizer steps", &c.steps),
-      make_key("batch_size", "global batch size in sequences (all DP ranks and micro-steps together)", &c.batch_size),
-      make_key("micro_batch_size", "sequences per rank per micro-step (0 = batch_size/dp, no accumulation)", &c.micro_batch_size),
+      make_key("batch_size",
+               "global batch size in sequences (all DP ranks and micro-steps together)",
+               &c.batch_size),
+      make_key("micro_batch_size",
+               "sequences per rank per micro-step (0 = batch_size/dp, no accumulation)",
+               &c.micro_batch_size),
       make_key("seq_len", "tokens per sequence (0 = the model's context length)", &c.seq_len),
       make_key("seed", "seed of initialisation and data order", &c.seed),
       make_key("threads", "OpenMP threads per rank (0 = cores / ranks on this node)", &c.threads),
@@ -96,12 +115,16 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       make_key("beta1", "AdamW beta1", &o.beta1),
       make_key("beta2", "AdamW beta2", &o.beta2),
       make_key("eps", "AdamW epsilon", &o.eps),
-      make_key("weight_decay", "weight decay (decoupled for AdamW; 2-D weights only)", &o.weight_decay),
+      make_key("weight_decay", "weight decay (decoupled for AdamW; 2-D weights only)",
+               &o.weight_decay),
       make_key("momentum", "SGD momentum", &o.momentum),
       make_key("grad_clip", "clip the global gradient norm to this (0 = off)", &o.grad_clip),
-      make_key("save_every", "write a checkpoint every N steps (0 = only at the end)", &c.save_every),
+      make_key("save_every", "write a checkpoint every N steps (0 = only at the end)",
+               &c.save_every),
       make_key("resume", "continue from the newest checkpoint in out", &c.resume),
-      make_key("stop_at", "save a checkpoint and exit after this step; resume later (0 = run all steps)", &c.stop_at),
+      make_key("stop_at",
+               "save a checkpoint and exit after this step; resume later (0 = run all steps)",
+               &c.stop_at),
       make_key("val_every", "validation loss every N steps (0 = only at the end)", &c.val_every),
       make_key("val_batches", "global batches of validation data per evaluation", &c.val_batches),
       make_key("log_every", "print a progress line every N steps", &c.log_every),
@@ -112,14 +135,21 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       make_key("tp", "tensor-parallel size (must divide the number of heads)", &c.tp),
       make_key("pp", "pipeline-parallel size (stages)", &c.pp),
       make_key("schedule", "pipeline schedule: gpipe, 1f1b or interleaved", &c.schedule),
-      make_key("virtual_stages", "model chunks per pipeline rank (interleaved schedule)", &c.virtual_stages),
-      make_key("layer_split", "blocks per pipeline chunk, e.g. 3,1 (empty = balanced)", &c.layer_split),
-      make_key("trace", "write a Chrome trace (Perfetto) of the first trace_steps steps to this file", &c.trace),
+      make_key("virtual_stages", "model chunks per pipeline rank (interleaved schedule)",
+               &c.virtual_stages),
+      make_key("layer_split", "blocks per pipeline chunk, e.g. 3,1 (empty = balanced)",
+               &c.layer_split),
+      make_key("trace",
+               "write a Chrome trace (Perfetto) of the first trace_steps steps to this file",
+               &c.trace),
       make_key("trace_steps", "steps recorded in the trace", &c.trace_steps),
-      make_key("sequence_parallel", "with tp > 1: split LayerNorm/residual activations along the sequence", &c.sequence_parallel),
+      make_key("sequence_parallel",
+               "with tp > 1: split LayerNorm/residual activations along the sequence",
+               &c.sequence_parallel),
       make_key("zero", "ZeRO stage: 0 or 1 (shard optimizer state over dp)", &c.zero),
       make_key("bucket_mb", "gradient all-reduce bucket size in MiB", &c.bucket_mb),
-      make_key("comm_timeout", "seconds a rank waits in one communication before aborting the job", &c.comm_timeout),
+      make_key("comm_timeout", "seconds a rank waits in one communication before aborting the job",
+               &c.comm_timeout),
   };
 }
 
@@ -141,11 +171,16 @@ void apply_toml_file(std::vector<ConfigKey>& keys, const std::string& path) {
   for (auto&& [k, node] : tbl) {
     const std::string key(k.str());
     std::string value;
-    if (auto s = node.value<std::string>(); s && node.is_string()) value = *s;
-    else if (node.is_boolean()) value = *node.value<bool>() ? "true" : "false";
-    else if (node.is_integer()) value = std::to_string(*node.value<int64_t>());
-    else if (node.is_floating_point()) value = fmt::format("{}", *node.value<double>());
-    else TRELLIS_REQUIRE(false, "{}: key '{}' must be a string, number or boolean", path, key);
+    if (auto s = node.value<std::string>(); s && node.is_string())
+      value = *s;
+    else if (node.is_boolean())
+      value = *node.value<bool>() ? "true" : "false";
+    else if (node.is_integer())
+      value = std::to_string(*node.value<int64_t>());
+    else if (node.is_floating_point())
+      value = fmt::format("{}", *node.value<double>());
+    else
+      TRELLIS_REQUIRE(false, "{}: key '{}' must be a string, number or boolean", path, key);
     bool known = false;
     for (auto& ck : keys) known |= ck.name == key;
     TRELLIS_REQUIRE(known, "{}: unknown config key '{}' (see trellis train --help)", path, key);
@@ -158,7 +193,8 @@ std::string dump_config(std::vector<ConfigKey>& keys) {
   for (auto& k : keys) {
     const std::string v = k.get();
     const bool quoted = k.type == "TEXT";
-    out += fmt::format("{} = {}{}{}   # {}\n", k.name, quoted ? "\"" : "", v, quoted ? "\"" : "", k.help);
+    out += fmt::format("{} = {}{}{}   # {}\n", k.name, quoted ? "\"" : "", v, quoted ? "\"" : "",
+                       k.help);
   }
   return out;
 }

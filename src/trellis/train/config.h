@@ -27,29 +27,29 @@ struct TrainConfig {
   int64_t micro_batch_size = 0;  // per rank and micro-step; 0 = batch_size / dp (no accumulation)
   int64_t seq_len = 0;           // 0 = the model's context length
   uint64_t seed = 1337;
-  int threads = 0;               // OpenMP threads per rank; 0 = cores / local ranks
+  int threads = 0;  // OpenMP threads per rank; 0 = cores / local ranks
   OptimConfig optim;
   // checkpoints, validation, logging
-  int64_t save_every = 0;        // 0 = only at the end
+  int64_t save_every = 0;  // 0 = only at the end
   bool resume = false;
-  int64_t stop_at = 0;           // save and exit after this step (a time-limited job); 0 = run all
-  int64_t val_every = 50;        // 0 = only at the end
-  int64_t val_batches = 4;       // global batches of the validation split per evaluation
+  int64_t stop_at = 0;      // save and exit after this step (a time-limited job); 0 = run all
+  int64_t val_every = 50;   // 0 = only at the end
+  int64_t val_batches = 4;  // global batches of the validation split per evaluation
   int64_t log_every = 1;
   bool quiet = false;
   bool tensorboard = true;
   double peak_gflops_per_core = 185.0;  // measured fp32 GEMM peak (bench/RESULTS.md), for MFU
   // parallelism
-  int dp = 0, tp = 1, pp = 1;    // dp = 0: world / (tp * pp)
+  int dp = 0, tp = 1, pp = 1;     // dp = 0: world / (tp * pp)
   std::string schedule = "1f1b";  // pipeline schedule: gpipe | 1f1b | interleaved
-  int virtual_stages = 1;        // model chunks per pipeline rank (interleaved)
-  std::string layer_split;       // blocks per pipeline chunk, e.g. "3,1"; empty = balanced
-  std::string trace;             // write a Chrome trace of the first trace_steps steps here
+  int virtual_stages = 1;         // model chunks per pipeline rank (interleaved)
+  std::string layer_split;        // blocks per pipeline chunk, e.g. "3,1"; empty = balanced
+  std::string trace;              // write a Chrome trace of the first trace_steps steps here
   int64_t trace_steps = 3;
   bool sequence_parallel = false;  // split LayerNorm/residual regions along the sequence (tp > 1)
-  int zero = 0;                  // 0 or 1 (ZeRO-1: shard optimizer state over dp)
-  double bucket_mb = 25.0;       // gradient all-reduce bucket size
-  double comm_timeout = 300.0;   // seconds any rank waits in one communication before aborting
+  int zero = 0;                    // 0 or 1 (ZeRO-1: shard optimizer state over dp)
+  double bucket_mb = 25.0;         // gradient all-reduce bucket size
+  double comm_timeout = 300.0;     // seconds any rank waits in one communication before aborting
 
   ModelConfig model_config(int vocab_size) const;
 };
@@ -57,7 +57,7 @@ struct TrainConfig {
 struct ConfigKey {
   std::string name;
   std::string help;
-  std::string type;  // INT, FLOAT, BOOL or TEXT (for --help)
+  std::string type;                             // INT, FLOAT, BOOL or TEXT (for --help)
   std::function<void(const std::string&)> set;  // parses; input error naming the key if invalid
   std::function<std::string()> get;
 };

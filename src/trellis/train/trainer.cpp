@@ -112,16 +112,24 @@ void write_trace(const std::string& path, Communicator& world, const Mesh& mesh,
   nlohmann::json trace = nlohmann::json::array();
   for (int r = 0; r < world.size(); ++r) {
     const double* rc = coords.data() + size_t(r) * 3;
-    trace.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 0}, {"tid", r},
-                     {"args", {{"name", fmt::format("rank {} (pp {}, dp {}, tp {})", r, rc[0],
-                                                    rc[1], rc[2])}}}});
+    trace.push_back(
+        {{"name", "thread_name"},
+         {"ph", "M"},
+         {"pid", 0},
+         {"tid", r},
+         {"args",
+          {{"name", fmt::format("rank {} (pp {}, dp {}, tp {})", r, rc[0], rc[1], rc[2])}}}});
     for (size_t i = 0; i < per; ++i) {
       const double* e = all.data() + (size_t(r) * per + i) * fields;
       if (e[4] == 0.0) continue;
       const bool fwd = e[4] == 1.0;
       trace.push_back({{"name", fmt::format("{}{}", fwd ? "F" : "B", int(e[2]))},
-                       {"cat", fwd ? "forward" : "backward"}, {"ph", "X"}, {"pid", 0},
-                       {"tid", r}, {"ts", e[0]}, {"dur", e[1]},
+                       {"cat", fwd ? "forward" : "backward"},
+                       {"ph", "X"},
+                       {"pid", 0},
+                       {"tid", r},
+                       {"ts", e[0]},
+                       {"dur", e[1]},
                        {"args", {{"micro_batch", int(e[2])}, {"chunk", int(e[3])}}}});
     }
   }
@@ -149,8 +157,10 @@ std::vector<float> gather_global(Mesh& mesh, const ModelConfig& mc, const ParamL
   const ParamLayout global(mc);
   std::vector<float> out(global.size(), 0.0f);
   std::vector<float> all(local.size() * size_t(local.tp()));
-  if (local.tp() > 1) mesh.tp_comm().all_gather_async(data, all.data(), local.size())->wait();
-  else std::copy_n(data, local.size(), all.begin());
+  if (local.tp() > 1)
+    mesh.tp_comm().all_gather_async(data, all.data(), local.size())->wait();
+  else
+    std::copy_n(data, local.size(), all.begin());
   for (int r = 0; r < local.tp(); ++r)
     scatter_to_global(ParamLayout(mc, local.tp(), r, &local.stage()), global,
                       all.data() + local.size() * size_t(r), out.data());
@@ -208,15 +218,17 @@ int run_training(TrainConfig cfg, Communicator& world) {
                   dp);
   const int64_t per_rank = G / dp;
   const int64_t b = cfg.micro_batch_size > 0 ? cfg.micro_batch_size : per_rank;
-  TRELLIS_REQUIRE(per_rank % b == 0,
-                  "micro_batch_size {} does not divide the per-rank batch {} (batch_size {} / dp {})",
-                  b, per_rank, G, dp);
+  TRELLIS_REQUIRE(
+      per_rank % b == 0,
+      "micro_batch_size {} does not divide the per-rank batch {} (batch_size {} / dp {})", b,
+      per_rank, G, dp);
   const int64_t accum = per_rank / b;
   TRELLIS_REQUIRE(cfg.steps >= 0, "steps must be >= 0");
   // Pipeline: pp * V model chunks, chunk g on pipeline rank g % pp. The schedule is built now so
   // that impossible combinations are refused before any work.
   const int pp = mesh.pp(), pp_rank = mesh.pp_rank();
-  const auto chunk_layers = partition_layers(mc.n_layer, pp * V, parse_layer_split(cfg.layer_split));
+  const auto chunk_layers =
+      partition_layers(mc.n_layer, pp * V, parse_layer_split(cfg.layer_split));
   const std::vector<PipeOp> step_ops = build_schedule(schedule, pp, pp_rank, int(accum), V);
   std::vector<StageSpec> chunks;
   StageSpec stage;
@@ -298,32 +310,33 @@ int run_training(TrainConfig cfg, Communicator& world) {
                                             size_t(cfg.bucket_mb * 1024 * 1024));
   std::vector<float> grad_shard(cfg.zero ? shard.shard : 0);
 
-  const int64_t val_windows =
-      std::min<int64_t>(cfg.val_batches * G,
-                        corpus.val.size() > 1 ? (int64_t(corpus.val.size()) - 1) / T : 0);
+  const int64_t val_windows = std::min<int64_t>(
+      cfg.val_batches * G, corpus.val.size() > 1 ? (int64_t(corpus.val.size()) - 1) / T : 0);
   std::unique_ptr<MetricsLog> log;
-  if (lead) log = std::make_unique<MetricsLog>(cfg.out, cfg.tensorboard,
-                                             resumed_from.empty() ? -1 : start_step);
+  if (lead)
+    log = std::make_unique<MetricsLog>(cfg.out, cfg.tensorboard,
+                                       resumed_from.empty() ? -1 : start_step);
   const int64_t n_params = global_layout.count();
   const double step_flops = flops_per_token(mc, n_params, T) * double(G * T);
   const double peak_flops = cfg.peak_gflops_per_core * 1e9 * threads * world.size();
-  const int64_t mem_bytes = int64_t((params.size() + grads.size()) * sizeof(float) +
-                                    optimizer.state_bytes());
+  const int64_t mem_bytes =
+      int64_t((params.size() + grads.size()) * sizeof(float) + optimizer.state_bytes());
   if (lead && !cfg.quiet) {
-    fmt::print("trellis: {} | {} layers, {} heads, width {}, context {}, vocab {} ({} padded) | "
-               "{:.2f}M parameters\n",
-               cfg.model, mc.n_layer, mc.n_head, mc.n_embd, mc.block_size, mc.vocab_size,
-               mc.padded_vocab(), double(n_params) / 1e6);
+    fmt::print(
+        "trellis: {} | {} layers, {} heads, width {}, context {}, vocab {} ({} padded) | "
+        "{:.2f}M parameters\n",
+        cfg.model, mc.n_layer, mc.n_head, mc.n_embd, mc.block_size, mc.vocab_size,
+        mc.padded_vocab(), double(n_params) / 1e6);
     fmt::print("trellis: data {} | {} train / {} val tokens | {} windows of {}\n", corpus.source,
                corpus.train.size(), corpus.val.size(), loader.windows(), T);
-    fmt::print("trellis: world {} (dp {}, tp {}{}, pp {}{}, zero {}) | {} threads/rank | batch {} "
-               "x {} tokens = {} per rank x {} micro-batches of {}{}\n",
-               world.size(), dp, mesh.tp(), tp.sequence_parallel() ? " + sequence parallel" : "",
-               pp, pp > 1 ? fmt::format(" {}{}", schedule_name(schedule),
-                                        V > 1 ? fmt::format(" x{}", V) : "")
-                          : "",
-               cfg.zero, threads, G, T, per_rank, accum, b,
-               resumed_from.empty() ? "" : " | resumed from " + resumed_from);
+    fmt::print(
+        "trellis: world {} (dp {}, tp {}{}, pp {}{}, zero {}) | {} threads/rank | batch {} "
+        "x {} tokens = {} per rank x {} micro-batches of {}{}\n",
+        world.size(), dp, mesh.tp(), tp.sequence_parallel() ? " + sequence parallel" : "", pp,
+        pp > 1 ? fmt::format(" {}{}", schedule_name(schedule), V > 1 ? fmt::format(" x{}", V) : "")
+               : "",
+        cfg.zero, threads, G, T, per_rank, accum, b,
+        resumed_from.empty() ? "" : " | resumed from " + resumed_from);
     std::fflush(stdout);
   }
 
@@ -333,7 +346,8 @@ int run_training(TrainConfig cfg, Communicator& world) {
     ck.tokenizer = {corpus.tokenizer, corpus.tokenizer_dir};
     ck.params = gather_global(mesh, mc, layout, params.data());
     for (auto& [name, buf] : optimizer.state()) {
-      const std::vector<float> local = cfg.zero ? gather_shards(mesh.dp_comm(), *buf, shard, n) : *buf;
+      const std::vector<float> local =
+          cfg.zero ? gather_shards(mesh.dp_comm(), *buf, shard, n) : *buf;
       ck.optimizer.buffers.emplace_back(name, gather_global(mesh, mc, layout, local.data()));
     }
     nlohmann::json conf;
@@ -341,8 +355,12 @@ int run_training(TrainConfig cfg, Communicator& world) {
     for (auto& k : keys) conf[k.name] = k.get();
     ck.state = {{"step", step},
                 {"tokens_seen", step * G * T},
-                {"data", {{"next_step", step}, {"global_batch", G}, {"seq_len", T},
-                          {"shuffle", cfg.shuffle}, {"seed", cfg.seed}}},
+                {"data",
+                 {{"next_step", step},
+                  {"global_batch", G},
+                  {"seq_len", T},
+                  {"shuffle", cfg.shuffle},
+                  {"seed", cfg.seed}}},
                 {"rng", {{"kind", "philox4x32-10"}, {"seed", cfg.seed}}},
                 {"config", conf}};
     std::string path;
@@ -433,22 +451,32 @@ int run_training(TrainConfig cfg, Communicator& world) {
       ++timed_steps;
     }
     if (lead) {
-      log->write({{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm},
-                  {"tokens_per_s", tokens_per_s}, {"mfu", mfu}, {"step_ms", dt * 1e3},
+      log->write({{"step", step},
+                  {"loss", loss},
+                  {"lr", lr},
+                  {"grad_norm", grad_norm},
+                  {"tokens_per_s", tokens_per_s},
+                  {"mfu", mfu},
+                  {"step_ms", dt * 1e3},
                   {"compute_ms", (dt - comm_exposed - tp_comm) * 1e3},
-                  {"comm_exposed_ms", comm_exposed * 1e3}, {"tp_comm_ms", tp_comm * 1e3},
-                  {"mem_bytes", mem_bytes}, {"mem_bytes_max", mem[0]},
-                  {"peak_rss_bytes", peak_rss_bytes()}, {"peak_rss_bytes_max", mem[1]},
-                  {"bubble", bubble}, {"bubble_theory", theoretical_bubble(pp, int(accum), V)},
+                  {"comm_exposed_ms", comm_exposed * 1e3},
+                  {"tp_comm_ms", tp_comm * 1e3},
+                  {"mem_bytes", mem_bytes},
+                  {"mem_bytes_max", mem[0]},
+                  {"peak_rss_bytes", peak_rss_bytes()},
+                  {"peak_rss_bytes_max", mem[1]},
+                  {"bubble", bubble},
+                  {"bubble_theory", theoretical_bubble(pp, int(accum), V)},
                   {"peak_micro_batches", peak_micro}},
                  "train");
       if (!cfg.quiet && (step % std::max<int64_t>(1, cfg.log_every) == 0 || step == cfg.steps)) {
-        const double eta = seconds_since(loop_start) / double(step - start_step) *
-                           double(cfg.steps - step);
-        fmt::print("step {:>{}}/{} | loss {:.4f} | lr {:.2e} | norm {:.3f} | {:.0f} ms | "
-                   "{:.0f} tok/s | MFU {:.1f}% | ETA {}\n",
-                   step, std::to_string(cfg.steps).size(), cfg.steps, loss, lr, grad_norm,
-                   dt * 1e3, tokens_per_s, mfu * 100.0, format_duration(eta));
+        const double eta =
+            seconds_since(loop_start) / double(step - start_step) * double(cfg.steps - step);
+        fmt::print(
+            "step {:>{}}/{} | loss {:.4f} | lr {:.2e} | norm {:.3f} | {:.0f} ms | "
+            "{:.0f} tok/s | MFU {:.1f}% | ETA {}\n",
+            step, std::to_string(cfg.steps).size(), cfg.steps, loss, lr, grad_norm, dt * 1e3,
+            tokens_per_s, mfu * 100.0, format_duration(eta));
         std::fflush(stdout);
       }
     }
@@ -471,15 +499,16 @@ int run_training(TrainConfig cfg, Communicator& world) {
 
   if (lead && !cfg.quiet) {
     const int64_t trained = end_step - start_step;
-    fmt::print("trellis: done | {} steps, {} tokens in {} | mean {:.0f} tok/s, MFU {:.1f}%{} | "
-               "checkpoint {} | metrics {}/metrics.jsonl{}\n",
-               std::max<int64_t>(0, trained), std::max<int64_t>(0, trained) * G * T,
-               format_duration(seconds_since(run_start)),
-               timed_steps ? tokens_per_s_sum / double(timed_steps) : 0.0,
-               timed_steps ? 100.0 * mfu_sum / double(timed_steps) : 0.0,
-               std::isfinite(best_val) ? fmt::format(" | best val loss {:.4f}", best_val) : "",
-               last_checkpoint.empty() ? "(none)" : last_checkpoint, cfg.out,
-               cfg.tensorboard ? fmt::format(" | tensorboard --logdir {}/tb", cfg.out) : "");
+    fmt::print(
+        "trellis: done | {} steps, {} tokens in {} | mean {:.0f} tok/s, MFU {:.1f}%{} | "
+        "checkpoint {} | metrics {}/metrics.jsonl{}\n",
+        std::max<int64_t>(0, trained), std::max<int64_t>(0, trained) * G * T,
+        format_duration(seconds_since(run_start)),
+        timed_steps ? tokens_per_s_sum / double(timed_steps) : 0.0,
+        timed_steps ? 100.0 * mfu_sum / double(timed_steps) : 0.0,
+        std::isfinite(best_val) ? fmt::format(" | best val loss {:.4f}", best_val) : "",
+        last_checkpoint.empty() ? "(none)" : last_checkpoint, cfg.out,
+        cfg.tensorboard ? fmt::format(" | tensorboard --logdir {}/tb", cfg.out) : "");
   }
   return 0;
 }

@@ -12,8 +12,10 @@ void embedding_forward(float* out, const int32_t* tokens, const float* wte, int6
   for (int64_t i = 0; i < n; ++i) {
     const int64_t row = int64_t(tokens[i]) - vocab_start;
     float* y = out + i * C;
-    if (row >= 0 && row < vocab_rows) std::memcpy(y, wte + row * C, size_t(C) * sizeof(float));
-    else std::memset(y, 0, size_t(C) * sizeof(float));
+    if (row >= 0 && row < vocab_rows)
+      std::memcpy(y, wte + row * C, size_t(C) * sizeof(float));
+    else
+      std::memset(y, 0, size_t(C) * sizeof(float));
   }
 }
 

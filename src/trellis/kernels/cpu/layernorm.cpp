@@ -26,8 +26,8 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 }
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                        const float* inp, const float* weight, const float* mean,
-                        const float* rstd, int64_t BT, int64_t C) {
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int64_t BT, int64_t C) {
   // Input gradient: rows are independent.
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < BT; ++i) {

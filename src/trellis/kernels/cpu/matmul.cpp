@@ -1,8 +1,8 @@
 // GEMM through oneDNN and the linear layer built on it.
-#include <algorithm>
-#include <oneapi/dnnl/dnnl.h>
 #include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "trellis/core/error.h"
@@ -19,9 +19,8 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 }
 }  // namespace
 
-void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-          const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-          int64_t ldc) {
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+          int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   // Outside a parallel region we split C ourselves into one block per thread along its larger
   // dimension and let oneDNN run each block on its own thread. oneDNN's own partitioning of the
@@ -48,13 +47,13 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
     const int64_t lo = t == 0 ? 0 : edge(t), hi = t == n_threads - 1 ? D : edge(t + 1);
     if (hi > lo) {
       if (split_n)
-        status[size_t(t)] = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, hi - lo, K,
-                                       alpha, A, lda, trans_b ? B + lo * ldb : B + lo, ldb, beta,
-                                       C + lo, ldc);
+        status[size_t(t)] =
+            dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, hi - lo, K, alpha, A, lda,
+                       trans_b ? B + lo * ldb : B + lo, ldb, beta, C + lo, ldc);
       else
-        status[size_t(t)] = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', hi - lo, N, K,
-                                       alpha, trans_a ? A + lo : A + lo * lda, lda, B, ldb, beta,
-                                       C + lo * ldc, ldc);
+        status[size_t(t)] =
+            dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', hi - lo, N, K, alpha,
+                       trans_a ? A + lo : A + lo * lda, lda, B, ldb, beta, C + lo * ldc, ldc);
     }
   }
   for (dnnl_status_t st : status)

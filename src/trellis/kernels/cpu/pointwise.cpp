@@ -25,7 +25,8 @@ inline simd::d4 gelu_fwd4(simd::d4 x) {
 inline simd::d4 gelu_bwd4(simd::d4 x, simd::d4 dy) {
   const simd::d4 th = simd::tanh(gelu_u(x));
   const simd::d4 sech2 = simd::splat(1.0) - th * th;
-  const simd::d4 du = simd::splat(kSqrt2OverPi) * (simd::splat(1.0) + simd::splat(3.0 * 0.044715) * x * x);
+  const simd::d4 du =
+      simd::splat(kSqrt2OverPi) * (simd::splat(1.0) + simd::splat(3.0 * 0.044715) * x * x);
   return dy * (simd::splat(0.5) * (simd::splat(1.0) + th) + simd::splat(0.5) * x * sech2 * du);
 }
 constexpr int64_t kChunk = 2048;  // elements per OpenMP work item (a multiple of 4)
@@ -37,7 +38,8 @@ void gelu_forward(float* out, const float* inp, int64_t n) {
     const int64_t end = std::min(n, c + kChunk);
     int64_t i = c;
     for (; i + 4 <= end; i += 4) simd::store4(out + i, gelu_fwd4(simd::load4(inp + i)));
-    if (i < end) simd::store_partial(out + i, gelu_fwd4(simd::load_partial(inp + i, end - i)), end - i);
+    if (i < end)
+      simd::store_partial(out + i, gelu_fwd4(simd::load_partial(inp + i, end - i)), end - i);
   }
 }
 
@@ -47,11 +49,15 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) 
     const int64_t end = std::min(n, c + kChunk);
     int64_t i = c;
     for (; i + 4 <= end; i += 4)
-      simd::store4(dinp + i, simd::load4(dinp + i) + gelu_bwd4(simd::load4(inp + i), simd::load4(dout + i)));
+      simd::store4(dinp + i,
+                   simd::load4(dinp + i) + gelu_bwd4(simd::load4(inp + i), simd::load4(dout + i)));
     if (i < end) {
       const int64_t r = end - i;
-      simd::store_partial(dinp + i, simd::load_partial(dinp + i, r) +
-                                        gelu_bwd4(simd::load_partial(inp + i, r), simd::load_partial(dout + i, r)), r);
+      simd::store_partial(
+          dinp + i,
+          simd::load_partial(dinp + i, r) +
+              gelu_bwd4(simd::load_partial(inp + i, r), simd::load_partial(dout + i, r)),
+          r);
     }
   }
 }
@@ -69,7 +75,8 @@ void accumulate(float* y, const float* x, int64_t n) {
 void zero(float* x, int64_t n) {
   constexpr int64_t kChunk = 1 << 16;
 #pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < n; c += kChunk) std::memset(x + c, 0, size_t(std::min(kChunk, n - c)) * sizeof(float));
+  for (int64_t c = 0; c < n; c += kChunk)
+    std::memset(x + c, 0, size_t(std::min(kChunk, n - c)) * sizeof(float));
 }
 
 void scale(float* x, float s, int64_t n) {

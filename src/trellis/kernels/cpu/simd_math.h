@@ -46,7 +46,7 @@ inline d4 clamp_lo(d4 x, double lo) { return x < splat(lo) ? splat(lo) : x; }
 inline d4 exp(d4 x) {
   const d4 overflow = x > splat(709.782712893384) ? splat(__builtin_inf()) : splat(0.0);
   x = clamp_hi(clamp_lo(x, -700.0), 709.0);
-  const d4 magic = splat(6755399441055744.0);          // 1.5 * 2^52: adding it rounds to integer
+  const d4 magic = splat(6755399441055744.0);  // 1.5 * 2^52: adding it rounds to integer
   const d4 kn = (x * splat(1.4426950408889634) + magic);
   const d4 n = kn - magic;
   const d4 r = (x - n * splat(6.93147180369123816490e-01)) - n * splat(1.90821492927058770002e-10);
@@ -66,8 +66,8 @@ inline d4 exp(d4 x) {
   // 2^n: n sits in the low mantissa bits of kn; move it to the exponent field.
   l4 ni;
   std::memcpy(&ni, &kn, sizeof ni);
-  const l4 mb = l4{0x4338000000000000LL, 0x4338000000000000LL, 0x4338000000000000LL,
-                   0x4338000000000000LL};
+  const l4 mb =
+      l4{0x4338000000000000LL, 0x4338000000000000LL, 0x4338000000000000LL, 0x4338000000000000LL};
   const l4 e = ((ni - mb) + 1023) << 52;
   d4 scale;
   std::memcpy(&scale, &e, sizeof scale);

@@ -42,7 +42,8 @@ Context* Pipeline::acquire(int v) {
 
 void Pipeline::release_finished(bool wait_all) {
   for (auto it = sends_.begin(); it != sends_.end();) {
-    if (wait_all) it->work->wait();
+    if (wait_all)
+      it->work->wait();
     else if (!it->work->test()) {
       ++it;
       continue;
@@ -60,9 +61,10 @@ PipelineStats Pipeline::run(const std::vector<PipeOp>& ops, const Loader& load, 
   const double t_start = now_s();
   if (trace_origin_ < 0) trace_origin_ = t_start;
   const int last_chunk = global_chunks_ - 1;
-  const int64_t micro_count = std::max_element(ops.begin(), ops.end(), [](auto& a, auto& b) {
-                                return a.micro < b.micro;
-                              })->micro + 1;
+  const int64_t micro_count =
+      std::max_element(ops.begin(), ops.end(), [](auto& a, auto& b) { return a.micro < b.micro; })
+          ->micro +
+      1;
   // Messages between a pair of ranks are told apart by (micro-batch, chunk, direction).
   TRELLIS_REQUIRE(micro_count * global_chunks_ * 2 < 32767,
                   "{} micro-batches x {} pipeline chunks is more than the message tags allow",
@@ -86,8 +88,11 @@ PipelineStats Pipeline::run(const std::vector<PipeOp>& ops, const Loader& load, 
       Context* ctx = acquire(op.chunk);
       st.peak_contexts = std::max(st.peak_contexts, ++n_alive);
       valid[{op.chunk, op.micro}] = load(op.micro, *ctx);
-      if (g > 0) comm_.recv_async(ctx->input.data(), ctx->input.size(), rank_of(g - 1),
-                                  tag(op.micro, g, true))->wait();
+      if (g > 0)
+        comm_
+            .recv_async(ctx->input.data(), ctx->input.size(), rank_of(g - 1),
+                        tag(op.micro, g, true))
+            ->wait();
       const double tc = now_s();
       model.forward(*ctx, grad_scale);
       st.compute_s += now_s() - tc;
@@ -105,15 +110,20 @@ PipelineStats Pipeline::run(const std::vector<PipeOp>& ops, const Loader& load, 
         for (auto& s : pool_[size_t(op.chunk)])
           if (s.ctx.get() == ctx) s.busy = false;
       }
-      if (keep) alive[{op.chunk, op.micro}] = ctx;
-      else --n_alive;
+      if (keep)
+        alive[{op.chunk, op.micro}] = ctx;
+      else
+        --n_alive;
     } else {
       auto it = alive.find({op.chunk, op.micro});
       TRELLIS_CHECK(it != alive.end(), "backward of micro-batch {} before its forward", op.micro);
       Context* ctx = it->second;
       alive.erase(it);
-      if (g < last_chunk) comm_.recv_async(ctx->doutput.data(), ctx->doutput.size(),
-                                           rank_of(g + 1), tag(op.micro, g, false))->wait();
+      if (g < last_chunk)
+        comm_
+            .recv_async(ctx->doutput.data(), ctx->doutput.size(), rank_of(g + 1),
+                        tag(op.micro, g, false))
+            ->wait();
       const double tc = now_s();
       model.backward(*ctx, i == last_backward[size_t(op.chunk)], on_block_done);
       st.compute_s += now_s() - tc;

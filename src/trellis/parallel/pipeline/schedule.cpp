@@ -17,9 +17,12 @@ ScheduleKind parse_schedule(const std::string& name) {
 
 std::string schedule_name(ScheduleKind kind) {
   switch (kind) {
-    case ScheduleKind::GPipe: return "gpipe";
-    case ScheduleKind::OneFOneB: return "1f1b";
-    case ScheduleKind::Interleaved: return "interleaved";
+    case ScheduleKind::GPipe:
+      return "gpipe";
+    case ScheduleKind::OneFOneB:
+      return "1f1b";
+    case ScheduleKind::Interleaved:
+      return "interleaved";
   }
   return "?";
 }
