@@ -232,7 +232,6 @@ int run_training(TrainConfig cfg, Communicator& world) {
   const std::vector<PipeOp> step_ops = build_schedule(schedule, pp, pp_rank, int(accum), V);
   std::vector<StageSpec> chunks;
   StageSpec stage;
-  stage.layers.clear();
   stage.embedding = pp_rank == 0;
   stage.head = pp_rank == pp - 1;
   for (int v = 0; v < V; ++v) {
