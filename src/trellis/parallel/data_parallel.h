@@ -19,7 +19,8 @@ class GradReducer {
   void ready_from(size_t offset);
   // Launches the remaining buckets and waits for all. Afterwards grads hold the sum over ranks.
   void finish();
-  // Seconds spent blocked in finish() in the last step (communication not hidden by backward).
+  // Seconds this rank spent inside communication calls in the last step (launching and polling
+  // during backward, waiting in finish()): the part not hidden behind computation.
   double exposed_seconds() const { return exposed_s_; }
   size_t bucket_count() const { return buckets_.size(); }
 
@@ -34,7 +35,7 @@ class GradReducer {
   size_t n_;
   std::vector<Bucket> buckets_;  // buckets_[0] ends at n (launched first)
   size_t next_ = 0;              // next bucket to launch
-  double exposed_s_ = 0.0;
+  double exposed_s_ = 0.0, polled_s_ = 0.0;
 };
 
 // ZeRO-1 partition of a flat buffer of n floats over dp ranks: padded to a multiple of dp, each

@@ -421,7 +421,7 @@ int run_training(TrainConfig cfg, Communicator& world) {
     }
     loss_sum = pp_stats[0];
     norm_sq = pp_stats[1];
-    const double bubble = pp_stats[2] / pp;
+    const double bubble = pp > 1 ? pp_stats[2] / pp : 0.0;
     double stats[2] = {loss_sum, cfg.zero ? norm_sq : 0.0};
     mesh.dp_comm().all_reduce_sum(stats, 2);
     if (cfg.zero) norm_sq = stats[1];
@@ -434,8 +434,10 @@ int run_training(TrainConfig cfg, Communicator& world) {
     const float lr = learning_rate(cfg.optim, step, cfg.steps);
     optimizer.step(params.data(), grads.data(), lr, step, grad_mul);
     if (cfg.zero && dp > 1) {
+      const auto tc = Clock::now();
       std::copy_n(params.data() + shard.begin, shard.end - shard.begin, grad_shard.data());
       mesh.dp_comm().all_gather_async(grad_shard.data(), params.data(), shard.shard)->wait();
+      comm_exposed += seconds_since(tc);
     }
     const double dt = seconds_since(t0);
     const double tp_comm = tp.take_comm_seconds();
