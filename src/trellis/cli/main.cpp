@@ -1,8 +1,5 @@
 // trellis: train GPT models in C++ on one process or many (mpirun/srun).
-#include <malloc.h>
-
 #include <cstdio>
-#include <limits>
 #include <exception>
 
 #include "trellis/cli/commands.h"
@@ -11,11 +8,6 @@
 
 int main(int argc, char** argv) {
   using namespace trellis;
-  // glibc serves every allocation >= 32 MiB with a fresh mmap and unmaps it on free; OpenMPI's
-  // message-sized temporaries then pay page faults on every large collective (10-20x slower
-  // all-reduces measured here, bench/RESULTS.md). Keep large blocks in the heap instead.
-  mallopt(M_MMAP_MAX, 0);
-  mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
   std::unique_ptr<Communicator> world;
   try {
     world = make_world_communicator(&argc, &argv);

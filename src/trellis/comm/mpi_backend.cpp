@@ -5,7 +5,9 @@
 // The C API only: the target links MPI::MPI_C, not OpenMPI's deprecated C++ bindings.
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
+#include <malloc.h>
 #include <mpi.h>
+
 #include <sched.h>
 #include <time.h>
 
@@ -18,6 +20,7 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -361,6 +364,19 @@ bool launched_by_mpi() {
   return false;
 }
 
+// Settings measured on the reference machine (bench/RESULTS.md), applied before MPI_Init.
+static void tune_mpi_before_init() {
+  // glibc serves every allocation >= 32 MiB with a fresh mmap and unmaps it on free, so
+  // OpenMPI's message-sized temporaries paid page faults on every large collective (10-20x
+  // slower all-reduces). Keep large blocks in the heap instead.
+  mallopt(M_MMAP_MAX, 0);
+  mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
+  // Every wait must be bounded, so trellis uses non-blocking collectives; OpenMPI's default
+  // choice for MPI_Iallreduce ran at 0.3-0.6x of the blocking MPI_Allreduce, its ring algorithm
+  // at 0.9-1.0x. A user's own setting (environment or mpirun --mca) wins: overwrite = 0.
+  setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", 0);
+}
+
 std::unique_ptr<Communicator> make_mpi_world_communicator(int* argc, char*** argv) {
   if (const char* v = std::getenv("TRELLIS_MPI_MAX_CHUNK")) {
     const long long k = std::atoll(v);
@@ -369,6 +385,7 @@ std::unique_ptr<Communicator> make_mpi_world_communicator(int* argc, char*** arg
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
+    tune_mpi_before_init();
     int provided = 0;
     // Only the main thread calls MPI (OpenMP threads never do).
     if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
