@@ -67,8 +67,6 @@ double cross_entropy(float* logits, float* losses, const int32_t* targets, int64
                      int64_t valid, int64_t ld, int64_t vocab_start, float grad_scale,
                      const RowCombine& combine = {});
 
-// out = a + b.
-void add(float* out, const float* a, const float* b, int64_t n);
 // y += x.
 void accumulate(float* y, const float* x, int64_t n);
 // x[0, n) = 0, split across threads (a single-threaded memset of GPT-2's gradients was ~25 ms).
