@@ -39,14 +39,10 @@ const float* TensorParallel::enter(const float* local, float* full, int64_t rows
   return full;
 }
 
+// The operators are conjugate pairs: entering's backward is leaving's forward (sum the partial
+// gradients, keep this rank's rows) and leaving's backward is entering's forward.
 void TensorParallel::enter_backward(float* dfull, float* dlocal, int64_t rows, int64_t C) {
-  CommTimer timer(comm_s_);
-  if (sp_) {
-    comm_->reduce_scatter_async(dfull, dlocal, size_t(local_rows(rows) * C))->wait();
-    return;
-  }
-  if (comm_) comm_->all_reduce(dfull, size_t(rows * C));
-  if (dlocal != dfull) std::copy_n(dfull, rows * C, dlocal);
+  leave(dfull, dlocal, rows, C);
 }
 
 void TensorParallel::leave(float* partial, float* out, int64_t rows, int64_t C) {
@@ -61,10 +57,7 @@ void TensorParallel::leave(float* partial, float* out, int64_t rows, int64_t C) 
 
 const float* TensorParallel::leave_backward(const float* dlocal, float* dfull, int64_t rows,
                                             int64_t C) {
-  if (!sp_) return dlocal;
-  CommTimer timer(comm_s_);
-  comm_->all_gather_async(dlocal, dfull, size_t(local_rows(rows) * C))->wait();
-  return dfull;
+  return enter(dlocal, dfull, rows, C);
 }
 
 void TensorParallel::all_reduce(float* buf, int64_t n) {

@@ -48,11 +48,14 @@ void Pipeline::release_finished(bool wait_all) {
       ++it;
       continue;
     }
-    if (it->release_after)
-      for (auto& s : pool_[size_t(it->chunk)])
-        if (s.ctx.get() == it->ctx) s.busy = false;
+    if (it->release_after) release(it->chunk, it->ctx);
     it = sends_.erase(it);
   }
+}
+
+void Pipeline::release(int v, Context* ctx) {
+  for (auto& s : pool_[size_t(v)])
+    if (s.ctx.get() == ctx) s.busy = false;
 }
 
 PipelineStats Pipeline::run(const std::vector<PipeOp>& ops, const Loader& load, float grad_scale,
@@ -77,7 +80,6 @@ PipelineStats Pipeline::run(const std::vector<PipeOp>& ops, const Loader& load, 
     if (!ops[i].forward) last_backward[size_t(ops[i].chunk)] = i;
 
   std::map<std::pair<int, int>, Context*> alive;  // (chunk, micro) -> context between F and B
-  std::map<std::pair<int, int>, int64_t> valid;   // rows that count, per (chunk, micro)
   int n_alive = 0;
   for (size_t i = 0; i < ops.size(); ++i) {
     const PipeOp& op = ops[i];
@@ -87,7 +89,7 @@ PipelineStats Pipeline::run(const std::vector<PipeOp>& ops, const Loader& load, 
     if (op.forward) {
       Context* ctx = acquire(op.chunk);
       st.peak_contexts = std::max(st.peak_contexts, ++n_alive);
-      valid[{op.chunk, op.micro}] = load(op.micro, *ctx);
+      const int64_t valid_rows = load(op.micro, *ctx);
       if (g > 0)
         comm_
             .recv_async(ctx->input.data(), ctx->input.size(), rank_of(g - 1),
@@ -97,7 +99,7 @@ PipelineStats Pipeline::run(const std::vector<PipeOp>& ops, const Loader& load, 
       model.forward(*ctx, grad_scale);
       st.compute_s += now_s() - tc;
       if (g == last_chunk) {
-        const int64_t n = valid[{op.chunk, op.micro}] * T_;
+        const int64_t n = valid_rows * T_;
         for (int64_t r = 0; r < n; ++r) st.loss_sum += ctx->losses[size_t(r)];
       }
       const bool keep = grad_scale != 0.0f;
@@ -107,8 +109,7 @@ PipelineStats Pipeline::run(const std::vector<PipeOp>& ops, const Loader& load, 
         sends_.push_back({comm_.send_async(out, count, rank_of(g + 1), tag(op.micro, g + 1, true)),
                           ctx, op.chunk, !keep});
       } else if (!keep) {
-        for (auto& s : pool_[size_t(op.chunk)])
-          if (s.ctx.get() == ctx) s.busy = false;
+        release(op.chunk, ctx);
       }
       if (keep)
         alive[{op.chunk, op.micro}] = ctx;
@@ -132,8 +133,7 @@ PipelineStats Pipeline::run(const std::vector<PipeOp>& ops, const Loader& load, 
                                            tag(op.micro, g - 1, false)),
                           ctx, op.chunk, true});
       } else {
-        for (auto& s : pool_[size_t(op.chunk)])
-          if (s.ctx.get() == ctx) s.busy = false;
+        release(op.chunk, ctx);
       }
       --n_alive;
     }

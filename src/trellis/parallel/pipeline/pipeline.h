@@ -48,6 +48,7 @@ class Pipeline {
  private:
   Context* acquire(int v);
   void release_finished(bool wait_all);
+  void release(int v, Context* ctx);
 
   Communicator& comm_;
   std::vector<GPT*> chunks_;
