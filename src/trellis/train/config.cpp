@@ -27,13 +27,7 @@ template <class T>
 T parse_number(const std::string& key, const std::string& v) {
   T out{};
   const char* end = v.data() + v.size();
-  std::from_chars_result r;
-  if constexpr (std::is_floating_point_v<T>) {
-    // from_chars for double is in libstdc++ 11+, fine on g++ 12.
-    r = std::from_chars(v.data(), end, out);
-  } else {
-    r = std::from_chars(v.data(), end, out);
-  }
+  const std::from_chars_result r = std::from_chars(v.data(), end, out);  // floats: libstdc++ 11+
   TRELLIS_REQUIRE(r.ec == std::errc() && r.ptr == end && !v.empty(),
                   "config key '{}': '{}' is not a valid {}", key, v,
                   std::is_floating_point_v<T> ? "number" : "integer");
