@@ -6,7 +6,7 @@ created if missing), TRELLIS_SOURCE (repository root). PYTHONPATH must contain
 <repo>/tests (it is added here too when TRELLIS_SOURCE is set).
 
 Checks (every tensor compared norm-wise: ||trellis - torch|| / ||torch|| <= 1e-5):
-  a. byte tokenizer, tiny model: loss and all gradients of `trellis grad` vs autograd.
+  a. byte tokenizer, tiny GPT-2: loss and all gradients of `trellis grad` vs autograd.
   b. GPT-2 BPE tokenizer (vocab 50257, padded to 50304 inside trellis): same.
   c. 10 AdamW steps (warmup 2 + cosine, grad clip 1.0 that triggers, weight decay 0.1,
      no shuffling, batch 4 x 32): per-step loss and grad norm, final parameters and
@@ -15,12 +15,25 @@ Checks (every tensor compared norm-wise: ||trellis - torch|| / ||torch|| <= 1e-5
   e. 10 SGD-momentum steps (batch 8 x 64, the data order wraps around, clip 1.5 so
      some steps clip and some do not): losses, grad norms,
      final parameters and momentum buffers.
+  f. llama-tiny with grouped-query attention (4 heads over 2 kv heads, RoPE, RMSNorm,
+     SwiGLU, untied head; reference reference/torch_llama.py): as a, byte tokenizer;
+     first the reference's RoPE is pinned against HF's apply_rotary_pos_emb formula.
+  g. llama-tiny: 10 AdamW steps as in c.
+  h. encoder-tiny (bidirectional, pre-LN, learned positions, tied head; reference
+     reference/torch_encoder.py): as a, byte tokenizer.
+  i. encoder-tiny: 10 AdamW steps as in c.
 
-Exception: the key third of each attn.c_attn.bias has an exactly zero gradient, so
-after AdamW steps its value is amplified rounding noise on both sides; it is checked
-to have (almost) not moved instead of being compared (see check_train).
+Exception: a key bias has an exactly zero gradient (softmax ignores a shift shared by
+all keys), so after AdamW steps its value is amplified rounding noise on both sides; it is
+checked to have (almost) not moved instead of being compared (see check_train). That is
+the key third of each GPT-2 attn.c_attn.bias and each encoder self_attn.k_proj.bias. Where
+a whole tensor is such a zero (the encoder's k_proj.bias), its gradient and its optimizer
+moments are checked to be zero up to rounding on both sides (norm <= 1e-5 of the
+matching q_proj.bias tensor) instead of a relative error of noise against noise.
 
-Usage: test_torch_oracle.py [a b c d e]  (default: all cases)
+A case that compares nothing (no gradient, no parameter, no optimizer tensor) fails.
+
+Usage: test_torch_oracle.py [a b c d e f g h i]  (default: all cases)
 
 Exit status 0 when every check passes; otherwise 1, with the failing case, step and
 tensor named.
@@ -40,8 +53,8 @@ if os.environ.get("TRELLIS_SOURCE"):
 
 import torch  # noqa: E402
 
-from reference.torch_gpt import (  # noqa: E402
-    gpt_loss, load_model, load_safetensors, read_split, read_tokens, windows)
+from reference import torch_encoder, torch_gpt, torch_llama  # noqa: E402
+from reference.torch_gpt import load_safetensors, read_split, read_tokens, windows  # noqa: E402
 
 TOL = 1e-5
 THREADS = "2"
@@ -50,6 +63,49 @@ THREADS = "2"
 DTYPE = torch.float64 if os.environ.get("TRELLIS_ORACLE_DTYPE") == "float64" else torch.float32
 TINY = ["--model", "tiny", "--n-layer", "2", "--n-head", "2", "--n-embd", "32",
         "--block-size", "64"]
+
+
+class Family:
+    """A model under test: its trellis arguments, its reference (load_model + loss) and the
+    parts of its parameters whose exact gradient is zero.
+
+    zero_grad(name, cfg) -> None, or (index, ref_name, ref_index, label): tensor[index] has an
+    exactly zero gradient; params[ref_name][ref_index] is the query bias it is measured
+    against; label names what remains of the tensor for the comparison."""
+
+    def __init__(self, name, args, load_model, loss, zero_grad=lambda name, cfg: None):
+        self.name, self.args = name, list(args)
+        self.load_model, self.loss, self.zero_grad = load_model, loss, zero_grad
+
+
+def _gpt2_zero_grad(name, cfg):
+    if name.endswith("attn.c_attn.bias"):
+        C = cfg.n_embd
+        return slice(C, 2 * C), name, slice(0, C), "[query,value thirds]"
+    return None
+
+
+def _encoder_zero_grad(name, cfg):
+    if name.endswith("self_attn.k_proj.bias"):
+        return slice(None), name[: -len("k_proj.bias")] + "q_proj.bias", slice(None), ""
+    return None
+
+
+GPT2 = Family("gpt2", TINY, torch_gpt.load_model, torch_gpt.gpt_loss, _gpt2_zero_grad)
+LLAMA = Family("llama", ["--model", "llama-tiny", "--n-kv-head", "2"], torch_llama.load_model,
+               torch_llama.llama_loss)
+ENCODER = Family("encoder", ["--model", "encoder-tiny"], torch_encoder.load_model,
+                 torch_encoder.encoder_loss, _encoder_zero_grad)
+
+
+def whole_zero_grad(fam, name, cfg, shape):
+    """(ref_name, ref_index) when all of tensor `name` has an exactly zero gradient."""
+    z = fam.zero_grad(name, cfg)
+    if z is None:
+        return None
+    keep = np.ones(shape, dtype=bool)
+    keep[z[0]] = False
+    return None if keep.any() else (z[1], z[2])
 
 failures = []
 
@@ -109,13 +165,13 @@ def corpus(path, nbytes=6000, seed=1234):
 
 
 # ---------------------------------------------------------------------------
-# a / b: loss and gradients of one batch
+# a / b / f / h: loss and gradients of one batch
 # ---------------------------------------------------------------------------
 
 
-def check_grad(case, datadir, T=32, B=4, extra=()):
+def check_grad(case, fam, datadir, T=32, B=4, extra=()):
     out = os.path.join(TMP, f"{case}_init")
-    run(["train", *TINY, *extra, "--data", datadir, "--out", out, "--steps", "0",
+    run(["train", *fam.args, *extra, "--data", datadir, "--out", out, "--steps", "0",
          "--seed", "11", "--quiet=true", "--tensorboard=false", "--val-every", "0",
          "--threads", THREADS])
     ckpt = os.path.join(out, "step_00000000")
@@ -126,9 +182,9 @@ def check_grad(case, datadir, T=32, B=4, extra=()):
     t_loss = float(json.loads(stdout.strip().splitlines()[-1])["loss"])
     grads = load_safetensors(gpath)
 
-    params, cfg = load_model(ckpt, dtype=DTYPE)
+    params, cfg = fam.load_model(ckpt, dtype=DTYPE)
     x, y = windows(read_tokens(shard), T, range(B))
-    loss = gpt_loss(params, cfg, x, y)
+    loss = fam.loss(params, cfg, x, y)
     loss.backward()
 
     ok = True
@@ -141,7 +197,8 @@ def check_grad(case, datadir, T=32, B=4, extra=()):
     if missing or extra_t:
         fail(f"{case}: gradient file {gpath}: missing {missing}, unexpected {extra_t}")
         ok = False
-    worst, worst_name = 0.0, ""
+    worst, worst_name, n_cmp = 0.0, "", 0
+    worst_zero = None  # largest |zero-gradient tensor's gradient| / |query bias gradient|
     for name, p in params.items():
         if name not in grads:
             continue
@@ -150,19 +207,73 @@ def check_grad(case, datadir, T=32, B=4, extra=()):
             fail(f"{case}: gradient {name} has shape {grads[name].shape}, torch {g.shape}")
             ok = False
             continue
+        n_cmp += 1
+        wz = whole_zero_grad(fam, name, cfg, g.shape)
+        if wz is not None:
+            # exact gradient zero: both sides must be rounding noise next to the query bias's
+            ref_norm = float(np.linalg.norm(params[wz[0]].grad.detach().numpy()[wz[1]]))
+            for side, arr in (("trellis", grads[name]), ("torch", g)):
+                r = float(np.linalg.norm(arr.astype(np.float64))) / max(ref_norm, 1e-30)
+                worst_zero = max(worst_zero or 0.0, r)
+                if not r <= TOL:
+                    fail(f"{case}: {side} gradient of {name} has norm {r:.3g} of {wz[0]}'s, "
+                         f"but its exact value is zero")
+                    ok = False
+            continue
         e = rel(grads[name], g)
         if e > worst:
             worst, worst_name = e, name
         if not e <= TOL:
             fail(f"{case}: gradient {name} rel err {e:.3g} > {TOL}")
             ok = False
+    if n_cmp == 0:
+        fail(f"{case}: no gradient compared")
+        ok = False
+    zero_note = ("" if worst_zero is None else
+                 f"; zero-gradient key bias: gradient norm <= {worst_zero:.1e} of the query bias's")
     print(f"{'PASS' if ok else 'FAIL'} {case}: vocab {cfg.vocab_size}, {B}x{T} tokens: "
-          f"loss {loss.item():.6f} rel err {e_loss:.2e}; worst gradient rel err {worst:.2e} "
-          f"({worst_name})", flush=True)
+          f"loss {loss.item():.6f} rel err {e_loss:.2e}; {n_cmp} gradients, worst rel err "
+          f"{worst:.2e} ({worst_name}){zero_note}", flush=True)
+
+
+def hf_apply_rotary(x, theta):
+    """HF's apply_rotary_pos_emb for positions 0..T-1, written out directly:
+    emb = cat(freqs, freqs), x * cos(emb) + rotate_half(x) * sin(emb)."""
+    T, hd = x.shape[-2], x.shape[-1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
+    rotate_half = torch.cat((-x2, x1), dim=-1)
+    return x * emb.cos() + rotate_half * emb.sin()
+
+
+def check_rope(case, datadir):
+    """Pins the reference's RoPE convention (pairing d with d + hd/2, angle pos * theta^(-2d/hd),
+    positions from 0) to HF's formula at the llama-tiny checkpoint's head size and theta."""
+    out = os.path.join(TMP, f"{case}_init")
+    run(["train", *LLAMA.args, "--data", datadir, "--out", out, "--steps", "0", "--seed", "11",
+         "--quiet=true", "--tensorboard=false", "--val-every", "0", "--threads", THREADS])
+    _, cfg = LLAMA.load_model(os.path.join(out, "step_00000000"))
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, cfg.n_head, cfg.block_size, cfg.head_dim, generator=g,
+                    dtype=torch.float64)
+    want = hf_apply_rotary(x, cfg.theta)
+    e64 = rel(torch_llama.rope(x, cfg.theta).numpy(), want.numpy())
+    e32 = rel(torch_llama.rope(x.float(), cfg.theta).numpy(), want.numpy())
+    # position 0 is the identity, and a rotation keeps every pair's length
+    e0 = rel(torch_llama.rope(x, cfg.theta)[..., 0, :].numpy(), x[..., 0, :].numpy())
+    ok = e64 <= 1e-12 and e32 <= 1e-6 and e0 <= 1e-15
+    if not ok:
+        fail(f"{case}: reference RoPE differs from HF apply_rotary_pos_emb: rel err "
+             f"float64 {e64:.3g}, float32 {e32:.3g}, position 0 {e0:.3g}")
+    print(f"{'PASS' if ok else 'FAIL'} {case}: head size {cfg.head_dim}, theta {cfg.theta:g}, "
+          f"{cfg.block_size} positions: reference vs HF formula rel err {e64:.1e} (float64), "
+          f"{e32:.1e} (float32)", flush=True)
 
 
 # ---------------------------------------------------------------------------
-# c / d / e: training steps
+# c / d / e / g / i: training steps
 # ---------------------------------------------------------------------------
 
 
@@ -179,10 +290,10 @@ def read_metrics(path):
     return [steps[k] for k in sorted(steps)]
 
 
-def check_train(case, datadir, steps, G, T, micro=0, optimizer="adamw", seed=5,
+def check_train(case, fam, datadir, steps, G, T, micro=0, optimizer="adamw", seed=5,
                 lr=1e-2, min_lr=1e-3, warmup=2, wd=0.1, clip=1.0, beta1=0.9, beta2=0.95,
                 eps=1e-8, momentum=0.9):
-    common = [*TINY, "--data", datadir, "--batch-size", G, "--micro-batch-size", micro,
+    common = [*fam.args, "--data", datadir, "--batch-size", G, "--micro-batch-size", micro,
               "--seq-len", T, "--seed", seed, "--shuffle=false", "--lr", lr, "--min-lr", min_lr,
               "--warmup-steps", warmup, "--weight-decay", wd, "--grad-clip", clip,
               "--beta1", beta1, "--beta2", beta2, "--eps", eps, "--optimizer", optimizer,
@@ -200,7 +311,7 @@ def check_train(case, datadir, steps, G, T, micro=0, optimizer="adamw", seed=5,
         fail(f"{case}: metrics.jsonl has {len(metrics)} training steps, expected {steps}")
         return
 
-    params, cfg = load_model(os.path.join(init, "step_00000000"), dtype=DTYPE)
+    params, cfg = fam.load_model(os.path.join(init, "step_00000000"), dtype=DTYPE)
     names = list(params)
     plist = [params[n] for n in names]
     decay = [params[n] for n in names if params[n].dim() == 2]
@@ -220,7 +331,7 @@ def check_train(case, datadir, steps, G, T, micro=0, optimizer="adamw", seed=5,
         ids = [(s * G + j) % W for j in range(G)]
         x, y = windows(tokens, T, ids)
         opt.zero_grad(set_to_none=True)
-        loss = gpt_loss(params, cfg, x, y)
+        loss = fam.loss(params, cfg, x, y)
         loss.backward()
         if clip > 0:
             norm = float(torch.nn.utils.clip_grad_norm_(plist, clip))
@@ -252,9 +363,8 @@ def check_train(case, datadir, steps, G, T, micro=0, optimizer="adamw", seed=5,
 
     final = load_safetensors(os.path.join(final_dir, "model.safetensors"))
     init_arrays = load_safetensors(os.path.join(init, "step_00000000", "model.safetensors"))
-    worst_p, worst_pn = 0.0, ""
-    worst_k = 0.0
-    C = cfg.n_embd
+    worst_p, worst_pn, n_p = 0.0, "", 0
+    worst_k = None  # largest key-bias drift / query-bias drift (None: no key bias)
     for name, p in params.items():
         if name not in final:
             fail(f"{case}: final checkpoint lacks {name}")
@@ -262,33 +372,48 @@ def check_train(case, datadir, steps, G, T, micro=0, optimizer="adamw", seed=5,
             continue
         ref = p.detach().numpy()
         got = final[name]
-        if name.endswith("attn.c_attn.bias"):
-            # The key third of c_attn.bias has an exactly zero gradient (softmax is
-            # invariant to adding q.b_k to every score of a row), so both sides only see
-            # rounding noise (~1e-11) there, which AdamW's m/(sqrt(v)+eps) blows up to
-            # noise-driven updates of ~1e-3 lr. Its value is not reproducible between two
-            # correct fp32 implementations; its exact value is its initial value. Check
-            # the query/value thirds at TOL and that the key third barely moved on both
-            # sides (a wrong key-bias gradient would move it as far as the query bias).
-            k0 = init_arrays[name][C:2 * C].astype(np.float64)
-            q_move = np.linalg.norm(ref[:C] - init_arrays[name][:C])
+        if got.shape != ref.shape:
+            fail(f"{case}: after step {steps}: parameter {name} has shape {got.shape}, "
+                 f"torch {ref.shape}")
+            ok = False
+            continue
+        z = fam.zero_grad(name, cfg)
+        if z is not None:
+            # A key bias has an exactly zero gradient (softmax is invariant to adding q.b_k
+            # to every score of a row), so both sides only see rounding noise (~1e-11)
+            # there, which AdamW's m/(sqrt(v)+eps) blows up to noise-driven updates of
+            # ~1e-3 lr. Its value is not reproducible between two correct fp32
+            # implementations; its exact value is its initial value. Check the rest of the
+            # tensor at TOL and that the key bias barely moved on both sides (a wrong
+            # key-bias gradient would move it as far as the query bias).
+            zidx, qname, qidx, label = z
+            k0 = init_arrays[name][zidx].astype(np.float64)
+            q_move = np.linalg.norm(params[qname].detach().numpy()[qidx].astype(np.float64)
+                                    - init_arrays[qname][qidx])
             for side, arr in (("trellis", got), ("torch", ref)):
-                moved = np.linalg.norm(arr[C:2 * C] - k0)
-                worst_k = max(worst_k, moved / max(q_move, 1e-30))
+                moved = np.linalg.norm(arr[zidx] - k0)
+                worst_k = max(worst_k or 0.0, moved / max(q_move, 1e-30))
                 if not moved <= 1e-2 * q_move:
-                    fail(f"{case}: after step {steps}: {side} {name}[key third] moved "
-                         f"{moved:.3g}, but it has a zero gradient (query third moved "
+                    fail(f"{case}: after step {steps}: {side} {name}[key part] moved "
+                         f"{moved:.3g}, but it has a zero gradient (query bias moved "
                          f"{q_move:.3g})")
                     ok = False
-            ref = np.concatenate([ref[:C], ref[2 * C:]])
-            got = np.concatenate([got[:C], got[2 * C:]])
-            name = name + "[query,value thirds]"
+            keep = np.ones(ref.shape, dtype=bool)
+            keep[zidx] = False
+            if not keep.any():
+                continue
+            ref, got = ref[keep], got[keep]
+            name = name + label
+        n_p += 1
         e = rel(got, ref)
         if e > worst_p:
             worst_p, worst_pn = e, name
         if not e <= TOL:
             fail(f"{case}: after step {steps}: parameter {name} rel err {e:.3g} > {TOL}")
             ok = False
+    if n_p == 0:
+        fail(f"{case}: no final parameter compared")
+        ok = False
 
     # optimizer state, where trellis names it like torch (exp_avg.<name>, ...)
     worst_o, worst_on, n_state = 0.0, "", 0
@@ -296,6 +421,7 @@ def check_train(case, datadir, steps, G, T, micro=0, optimizer="adamw", seed=5,
     if os.path.exists(opath):
         ostate = load_safetensors(opath)
         for name, p in params.items():
+            wz = whole_zero_grad(fam, name, cfg, tuple(p.shape))
             for key, val in opt.state[p].items():
                 if not torch.is_tensor(val) or val.dim() == 0:
                     continue
@@ -303,18 +429,33 @@ def check_train(case, datadir, steps, G, T, micro=0, optimizer="adamw", seed=5,
                 if tname not in ostate:
                     continue
                 n_state += 1
+                if wz is not None:
+                    # moments of rounding noise: zero next to the query bias's on both sides
+                    qval = opt.state[params[wz[0]]][key].detach().numpy()[wz[1]]
+                    q_norm = float(np.linalg.norm(qval.astype(np.float64)))
+                    for side, arr in (("trellis", ostate[tname]), ("torch", val.numpy())):
+                        r = float(np.linalg.norm(arr.astype(np.float64))) / max(q_norm, 1e-30)
+                        if not r <= TOL:
+                            fail(f"{case}: after step {steps}: {side} {tname} has norm {r:.3g} "
+                                 f"of {key}.{wz[0]}'s, but its gradient is exactly zero")
+                            ok = False
+                    continue
                 e = rel(ostate[tname], val.detach().numpy())
                 if e > worst_o:
                     worst_o, worst_on = e, tname
                 if not e <= TOL:
                     fail(f"{case}: after step {steps}: optimizer state {tname} rel err {e:.3g}")
                     ok = False
+    if n_state == 0:
+        fail(f"{case}: no optimizer state compared ({opath})")
+        ok = False
 
     desc = f"{optimizer}, {steps} steps of {G}x{T}" + (f" (micro-batch {micro})" if micro else "")
     print(f"{'PASS' if ok else 'FAIL'} {case}: {desc}, clip triggered {t_clipped}/{steps}: "
-          f"worst loss rel err {worst_loss:.2e}, grad_norm {worst_norm:.2e}; worst final "
-          f"parameter rel err {worst_p:.2e} ({worst_pn}), key-bias drift/query-bias drift "
-          f"{worst_k:.1e}; {n_state} optimizer tensors, worst "
+          f"worst loss rel err {worst_loss:.2e}, grad_norm {worst_norm:.2e}; {n_p} final "
+          f"parameters, worst rel err {worst_p:.2e} ({worst_pn}), "
+          f"{'no key bias' if worst_k is None else f'key-bias drift/query-bias drift {worst_k:.1e}'}"
+          f"; {n_state} optimizer tensors, worst "
           f"{worst_o:.2e} ({worst_on})", flush=True)
 
 
@@ -341,12 +482,18 @@ def main():
          "--tokenizer-dir", os.path.join(src, "tests", "data", "gpt2")])
 
     cases = [
-        ("a", lambda: check_grad("a (byte grad)", byte_dir)),
-        ("b", lambda: check_grad("b (gpt2 bpe grad)", bpe_dir)),
-        ("c", lambda: check_train("c (adamw)", byte_dir, 10, 4, 32)),
-        ("d", lambda: check_train("d (adamw, accumulation)", byte_dir, 10, 4, 32, micro=2)),
-        ("e", lambda: check_train("e (sgd momentum)", byte_dir, 10, 8, 64, optimizer="sgd",
-                                  lr=0.05, min_lr=0.005, warmup=0, clip=1.5)),
+        ("a", lambda: check_grad("a (byte grad)", GPT2, byte_dir)),
+        ("b", lambda: check_grad("b (gpt2 bpe grad)", GPT2, bpe_dir)),
+        ("c", lambda: check_train("c (adamw)", GPT2, byte_dir, 10, 4, 32)),
+        ("d", lambda: check_train("d (adamw, accumulation)", GPT2, byte_dir, 10, 4, 32,
+                                  micro=2)),
+        ("e", lambda: check_train("e (sgd momentum)", GPT2, byte_dir, 10, 8, 64,
+                                  optimizer="sgd", lr=0.05, min_lr=0.005, warmup=0, clip=1.5)),
+        ("f", lambda: (check_rope("f (llama rope)", byte_dir),
+                       check_grad("f (llama gqa byte grad)", LLAMA, byte_dir))),
+        ("g", lambda: check_train("g (llama adamw)", LLAMA, byte_dir, 10, 4, 32)),
+        ("h", lambda: check_grad("h (encoder byte grad)", ENCODER, byte_dir)),
+        ("i", lambda: check_train("i (encoder adamw)", ENCODER, byte_dir, 10, 4, 32)),
     ]
     only = set(sys.argv[1:])
     for key, fn in cases:

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <complex>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -24,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "trellis/core/error.h"
 #include "trellis/kernels/ops.h"
 
 namespace {
@@ -43,7 +45,7 @@ constexpr double kFwdTol = 1e-5;
 // ~h^2 |f'''| / 6 and roundoff ~1e-16 |L| / h, both ~1e-10. So the float analytic gradient sets
 // the error: the same K * u argument as for the forward (backward sums have at most ~130 terms;
 // the LayerNorm/softmax backward subtractions are of O(1) terms, no catastrophic cancellation
-// at these inputs). Measured: <= 2.7e-7 across all ops, so 1e-5 (~40x head-room) is justified;
+// at these inputs). Measured: <= 4.1e-7 across all ops, so 1e-5 (~25x head-room) is justified;
 // the common 1e-4 would be looser than float needs here.
 constexpr double kGradTol = 1e-5;
 constexpr double kFdStep = 1e-5;
@@ -222,6 +224,93 @@ DVec cross_entropy_ref(const DVec& logits, const std::vector<int32_t>& targets, 
     losses[i] = mx + std::log(sum) - row[targets[i]];
   }
   return losses;
+}
+
+DVec rmsnorm_ref(const DVec& x, const DVec& w, int64_t rows, int64_t C, double eps,
+                 DVec* rstd = nullptr) {
+  DVec out(sz(rows * C));
+  for (int64_t i = 0; i < rows; ++i) {
+    double ms = 0.0;
+    for (int64_t c = 0; c < C; ++c) ms += x[i * C + c] * x[i * C + c];
+    const double s = 1.0 / std::sqrt(ms / double(C) + eps);
+    for (int64_t c = 0; c < C; ++c) out[i * C + c] = x[i * C + c] * s * w[c];
+    if (rstd) (*rstd)[i] = s;
+  }
+  return out;
+}
+
+// RoPE written as complex multiplication: the pair (x[i], x[i + hd/2]) is x[i] + i x[i + hd/2],
+// turned by e^{i pos / theta^(2i/hd)}. Columns past the heads pass through.
+DVec rope_ref(const DVec& x, int64_t ld, int64_t rows, int64_t row0, int64_t T, int64_t n_heads,
+              int64_t hd, double theta) {
+  DVec y = x;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t h = 0; h < n_heads; ++h)
+      for (int64_t i = 0; i < hd / 2; ++i) {
+        const size_t a = sz(r * ld + h * hd + i), b = a + sz(hd / 2);
+        const double angle = double((row0 + r) % T) / std::pow(theta, double(2 * i) / double(hd));
+        const std::complex<double> z = std::complex<double>(x[a], x[b]) * std::polar(1.0, angle);
+        y[a] = z.real();
+        y[b] = z.imag();
+      }
+  return y;
+}
+
+DVec swiglu_ref(const DVec& gu, int64_t rows, int64_t F) {
+  DVec out(sz(rows * F));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < F; ++j) {
+      const double g = gu[r * 2 * F + j], u = gu[r * 2 * F + F + j];
+      out[r * F + j] = g / (1.0 + std::exp(-g)) * u;
+    }
+  return out;
+}
+
+// Where q, k and v sit in one input buffer X: q row t (of B*Tq) at X[qoff + t*ldq], k and v row t
+// (of B*Tk) at X[koff + t*ldkv] and X[voff + t*ldkv]. Separate buffers and slices of one fused
+// q|k|v buffer are both a layout, so one reference and one gradient check serve both.
+struct AttnLayout {
+  int64_t qoff, koff, voff, ldq, ldkv;
+};
+
+// Grouped-query attention straight from the definition: per query, scores over the visible keys,
+// softmax, weighted sum of values. Invisible keys get probability 0.
+DVec gqa_attention_ref(const DVec& X, const AttnLayout& l, const ops::AttentionShape& s,
+                       DVec* probs = nullptr) {
+  const int64_t hd = s.hd, C = s.H * hd;
+  DVec out(sz(s.B * s.Tq * C), 0.0);
+  if (probs) probs->assign(sz(s.B * s.H * s.Tq * s.Tk), 0.0);
+  DVec p(sz(s.Tk));
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t h = 0; h < s.H; ++h) {
+      const int64_t g = h / (s.H / s.Hkv);  // repeat_kv: query heads [g*rep, (g+1)*rep) share g
+      for (int64_t i = 0; i < s.Tq; ++i) {
+        auto visible = [&](int64_t j) {
+          return (!s.causal || j <= i) && (!s.key_len || j < s.key_len[b]);
+        };
+        const double* q = &X[sz(l.qoff + (b * s.Tq + i) * l.ldq + h * hd)];
+        double mx = -INFINITY;
+        for (int64_t j = 0; j < s.Tk; ++j) {
+          if (!visible(j)) continue;
+          const double* k = &X[sz(l.koff + (b * s.Tk + j) * l.ldkv + g * hd)];
+          double dotqk = 0.0;
+          for (int64_t d = 0; d < hd; ++d) dotqk += q[d] * k[d];
+          p[j] = dotqk / std::sqrt(double(hd));
+          mx = std::max(mx, p[j]);
+        }
+        double sum = 0.0;
+        for (int64_t j = 0; j < s.Tk; ++j)
+          if (visible(j)) sum += (p[j] = std::exp(p[j] - mx));
+        for (int64_t j = 0; j < s.Tk; ++j) {
+          if (!visible(j)) continue;
+          const double pj = p[j] / sum;
+          if (probs) (*probs)[sz(((b * s.H + h) * s.Tq + i) * s.Tk + j)] = pj;
+          const double* v = &X[sz(l.voff + (b * s.Tk + j) * l.ldkv + g * hd)];
+          for (int64_t d = 0; d < hd; ++d) out[sz((b * s.Tq + i) * C + h * hd + d)] += pj * v[d];
+        }
+      }
+    }
+  return out;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -429,6 +518,83 @@ TEST(KernelsLayerNorm, NormalisesRows) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// rmsnorm
+
+void check_rmsnorm(int64_t rows, int64_t C, uint32_t seed) {
+  SCOPED_TRACE("rmsnorm rows=" + std::to_string(rows) + " C=" + std::to_string(C));
+  std::mt19937 rng(seed);
+  Vec inp = randn(rng, sz(rows * C), 2.0f);
+  // Row 0: tiny values (mean square ~4e-6 < eps), so eps visibly matters. Other rows: offsets,
+  // which RMSNorm (unlike LayerNorm) keeps.
+  for (int64_t c = 0; c < C; ++c) inp[c] *= 1e-3f;
+  for (int64_t i = 1; i < rows; ++i)
+    for (int64_t c = 0; c < C; ++c) inp[i * C + c] += float(i) - 1.5f;
+  Vec weight = randn(rng, sz(C), 0.5f);
+  for (auto& w : weight) w += 1.0f;
+  const Vec R = randn(rng, sz(rows * C));
+  const float eps = 1e-5f;
+  const DVec dx = to_d(inp), dw = to_d(weight), dR = to_d(R);
+
+  Vec out(sz(rows * C), std::numeric_limits<float>::quiet_NaN()), rstd(sz(rows));
+  ops::rmsnorm_forward(out.data(), rstd.data(), inp.data(), weight.data(), rows, C, eps);
+  DVec rrstd(sz(rows));
+  EXPECT_LE(rel_err(out, rmsnorm_ref(dx, dw, rows, C, eps, &rrstd)), kFwdTol);
+  EXPECT_LE(rel_err(rstd, rrstd), kFwdTol);
+
+  const Vec pre_x = randn(rng, inp.size()), pre_w = randn(rng, weight.size());
+  Vec dinp = pre_x, dweight = pre_w;
+  ops::rmsnorm_backward(dinp.data(), dweight.data(), R.data(), inp.data(), weight.data(),
+                        rstd.data(), rows, C);
+  expect_grad("dinp", inp, dinp, pre_x,
+              [&](const DVec& v) { return dot(rmsnorm_ref(v, dw, rows, C, eps), dR); });
+  expect_grad("dweight", weight, dweight, pre_w,
+              [&](const DVec& v) { return dot(rmsnorm_ref(dx, v, rows, C, eps), dR); });
+}
+
+TEST(KernelsRmsNorm, ForwardAndGradients) {
+  check_rmsnorm(kB * kT, kC, 24);
+  check_rmsnorm(3, 130, 25);  // C > 64: dweight is split in column chunks
+}
+
+// ---------------------------------------------------------------------------------------------
+// rope
+
+// rows rows of stride ld (wider than the heads: the extra columns must pass through untouched),
+// starting at row0 of a [B*T] batch.
+void check_rope(int64_t rows, int64_t row0, int64_t T, int64_t n_heads, int64_t hd, float theta,
+                uint32_t seed) {
+  SCOPED_TRACE("rope rows=" + std::to_string(rows) + " row0=" + std::to_string(row0) +
+               " T=" + std::to_string(T) + " hd=" + std::to_string(hd));
+  std::mt19937 rng(seed);
+  const int64_t ld = n_heads * hd + 3;
+  const Vec x = randn(rng, sz(rows * ld)), R = randn(rng, sz(rows * ld));
+  const DVec dR = to_d(R);
+  Vec y = x;
+  ops::rope_forward(y.data(), ld, rows, row0, T, n_heads, hd, theta);
+  EXPECT_LE(rel_err(y, rope_ref(to_d(x), ld, rows, row0, T, n_heads, hd, theta)), kFwdTol);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = n_heads * hd; c < ld; ++c) EXPECT_EQ(y[sz(r * ld + c)], x[sz(r * ld + c)]);
+
+  // rope_backward maps dout to dinp in place (no accumulation: there is nothing to add to).
+  Vec dx = R;
+  ops::rope_backward(dx.data(), ld, rows, row0, T, n_heads, hd, theta);
+  expect_grad("dx", x, dx, Vec(x.size(), 0.0f), [&](const DVec& v) {
+    return dot(rope_ref(v, ld, rows, row0, T, n_heads, hd, theta), dR);
+  });
+}
+
+TEST(KernelsRope, ForwardMatchesClosedFormAndGradient) {
+  check_rope(kB * kT, 0, kT, 2, 8, 10000.0f, 26);
+  check_rope(7, 3, 4, 3, 6, 10000.0f, 27);          // row0 != 0, T < rows: positions wrap
+  check_rope(5, 1000, 1024, 1, 16, 500000.0f, 28);  // large angles: computed in double
+}
+
+TEST(KernelsRope, OddHeadWidthIsAnError) {
+  Vec x(12, 1.0f);
+  EXPECT_THROW(ops::rope_forward(x.data(), 6, 2, 0, 2, 2, 3, 10000.0f), trellis::Error);
+}
+
+// ---------------------------------------------------------------------------------------------
 // gelu
 
 TEST(KernelsGelu, ForwardAndGradient) {
@@ -449,6 +615,28 @@ TEST(KernelsGelu, ForwardAndGradient) {
   Vec dinp = pre;
   ops::gelu_backward(dinp.data(), x.data(), R.data(), n);
   expect_grad("dinp", x, dinp, pre, [&](const DVec& v) { return dot(gelu_ref(v), dR); });
+}
+
+// ---------------------------------------------------------------------------------------------
+// swiglu
+
+TEST(KernelsSwiGlu, ForwardAndGradient) {
+  std::mt19937 rng(32);
+  const int64_t rows = 3, F = 11;  // odd: SIMD tails
+  Vec gu = randn(rng, sz(rows * 2 * F), 2.0f);
+  gu[0] = 0.0f, gu[1] = -30.0f, gu[2] = 30.0f, gu[3] = -800.0f;  // exp(800) overflows: silu = 0
+  const Vec R = randn(rng, sz(rows * F));
+  const DVec dgu_ = to_d(gu), dR = to_d(R);
+  Vec out(sz(rows * F), std::numeric_limits<float>::quiet_NaN());
+  ops::swiglu_forward(out.data(), gu.data(), rows, F);
+  EXPECT_LE(rel_err(out, swiglu_ref(dgu_, rows, F)), kFwdTol);
+  EXPECT_EQ(out[0], 0.0f);
+  EXPECT_EQ(out[3], 0.0f);
+
+  const Vec pre = randn(rng, gu.size());
+  Vec dgu = pre;
+  ops::swiglu_backward(dgu.data(), gu.data(), R.data(), rows, F);
+  expect_grad("dgu", gu, dgu, pre, [&](const DVec& v) { return dot(swiglu_ref(v, rows, F), dR); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -532,6 +720,181 @@ TEST(KernelsAttention, BackwardSendsNoGradientToFutureTokens) {
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = t0 + 1; t < T; ++t)
       for (int64_t c = 0; c < C3; ++c) EXPECT_EQ(dqkv[(b * T + t) * C3 + c], 0.0f);
+}
+
+// General attention (GQA, masks, strides). Inputs live in one buffer X laid out by an AttnLayout;
+// its gradient buffer is pre-filled, so the check also covers accumulation and, through the
+// numeric gradient of 0 there, that padding columns and masked keys receive nothing.
+
+// q, k, v in three separate blocks of X, rows of stride ldq / ldkv (>= the head widths).
+AttnLayout separate_layout(const ops::AttentionShape& s, int64_t q_pad = 0, int64_t kv_pad = 0) {
+  const int64_t ldq = s.H * s.hd + q_pad, ldkv = s.Hkv * s.hd + kv_pad;
+  const int64_t koff = s.B * s.Tq * ldq;
+  return {0, koff, koff + s.B * s.Tk * ldkv, ldq, ldkv};
+}
+// Column slices q | k | v | pad of one fused buffer (self-attention: Tq == Tk).
+AttnLayout fused_layout(const ops::AttentionShape& s, int64_t pad) {
+  const int64_t ld = (s.H + 2 * s.Hkv) * s.hd + pad;
+  return {0, s.H * s.hd, (s.H + s.Hkv) * s.hd, ld, ld};
+}
+int64_t layout_size(const AttnLayout& l, const ops::AttentionShape& s) {
+  return std::max(
+      {l.qoff + s.B * s.Tq * l.ldq, l.koff + s.B * s.Tk * l.ldkv, l.voff + s.B * s.Tk * l.ldkv});
+}
+
+void attention_fwd(Vec& out, Vec& probs, const Vec& X, const AttnLayout& l,
+                   const ops::AttentionShape& s) {
+  ops::attention_forward(out.data(), probs.data(), X.data() + l.qoff, l.ldq, X.data() + l.koff,
+                         X.data() + l.voff, l.ldkv, s);
+}
+void attention_bwd(Vec& dX, const Vec& dout, const Vec& X, const Vec& probs, const AttnLayout& l,
+                   const ops::AttentionShape& s) {
+  ops::attention_backward(dX.data() + l.qoff, dX.data() + l.koff, dX.data() + l.voff, dout.data(),
+                          X.data() + l.qoff, l.ldq, X.data() + l.koff, X.data() + l.voff, l.ldkv,
+                          probs.data(), s);
+}
+
+void check_attention(const std::string& what, const ops::AttentionShape& s, const AttnLayout& l,
+                     uint32_t seed) {
+  SCOPED_TRACE(what);
+  std::mt19937 rng(seed);
+  const Vec X = randn(rng, sz(layout_size(l, s)));
+  const Vec R = randn(rng, sz(s.B * s.Tq * s.H * s.hd));
+  const DVec dX_ = to_d(X), dR = to_d(R);
+
+  // NaN-filled: the forward must write every output and every probability (masked ones as 0).
+  Vec out(R.size(), std::numeric_limits<float>::quiet_NaN());
+  Vec probs(sz(s.B * s.H * s.Tq * s.Tk), std::numeric_limits<float>::quiet_NaN());
+  attention_fwd(out, probs, X, l, s);
+  DVec rprobs;
+  EXPECT_LE(rel_err(out, gqa_attention_ref(dX_, l, s, &rprobs)), kFwdTol);
+  EXPECT_LE(rel_err(probs, rprobs), kFwdTol);
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t h = 0; h < s.H; ++h)
+      for (int64_t i = 0; i < s.Tq; ++i) {
+        double sum = 0.0;
+        for (int64_t j = 0; j < s.Tk; ++j) {
+          const float p = probs[sz(((b * s.H + h) * s.Tq + i) * s.Tk + j)];
+          if ((s.causal && j > i) || (s.key_len && j >= s.key_len[b])) {
+            EXPECT_EQ(p, 0.0f) << "masked b=" << b << " h=" << h << " i=" << i << " j=" << j;
+          }
+          sum += p;
+        }
+        EXPECT_NEAR(sum, 1.0, 1e-6);
+      }
+
+  const Vec pre = randn(rng, X.size());
+  Vec dX = pre;
+  attention_bwd(dX, R, X, probs, l, s);
+  expect_grad("dq|dk|dv", X, dX, pre,
+              [&](const DVec& v) { return dot(gqa_attention_ref(v, l, s), dR); });
+  // Exactly nothing into masked keys' k and v.
+  for (int64_t b = 0; s.key_len && b < s.B; ++b)
+    for (int64_t j = s.key_len[b]; j < s.Tk; ++j)
+      for (int64_t c = 0; c < s.Hkv * s.hd; ++c)
+        for (int64_t off : {l.koff, l.voff}) {
+          const size_t at = sz(off + (b * s.Tk + j) * l.ldkv + c);
+          EXPECT_EQ(dX[at], pre[at]) << "masked key b=" << b << " j=" << j;
+        }
+}
+
+TEST(KernelsAttention, GeneralCausalMhaEqualsFusedWrapper) {
+  // The fused-qkv wrapper against the general function on separate contiguous q, k, v buffers.
+  const int64_t B = kB, T = kT, C = kC, H = kH, C3 = 3 * C;
+  std::mt19937 rng(44);
+  const Vec qkv = randn(rng, sz(B * T * C3)), dout = randn(rng, sz(B * T * C));
+  Vec q(sz(B * T * C)), k(q.size()), v(q.size());
+  for (int64_t t = 0; t < B * T; ++t)
+    for (int64_t c = 0; c < C; ++c) {
+      q[sz(t * C + c)] = qkv[sz(t * C3 + c)];
+      k[sz(t * C + c)] = qkv[sz(t * C3 + C + c)];
+      v[sz(t * C + c)] = qkv[sz(t * C3 + 2 * C + c)];
+    }
+  const ops::AttentionShape s{B, T, T, H, H, C / H, true};
+  Vec out0(sz(B * T * C)), probs0(sz(B * H * T * T)), out1(out0.size()), probs1(probs0.size());
+  ops::attention_forward(out0.data(), probs0.data(), qkv.data(), B, T, C, H);
+  ops::attention_forward(out1.data(), probs1.data(), q.data(), C, k.data(), v.data(), C, s);
+  EXPECT_EQ(out0, out1);
+  EXPECT_EQ(probs0, probs1);
+  Vec dqkv(qkv.size(), 0.0f), dq(q.size(), 0.0f), dk(q.size(), 0.0f), dv(q.size(), 0.0f);
+  ops::attention_backward(dqkv.data(), dout.data(), qkv.data(), probs0.data(), B, T, C, H);
+  ops::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), C, k.data(),
+                          v.data(), C, probs1.data(), s);
+  for (int64_t t = 0; t < B * T; ++t)
+    for (int64_t c = 0; c < C; ++c) {
+      EXPECT_EQ(dq[sz(t * C + c)], dqkv[sz(t * C3 + c)]);
+      EXPECT_EQ(dk[sz(t * C + c)], dqkv[sz(t * C3 + C + c)]);
+      EXPECT_EQ(dv[sz(t * C + c)], dqkv[sz(t * C3 + 2 * C + c)]);
+    }
+}
+
+TEST(KernelsAttention, GroupedQueryCausal) {
+  const ops::AttentionShape s{kB, kT, kT, 4, 2, 4, true};
+  check_attention("gqa causal", s, separate_layout(s), 45);
+  const ops::AttentionShape mqa{kB, 9, 9, 4, 1, 4, true};  // one kv head for all query heads
+  check_attention("mqa causal", mqa, separate_layout(mqa), 46);
+}
+
+TEST(KernelsAttention, Bidirectional) {
+  const ops::AttentionShape s{kB, 6, 6, 2, 2, 4, false};
+  check_attention("mha bidirectional", s, separate_layout(s), 47);
+  const ops::AttentionShape g{kB, 6, 6, 4, 2, 4, false};
+  check_attention("gqa bidirectional", g, separate_layout(g), 48);
+}
+
+TEST(KernelsAttention, CrossAttention) {
+  const ops::AttentionShape s{kB, 4, 7, 4, 2, 4, false};  // Tq != Tk
+  check_attention("cross", s, separate_layout(s), 49);
+}
+
+TEST(KernelsAttention, KeyLengthMasksPadding) {
+  const int32_t key_len[kB] = {3, 7};  // batch row 0 has 4 padding keys, row 1 none
+  const ops::AttentionShape cross{kB, 4, 7, 4, 2, 4, false, key_len};
+  check_attention("cross, key_len", cross, separate_layout(cross), 50);
+  const int32_t self_len[kB] = {4, 1};  // causal and padding together; row 1 sees key 0 only
+  const ops::AttentionShape causal{kB, 6, 6, 2, 1, 4, true, self_len};
+  check_attention("causal, key_len", causal, separate_layout(causal), 51);
+}
+
+TEST(KernelsAttention, StridedColumnSlices) {
+  const ops::AttentionShape s{kB, kT, kT, 4, 2, 4, true};
+  check_attention("fused q|k|v|pad", s, fused_layout(s, 3), 52);
+  const ops::AttentionShape x{kB, 4, 6, 2, 1, 4, false};
+  check_attention("separate, padded rows", x, separate_layout(x, 5, 2), 53);
+}
+
+TEST(KernelsAttention, GroupedBackwardIndependentOfThreadCount) {
+  // dk and dv of a kv head sum over its query heads; the order must not depend on threads.
+  const ops::AttentionShape s{3, 7, 7, 6, 2, 4, true};
+  const AttnLayout l = fused_layout(s, 1);
+  std::mt19937 rng(54);
+  const Vec X = randn(rng, sz(layout_size(l, s))), dout = randn(rng, sz(s.B * s.Tq * s.H * s.hd));
+  Vec out(dout.size()), probs(sz(s.B * s.H * s.Tq * s.Tk));
+  attention_fwd(out, probs, X, l, s);
+  const int saved = omp_get_max_threads();
+  std::vector<Vec> grads;
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    Vec dX(X.size(), 0.5f);
+    attention_bwd(dX, dout, X, probs, l, s);
+    grads.push_back(dX);
+  }
+  omp_set_num_threads(saved);
+  EXPECT_EQ(grads[0], grads[1]);
+  EXPECT_EQ(grads[0], grads[2]);
+}
+
+TEST(KernelsAttention, BadShapesAreErrors) {
+  Vec buf(1024, 0.0f);
+  float* p = buf.data();
+  const int32_t zero_len[2] = {2, 0};
+  for (const ops::AttentionShape& s :
+       {ops::AttentionShape{2, 3, 4, 2, 2, 4, true},   // causal with Tq != Tk
+        ops::AttentionShape{2, 3, 3, 3, 2, 4, false},  // H not a multiple of Hkv
+        ops::AttentionShape{2, 3, 3, 2, 2, 4, false, zero_len}}) {
+    EXPECT_THROW(ops::attention_forward(p, p, p, 8, p, p, 8, s), trellis::Error);
+    EXPECT_THROW(ops::attention_backward(p, p, p, p, p, 8, p, p, 8, p, s), trellis::Error);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

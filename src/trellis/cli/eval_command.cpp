@@ -10,7 +10,7 @@
 #include "trellis/data/shard.h"
 #include "trellis/io/checkpoint.h"
 #include "trellis/io/safetensors.h"
-#include "trellis/model/gpt.h"
+#include "trellis/model/transformer.h"
 
 namespace trellis {
 
@@ -42,7 +42,7 @@ double windows_loss(const EvalArgs& a, int64_t rows, bool with_grad, CheckpointD
   const std::vector<uint16_t> tokens = read_shard(a.data);
   const ParamLayout layout(ck.model);
   TensorParallel single(nullptr, false);
-  GPT model(ck.model, layout, ck.params.data(), grads ? grads->data() : nullptr, single);
+  Transformer model(layout, ck.params.data(), grads ? grads->data() : nullptr, single);
   Context ctx;
   model.prepare(ctx, a.batch_size, a.seq_len);
   double sum = 0.0;

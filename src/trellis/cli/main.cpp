@@ -1,4 +1,4 @@
-// trellis: train GPT models in C++ on one process or many (mpirun/srun).
+// trellis: train Transformers in C++ on one process or many (mpirun/srun).
 #include <cstdio>
 #include <exception>
 
@@ -15,7 +15,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "trellis: error: %s\n", e.what());
     return 1;
   }
-  CLI::App app{"trellis: GPT training in C++ with data, tensor and pipeline parallelism"};
+  CLI::App app{"trellis: Transformer training in C++ with data, tensor and pipeline parallelism"};
   app.require_subcommand(1);
   const std::vector<Command> commands = {add_train_command(app),  add_eval_command(app),
                                          add_sample_command(app), add_prepare_command(app),

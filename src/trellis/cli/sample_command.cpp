@@ -12,7 +12,7 @@
 #include "trellis/core/philox.h"
 #include "trellis/data/tokenizer.h"
 #include "trellis/io/checkpoint.h"
-#include "trellis/model/gpt.h"
+#include "trellis/model/transformer.h"
 
 namespace trellis {
 
@@ -72,7 +72,7 @@ Command add_sample_command(CLI::App& app) {
             TRELLIS_REQUIRE(!ids.empty(), "--prompt must not be empty");
             const ParamLayout layout(ck.model);
             TensorParallel single(nullptr, false);
-            GPT model(ck.model, layout, ck.params.data(), nullptr, single);
+            Transformer model(layout, ck.params.data(), nullptr, single);
             Context ctx;
             std::fputs(a->prompt.c_str(), stdout);
             for (int64_t i = 0; i < a->tokens; ++i) {

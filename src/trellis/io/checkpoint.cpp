@@ -8,6 +8,7 @@
 #include "trellis/core/error.h"
 #include "trellis/io/atomic_file.h"
 #include "trellis/io/safetensors.h"
+#include "trellis/model/family.h"
 
 namespace fs = std::filesystem;
 
@@ -48,28 +49,16 @@ void read_tensors(const SafetensorsFile& f, const std::string& path, const Param
   }
 }
 
+// Hugging Face config.json of the model's family, plus a "trellis" section with what HF's config
+// does not say (tokenizer, vocabulary padding, the family's block choices).
 nlohmann::json hf_config(const ModelConfig& m, const TokenizerInfo& tok) {
-  nlohmann::json j;
-  j["model_type"] = "gpt2";
-  j["architectures"] = {"GPT2LMHeadModel"};
-  j["vocab_size"] = m.vocab_size;
-  j["n_positions"] = m.block_size;
-  j["n_ctx"] = m.block_size;
-  j["n_embd"] = m.n_embd;
-  j["n_layer"] = m.n_layer;
-  j["n_head"] = m.n_head;
-  j["n_inner"] = nullptr;
-  j["layer_norm_epsilon"] = 1e-5;
-  j["activation_function"] = "gelu_new";
-  j["resid_pdrop"] = 0.0;
-  j["embd_pdrop"] = 0.0;
-  j["attn_pdrop"] = 0.0;
-  j["initializer_range"] = 0.02;
-  j["tie_word_embeddings"] = true;
+  nlohmann::json j = family_of(m.arch).to_hf_config(m);
   if (tok.kind == "gpt2") j["bos_token_id"] = j["eos_token_id"] = 50256;
   j["torch_dtype"] = "float32";
-  j["trellis"] = {
-      {"tokenizer", tok.kind}, {"tokenizer_dir", tok.dir}, {"vocab_multiple", m.vocab_multiple}};
+  j["trellis"] = {{"arch", m.arch},
+                  {"tokenizer", tok.kind},
+                  {"tokenizer_dir", tok.dir},
+                  {"vocab_multiple", m.vocab_multiple}};
   return j;
 }
 
@@ -140,18 +129,17 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
   CheckpointData ck;
   const std::string cfg_path = (fs::path(dir) / "config.json").string();
   const nlohmann::json cfg = read_json(cfg_path);
-  ck.model.n_layer = json_get<int>(cfg, "n_layer", cfg_path);
-  ck.model.n_head = json_get<int>(cfg, "n_head", cfg_path);
-  ck.model.n_embd = json_get<int>(cfg, "n_embd", cfg_path);
-  ck.model.block_size = json_get<int>(cfg, "n_positions", cfg_path);
-  ck.model.vocab_size = json_get<int>(cfg, "vocab_size", cfg_path);
+  const Family& fam = family_of_hf_config(cfg, cfg_path);
+  ck.model.arch = fam.arch;
+  fam.configure(ck.model);
+  fam.from_hf_config(HfConfigReader(cfg, cfg_path), ck.model);
   if (cfg.contains("trellis")) {
     const auto& t = cfg["trellis"];
     ck.tokenizer.kind = json_get<std::string>(t, "tokenizer", cfg_path);
     ck.tokenizer.dir = json_get<std::string>(t, "tokenizer_dir", cfg_path);
     ck.model.vocab_multiple = json_get<int>(t, "vocab_multiple", cfg_path);
   } else {
-    // A plain Hugging Face GPT-2 checkpoint.
+    // A plain Hugging Face checkpoint.
     ck.tokenizer.kind = ck.model.vocab_size == 50257 ? "gpt2" : "byte";
   }
   try {

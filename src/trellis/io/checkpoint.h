@@ -1,6 +1,6 @@
 #pragma once
-// Checkpoints: OUT/step_NNNNNNNN/ with model.safetensors (Hugging Face GPT-2 names and layouts),
-// config.json (HF GPT2Config plus a "trellis" section), optimizer.safetensors (moments per
+// Checkpoints: OUT/step_NNNNNNNN/ with model.safetensors (the family's Hugging Face names and
+// layouts), config.json (its HF config plus a "trellis" section), optimizer.safetensors (moments per
 // parameter, same names) and state.json (step, data position, RNG, training config). The
 // directory is written under a temporary name and renamed into place.
 #include <cstdint>

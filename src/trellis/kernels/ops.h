@@ -14,8 +14,10 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
 
 // out[rows,C] += bias[C] (+ residual[rows,C] when not null).
 void add_bias(float* out, const float* bias, const float* residual, int64_t rows, int64_t C);
-// dbias[C] += column sums of dout[rows,C].
-void bias_backward(float* dbias, const float* dout, int64_t rows, int64_t C);
+// dbias[C] += column sums of dout[rows,C] (rows of stride ld; 0 = C).
+void bias_backward(float* dbias, const float* dout, int64_t rows, int64_t C, int64_t ld = 0);
+// out[i, 0:C) = values[0:C) for rows i of stride ld (a bias before a GEMM with beta = 1).
+void fill_rows(float* out, int64_t ld, const float* values, int64_t rows, int64_t C);
 
 // out[BT,OC] = inp[BT,IC] @ w[IC,OC] + bias[OC] (HF Conv1D layout; bias may be null).
 void linear_forward(float* out, const float* inp, const float* w, const float* bias, int64_t BT,
@@ -30,11 +32,52 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int64_t BT, int64_t C);
 
+// RMSNorm (LLaMA): out = inp * rstd * weight, rstd = 1/sqrt(mean(inp^2) + eps) per row; saves
+// rstd [rows].
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t rows,
+                     int64_t C, float eps);
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                      const float* weight, const float* rstd, int64_t rows, int64_t C);
+
+// Rotary position embedding, Hugging Face LLaMA convention (rotate_half): within each head of
+// width hd the pairs (i, i + hd/2), i < hd/2, are rotated by angle pos * theta^(-2i/hd):
+//   y[i] = x[i] cos - x[i+hd/2] sin,  y[i+hd/2] = x[i+hd/2] cos + x[i] sin.
+// x holds `rows` rows of stride ld; the first n_heads*hd columns of each row are rotated in place.
+// Row r is row (row0 + r) of a [B*T] batch, so its position is (row0 + r) % T.
+void rope_forward(float* x, int64_t ld, int64_t rows, int64_t row0, int64_t T, int64_t n_heads,
+                  int64_t hd, float theta);
+// In place: the gradient w.r.t. the un-rotated input (rotation by -angle).
+void rope_backward(float* dx, int64_t ld, int64_t rows, int64_t row0, int64_t T, int64_t n_heads,
+                   int64_t hd, float theta);
+
 // GELU, tanh approximation (GPT-2's "gelu_new").
 void gelu_forward(float* out, const float* inp, int64_t n);
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n);
 
-// Causal multi-head attention. qkv[B,T,3C] holds q|k|v; out[B,T,C]; probs[B,H,T,T] is saved.
+// SwiGLU: out[r, j] = silu(gu[r, j]) * gu[r, F + j]; each row of gu is gate | up (width 2F).
+void swiglu_forward(float* out, const float* gu, int64_t rows, int64_t F);
+void swiglu_backward(float* dgu, const float* gu, const float* dout, int64_t rows, int64_t F);
+
+// Multi-head attention with grouped-query heads. q: [B, Tq] rows of stride ldq holding H heads of
+// hd; k, v: [B, Tk] rows of stride ldkv holding Hkv heads of hd each (they may be column slices of
+// one fused q|k|v buffer). Query head h uses kv head h / (H / Hkv) (Hugging Face repeat_kv).
+// causal: query i sees keys j <= i (needs Tq == Tk). key_len: null, or [B] counts of valid keys
+// (keys j >= key_len[b] are masked out: padding). out: [B, Tq, H*hd] contiguous; probs:
+// [B, H, Tq, Tk] saved for backward.
+struct AttentionShape {
+  int64_t B, Tq, Tk, H, Hkv, hd;
+  bool causal;
+  const int32_t* key_len = nullptr;
+};
+void attention_forward(float* out, float* probs, const float* q, int64_t ldq, const float* k,
+                       const float* v, int64_t ldkv, const AttentionShape& s);
+// dq (stride ldq), dk and dv (stride ldkv) accumulate.
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                        int64_t ldq, const float* k, const float* v, int64_t ldkv,
+                        const float* probs, const AttentionShape& s);
+
+// Causal multi-head attention on a fused qkv[B,T,3C] (q|k|v); out[B,T,C]; probs[B,H,T,T] is
+// saved. GPT-2's case of the general functions above.
 void attention_forward(float* out, float* probs, const float* qkv, int64_t B, int64_t T, int64_t C,
                        int64_t H);
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs,

@@ -1,6 +1,9 @@
 #include "trellis/model/config.h"
 
+#include <fmt/ranges.h>
+
 #include "trellis/core/error.h"
+#include "trellis/model/family.h"
 
 namespace trellis {
 
@@ -9,40 +12,60 @@ void ModelConfig::validate() const {
   TRELLIS_REQUIRE(n_head >= 1 && n_embd >= 1, "model: n_head and n_embd must be >= 1");
   TRELLIS_REQUIRE(n_embd % n_head == 0, "model: n_head={} does not divide n_embd={}", n_head,
                   n_embd);
+  TRELLIS_REQUIRE(n_kv_head >= 0 && n_head % kv_heads() == 0,
+                  "model: n_kv_head={} does not divide n_head={}", kv_heads(), n_head);
+  TRELLIS_REQUIRE(positions != PositionKind::Rope || head_size() % 2 == 0,
+                  "model: rotary positions need an even head size (got {})", head_size());
+  TRELLIS_REQUIRE(ffn_hidden >= 0, "model: ffn_hidden must be >= 0 (got {})", ffn_hidden);
   TRELLIS_REQUIRE(block_size >= 1, "model: block_size must be >= 1 (got {})", block_size);
   TRELLIS_REQUIRE(vocab_size >= 2, "model: vocab_size must be >= 2 (got {})", vocab_size);
   TRELLIS_REQUIRE(vocab_multiple >= 1, "model: vocab_multiple must be >= 1");
 }
 
+namespace {
+struct Preset {
+  const char* name;
+  const char* arch;
+  int n_layer, n_head, n_kv_head, n_embd, ffn_hidden, block_size;
+};
+// ffn_hidden 0 = 4 * n_embd. llama-baby is about the size of baby (9.5M vs 10.7M parameters at
+// the byte vocabulary): grouped-query attention (6 heads over 2) and a SwiGLU MLP of 1024.
+constexpr Preset kPresets[] = {
+    {"tiny", "gpt2", 2, 2, 0, 32, 0, 64},
+    {"baby", "gpt2", 6, 6, 0, 384, 0, 256},
+    {"gpt2", "gpt2", 12, 12, 0, 768, 0, 1024},
+    {"gpt2-medium", "gpt2", 24, 16, 0, 1024, 0, 1024},
+    {"gpt2-large", "gpt2", 36, 20, 0, 1280, 0, 1024},
+    {"gpt2-xl", "gpt2", 48, 25, 0, 1600, 0, 1024},
+    {"llama-tiny", "llama", 2, 4, 2, 32, 64, 64},
+    {"llama-baby", "llama", 6, 6, 2, 384, 1024, 256},
+    {"encoder-tiny", "encoder", 2, 2, 0, 32, 0, 64},
+    {"encoder-baby", "encoder", 6, 6, 0, 384, 0, 256},
+};
+}  // namespace
+
 ModelConfig model_preset(const std::string& name, ModelConfig c) {
-  auto set = [&](int l, int h, int e, int t) {
-    c.n_layer = l;
-    c.n_head = h;
-    c.n_embd = e;
-    c.block_size = t;
-  };
-  if (name == "tiny")
-    set(2, 2, 32, 64);
-  else if (name == "baby")
-    set(6, 6, 384, 256);
-  else if (name == "gpt2")
-    set(12, 12, 768, 1024);
-  else if (name == "gpt2-medium")
-    set(24, 16, 1024, 1024);
-  else if (name == "gpt2-large")
-    set(36, 20, 1280, 1024);
-  else if (name == "gpt2-xl")
-    set(48, 25, 1600, 1024);
-  else
-    TRELLIS_REQUIRE(
-        false,
-        "unknown model preset '{}' (choose tiny, baby, gpt2, gpt2-medium, gpt2-large, gpt2-xl)",
-        name);
+  for (const Preset& p : kPresets) {
+    if (name != p.name) continue;
+    c.arch = p.arch;
+    c.n_layer = p.n_layer;
+    c.n_head = p.n_head;
+    c.n_kv_head = p.n_kv_head;
+    c.n_embd = p.n_embd;
+    c.ffn_hidden = p.ffn_hidden;
+    c.block_size = p.block_size;
+    family_of(c.arch).configure(c);
+    return c;
+  }
+  TRELLIS_REQUIRE(false, "unknown model preset '{}' (choose {})", name,
+                  fmt::join(model_preset_names(), ", "));
   return c;
 }
 
 std::vector<std::string> model_preset_names() {
-  return {"tiny", "baby", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"};
+  std::vector<std::string> names;
+  for (const Preset& p : kPresets) names.push_back(p.name);
+  return names;
 }
 
 }  // namespace trellis

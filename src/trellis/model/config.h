@@ -1,28 +1,49 @@
 #pragma once
-// GPT-2 architecture hyper-parameters and the presets.
+// Transformer hyper-parameters: the sizes, and the block choices a family fixes (norm, positions,
+// MLP, biases, tied head, attention mask). A preset names a family and its sizes.
 #include <cstdint>
 #include <string>
 #include <vector>
 
 namespace trellis {
 
+enum class NormKind : uint8_t { LayerNorm, RMSNorm };
+enum class PositionKind : uint8_t { Learned, Rope };
+enum class MlpKind : uint8_t { Gelu, SwiGLU };
+
 struct ModelConfig {
+  std::string arch = "gpt2";  // the family: gpt2 | llama | encoder (model/families/)
   int n_layer = 2;
   int n_head = 2;
+  int n_kv_head = 0;  // key/value heads (grouped-query attention); 0 = n_head
   int n_embd = 64;
+  int ffn_hidden = 0;       // MLP width; 0 = 4 * n_embd
   int block_size = 64;      // context length (n_positions)
   int vocab_size = 256;     // true vocabulary; comes from the tokenizer/data
-  int vocab_multiple = 64;  // rows of wte padded up to a multiple of this (speed only)
+  int vocab_multiple = 64;  // rows of the embedding padded up to a multiple of this (speed only)
+
+  // Set by the family (Family::configure), not by users.
+  NormKind norm = NormKind::LayerNorm;
+  float norm_eps = 1e-5f;
+  PositionKind positions = PositionKind::Learned;
+  float rope_theta = 10000.0f;
+  MlpKind mlp = MlpKind::Gelu;
+  bool bias = true;       // linear layers have biases
+  bool tied_head = true;  // the output projection is the token embedding
+  bool causal = true;     // decoder (causal) or encoder (bidirectional) self-attention
 
   int padded_vocab() const {
     return (vocab_size + vocab_multiple - 1) / vocab_multiple * vocab_multiple;
   }
   int head_size() const { return n_embd / n_head; }
+  int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  int ffn() const { return ffn_hidden > 0 ? ffn_hidden : 4 * n_embd; }
   // Throws an input error for impossible shapes.
   void validate() const;
 };
 
-// Presets: tiny, baby, gpt2, gpt2-medium, gpt2-large, gpt2-xl. vocab_size is left as is.
+// Presets: tiny, baby, gpt2, gpt2-medium, gpt2-large, gpt2-xl (GPT-2); llama-tiny, llama-baby;
+// encoder-tiny, encoder-baby. vocab_size is left as is.
 ModelConfig model_preset(const std::string& name, ModelConfig base = {});
 std::vector<std::string> model_preset_names();
 

@@ -4,6 +4,7 @@
 
 #include "trellis/core/error.h"
 #include "trellis/core/philox.h"
+#include "trellis/model/family.h"
 
 namespace trellis {
 
@@ -14,27 +15,30 @@ size_t ParamSpec::numel() const {
 }
 
 int64_t ParamSpec::global_index(int64_t i, int tp_rank) const {
-  if (split == TpSplit::None) return i;
-  const int64_t cols = shape.size() == 1 ? shape[0] : shape[1];
-  const int64_t gcols = global_shape.size() == 1 ? global_shape[0] : global_shape[1];
-  const int64_t r = i / cols, c = i % cols;
-  if (split == TpSplit::Rows) return (int64_t(tp_rank) * shape[0] + r) * gcols + c;
-  const int64_t part_local = cols / parts, part_global = gcols / parts;
-  const int64_t p = c / part_local, j = c % part_local;
-  return r * gcols + p * part_global + int64_t(tp_rank) * part_local + j;
+  if (split_dim < 0) return i;
+  // View the tensor as [outer, D, inner] with D the split dimension.
+  int64_t inner = 1;
+  for (size_t d = size_t(split_dim) + 1; d < shape.size(); ++d) inner *= shape[d];
+  const int64_t D = shape[size_t(split_dim)], Dg = global_shape[size_t(split_dim)];
+  const int64_t o = i / (D * inner), d = i / inner % D, in = i % inner;
+  const int64_t part_local = D / parts, part_global = Dg / parts;
+  const int64_t gd = d / part_local * part_global + int64_t(tp_rank) * part_local + d % part_local;
+  return (o * Dg + gd) * inner + in;
 }
 
 void ParamLayout::add(ParamSpec s) {
   s.global_shape = s.shape;
-  if (s.split == TpSplit::Rows) {
-    s.shape[0] /= tp_;
-  } else if (s.split == TpSplit::Columns) {
-    s.shape.back() /= tp_;
+  if (s.split_dim >= 0) {
+    int64_t& d = s.shape[size_t(s.split_dim)];
+    TRELLIS_CHECK(d % (int64_t(tp_) * s.parts) == 0, "{}: dimension {} does not split over tp={}",
+                  s.name, d, tp_);
+    d /= tp_;
   }
   // Keep every tensor 16-float aligned so views are SIMD/cache friendly.
   size_ = (size_ + 15) / 16 * 16;
   s.offset = size_;
   size_ += s.numel();
+  TRELLIS_CHECK(index_.count(s.name) == 0, "parameter '{}' declared twice", s.name);
   index_[s.name] = specs_.size();
   specs_.push_back(std::move(s));
 }
@@ -46,61 +50,24 @@ StageSpec StageSpec::whole(const ModelConfig& cfg) {
 }
 
 ParamLayout::ParamLayout(const ModelConfig& cfg, int tp, int tp_rank, const StageSpec* stage)
-    : tp_(tp), tp_rank_(tp_rank), stage_(stage ? *stage : StageSpec::whole(cfg)) {
+    : cfg_(cfg), tp_(tp), tp_rank_(tp_rank), stage_(stage ? *stage : StageSpec::whole(cfg)) {
   TRELLIS_REQUIRE(tp >= 1 && cfg.n_head % tp == 0, "tp={} does not divide the number of heads {}",
                   tp, cfg.n_head);
-  const int64_t C = cfg.n_embd, V = cfg.vocab_size;
+  TRELLIS_REQUIRE(cfg.kv_heads() % tp == 0,
+                  "tp={} does not divide the number of key/value heads {}", tp, cfg.kv_heads());
+  TRELLIS_REQUIRE(cfg.ffn() % tp == 0, "tp={} does not divide the MLP width {}", tp, cfg.ffn());
   // The vocabulary is padded so that every tensor-parallel rank holds the same number of rows.
   const int64_t multiple = int64_t(cfg.vocab_multiple) * tp;
-  const int64_t Vp = (V + multiple - 1) / multiple * multiple;
-  vocab_local_ = Vp / tp;
-  const float std = 0.02f;
-  // GPT-2 scales the residual projections by 1/sqrt(2 * n_layer).
-  const float proj_std = 0.02f / std::sqrt(2.0f * float(cfg.n_layer));
-  auto weight = [](std::string n, std::vector<int64_t> shape, float s) {
-    ParamSpec p;
-    p.name = std::move(n);
-    p.shape = std::move(shape);
-    p.init_std = s;
-    p.decay = true;
-    return p;
-  };
-  auto constant = [](std::string n, int64_t len, float v) {
-    ParamSpec p;
-    p.name = std::move(n);
-    p.shape = {len};
-    p.init_value = v;
-    return p;
-  };
-  auto split = [](ParamSpec p, TpSplit how, int parts = 1) {
-    p.split = how;
-    p.parts = parts;
-    return p;
-  };
-  ParamSpec wte = split(weight("wte.weight", {Vp, C}, std), TpSplit::Rows);
-  wte.export_rows = V;
-  wte.init_rows = V;
-  if (stage_.embedding || stage_.head) add(wte);
-  if (stage_.embedding) add(weight("wpe.weight", {cfg.block_size, C}, std));
-  for (int l : stage_.layers) {
-    const std::string h = "h." + std::to_string(l) + ".";
-    add(constant(h + "ln_1.weight", C, 1.0f));
-    add(constant(h + "ln_1.bias", C, 0.0f));
-    add(split(weight(h + "attn.c_attn.weight", {C, 3 * C}, std), TpSplit::Columns, 3));
-    add(split(constant(h + "attn.c_attn.bias", 3 * C, 0.0f), TpSplit::Columns, 3));
-    add(split(weight(h + "attn.c_proj.weight", {C, C}, proj_std), TpSplit::Rows));
-    add(constant(h + "attn.c_proj.bias", C, 0.0f));
-    add(constant(h + "ln_2.weight", C, 1.0f));
-    add(constant(h + "ln_2.bias", C, 0.0f));
-    add(split(weight(h + "mlp.c_fc.weight", {C, 4 * C}, std), TpSplit::Columns));
-    add(split(constant(h + "mlp.c_fc.bias", 4 * C, 0.0f), TpSplit::Columns));
-    add(split(weight(h + "mlp.c_proj.weight", {4 * C, C}, proj_std), TpSplit::Rows));
-    add(constant(h + "mlp.c_proj.bias", C, 0.0f));
+  vocab_local_ = (cfg.vocab_size + multiple - 1) / multiple * multiple / tp;
+  const Family& fam = family_of(cfg.arch);
+  ParamBuilder b(*this, false);
+  if (stage_.embedding) fam.embedding(b);
+  if (stage_.head && !stage_.embedding && cfg.tied_head) {
+    ParamBuilder copy(*this, true);
+    fam.embedding(copy);
   }
-  if (stage_.head) {
-    add(constant("ln_f.weight", C, 1.0f));
-    add(constant("ln_f.bias", C, 0.0f));
-  }
+  for (int l : stage_.layers) fam.block(b, l);
+  if (stage_.head) fam.head(b);
   size_ = (size_ + 15) / 16 * 16;
 }
 
@@ -110,19 +77,123 @@ const ParamSpec& ParamLayout::spec(const std::string& name) const {
   return specs_[it->second];
 }
 
+const ParamSpec* ParamLayout::find(Slot slot, int layer, bool bias) const {
+  for (const auto& s : specs_)
+    if (s.slot == slot && s.layer == layer && s.bias == bias) return &s;
+  return nullptr;
+}
+
 size_t ParamLayout::block_offset(int l) const {
-  return spec("h." + std::to_string(l) + ".ln_1.weight").offset;
+  for (const auto& s : specs_)
+    if (s.layer == l) return s.offset;
+  TRELLIS_CHECK(false, "block {} is not in this layout", l);
+  return 0;
 }
 
 int64_t ParamLayout::count() const {
   int64_t n = 0;
   for (const auto& s : specs_) {
+    if (s.tied_copy) continue;
     int64_t numel = 1;
     for (int64_t d : s.global_shape) numel *= d;
     const int64_t rows = s.export_rows >= 0 ? s.export_rows : s.global_shape[0];
     n += numel / s.global_shape[0] * rows;
   }
   return n;
+}
+
+void ParamBuilder::add(ParamSpec s, Parallel how) {
+  if (tied_copy_only_) {
+    if (!s.tied) return;
+    s.tied_copy = true;
+  }
+  const bool out_in = s.layout == WeightLayout::OutIn;
+  switch (how) {
+    case Parallel::None:
+      break;
+    case Parallel::Vocab:
+      s.split_dim = 0;
+      break;
+    // A bias follows its layer's outputs; a row-parallel layer's bias is added after the sum.
+    case Parallel::Column:
+      s.split_dim = s.bias || out_in ? 0 : 1;
+      break;
+    case Parallel::Row:
+      s.split_dim = s.bias ? -1 : (out_in ? 1 : 0);
+      break;
+  }
+  if (s.split_dim < 0) s.parts = 1;
+  layout_.add(std::move(s));
+}
+
+namespace {
+ParamSpec named(std::string name, Slot slot, int layer, std::vector<int64_t> shape) {
+  ParamSpec p;
+  p.name = std::move(name);
+  p.slot = slot;
+  p.layer = layer;
+  p.shape = std::move(shape);
+  return p;
+}
+constexpr float kInitStd = 0.02f;
+}  // namespace
+
+void ParamBuilder::token_embedding(const std::string& name) {
+  const int64_t Vp = layout_.vocab_local_ * layout_.tp_;
+  ParamSpec p = named(name, Slot::TokEmbed, -1, {Vp, cfg_.n_embd});
+  p.init_std = kInitStd;
+  p.decay = true;
+  p.export_rows = p.init_rows = cfg_.vocab_size;
+  p.tied = cfg_.tied_head;
+  p.layout = WeightLayout::OutIn;
+  add(std::move(p), Parallel::Vocab);
+}
+
+void ParamBuilder::position_embedding(const std::string& name) {
+  ParamSpec p = named(name, Slot::PosEmbed, -1, {cfg_.block_size, cfg_.n_embd});
+  p.init_std = kInitStd;
+  p.decay = true;
+  add(std::move(p), Parallel::None);
+}
+
+void ParamBuilder::head(const std::string& name) {
+  const int64_t Vp = layout_.vocab_local_ * layout_.tp_;
+  ParamSpec p = named(name, Slot::Head, -1, {Vp, cfg_.n_embd});
+  p.init_std = kInitStd;
+  p.decay = true;
+  p.export_rows = p.init_rows = cfg_.vocab_size;
+  p.layout = WeightLayout::OutIn;
+  add(std::move(p), Parallel::Vocab);
+}
+
+void ParamBuilder::norm(Slot slot, int layer, const std::string& prefix) {
+  ParamSpec w = named(prefix + ".weight", slot, layer, {cfg_.n_embd});
+  w.init_value = 1.0f;
+  add(std::move(w), Parallel::None);
+  if (cfg_.norm == NormKind::LayerNorm) {
+    ParamSpec b = named(prefix + ".bias", slot, layer, {cfg_.n_embd});
+    b.bias = true;
+    add(std::move(b), Parallel::None);
+  }
+}
+
+void ParamBuilder::linear(Slot slot, int layer, const std::string& prefix, int64_t in, int64_t out,
+                          Parallel how, WeightLayout layout, int parts, bool residual_out) {
+  const bool out_in = layout == WeightLayout::OutIn;
+  ParamSpec w = named(prefix + ".weight", slot, layer,
+                      out_in ? std::vector<int64_t>{out, in} : std::vector<int64_t>{in, out});
+  // GPT-2 scales the residual projections by 1/sqrt(2 * n_layer).
+  w.init_std = residual_out ? kInitStd / std::sqrt(2.0f * float(cfg_.n_layer)) : kInitStd;
+  w.decay = true;
+  w.layout = layout;
+  w.parts = parts;
+  add(std::move(w), how);
+  if (!cfg_.bias) return;
+  ParamSpec b = named(prefix + ".bias", slot, layer, {out});
+  b.bias = true;
+  b.parts = parts;
+  b.layout = layout;
+  add(std::move(b), how);
 }
 
 void init_params(const ParamLayout& layout, uint64_t seed, float* params) {
@@ -134,8 +205,9 @@ void init_params(const ParamLayout& layout, uint64_t seed, float* params) {
       continue;
     }
     const uint64_t stream = name_hash(s.name);
-    const int64_t row_len = int64_t(s.numel()) / s.shape[0] * s.global_shape[0] /
-                            (s.split == TpSplit::Rows ? s.global_shape[0] : s.shape[0]);
+    int64_t global_numel = 1;
+    for (int64_t d : s.global_shape) global_numel *= d;
+    const int64_t row_len = global_numel / s.global_shape[0];
     const int64_t drawn = s.init_rows >= 0 ? row_len * s.init_rows : INT64_MAX;
     const int tp_rank = layout.tp_rank();
 #pragma omp parallel for schedule(static)

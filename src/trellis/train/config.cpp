@@ -13,7 +13,9 @@ ModelConfig TrainConfig::model_config(int vocab_size) const {
   ModelConfig m = model_preset(model);
   if (n_layer) m.n_layer = n_layer;
   if (n_head) m.n_head = n_head;
+  if (n_kv_head) m.n_kv_head = n_kv_head;
   if (n_embd) m.n_embd = n_embd;
+  if (ffn_hidden) m.ffn_hidden = ffn_hidden;
   if (block_size) m.block_size = block_size;
   m.vocab_size = vocab_size;
   m.vocab_multiple = vocab_multiple;
@@ -78,11 +80,17 @@ ConfigKey make_key(std::string name, std::string help, T* field) {
 std::vector<ConfigKey> config_keys(TrainConfig& c) {
   OptimConfig& o = c.optim;
   return {
-      make_key("model", "model preset: tiny, baby, gpt2, gpt2-medium, gpt2-large, gpt2-xl",
+      make_key("model",
+               "model preset: tiny, baby, gpt2, gpt2-medium, gpt2-large, gpt2-xl (GPT-2), "
+               "llama-tiny, llama-baby (LLaMA-style), encoder-tiny, encoder-baby (bidirectional)",
                &c.model),
       make_key("n_layer", "override the preset's number of blocks (0 = preset)", &c.n_layer),
       make_key("n_head", "override the preset's attention heads (0 = preset)", &c.n_head),
+      make_key("n_kv_head",
+               "override the preset's key/value heads (grouped-query attention; 0 = preset)",
+               &c.n_kv_head),
       make_key("n_embd", "override the preset's width (0 = preset)", &c.n_embd),
+      make_key("ffn_hidden", "override the preset's MLP width (0 = preset)", &c.ffn_hidden),
       make_key("block_size", "override the preset's context length (0 = preset)", &c.block_size),
       make_key("vocab_multiple", "pad the embedding rows to a multiple of this (speed only)",
                &c.vocab_multiple),

@@ -14,15 +14,17 @@
 #include "trellis/core/error.h"
 #include "trellis/data/corpus.h"
 #include "trellis/data/loader.h"
-#include "trellis/io/atomic_file.h"
 #include "trellis/io/checkpoint.h"
 #include "trellis/kernels/ops.h"
-#include "trellis/model/gpt.h"
-#include "trellis/parallel/data_parallel.h"
+#include "trellis/model/transformer.h"
+#include "trellis/parallel/global_view.h"
 #include "trellis/parallel/mesh.h"
 #include "trellis/parallel/pipeline/pipeline.h"
 #include "trellis/parallel/tensor_parallel.h"
+#include "trellis/parallel/tied.h"
+#include "trellis/parallel/zero.h"
 #include "trellis/train/metrics.h"
+#include "trellis/train/trace.h"
 
 namespace trellis {
 
@@ -47,32 +49,6 @@ int64_t peak_rss_bytes() {
   return int64_t(ru.ru_maxrss) * 1024;
 }
 
-// Mean loss over the first `windows` fixed windows of `tokens`, split across DP ranks and run
-// forward-only through the pipeline in micro-batches of b.
-double evaluate(Pipeline& pipe, int virtual_stages, const std::vector<uint16_t>& tokens,
-                int64_t windows, int64_t b, int64_t T, Mesh& mesh) {
-  const int64_t lo = windows * mesh.dp_rank() / mesh.dp();
-  const int64_t hi = windows * (mesh.dp_rank() + 1) / mesh.dp();
-  const int micro = int((hi - lo + b - 1) / b);
-  double sum = 0.0;
-  if (micro > 0) {
-    auto load = [&](int k, Context& ctx) {
-      const int64_t first = lo + k * b, rows = std::min(b, hi - first);
-      fill_eval_windows(tokens, T, first, rows, ctx.tokens.data(), ctx.targets.data());
-      // A short last micro-batch: pad with copies of its first row, whose losses do not count.
-      for (int64_t r = rows; r < b; ++r) {
-        std::copy_n(ctx.tokens.data(), T, ctx.tokens.data() + r * T);
-        std::copy_n(ctx.targets.data(), T, ctx.targets.data() + r * T);
-      }
-      return rows;
-    };
-    sum = pipe.run(forward_schedule(micro, virtual_stages), load, 0.0f).loss_sum;
-  }
-  mesh.pp_comm().all_reduce_sum(&sum, 1);
-  mesh.dp_comm().all_reduce_sum(&sum, 1);
-  return sum / double(windows * T);
-}
-
 // "3,1,2" -> {3, 1, 2}.
 std::vector<int> parse_layer_split(const std::string& text) {
   std::vector<int> out;
@@ -90,428 +66,434 @@ std::vector<int> parse_layer_split(const std::string& text) {
   return out;
 }
 
-// Writes the per-rank schedule timelines as a Chrome trace (chrome://tracing, Perfetto).
-void write_trace(const std::string& path, Communicator& world, const Mesh& mesh,
-                 const std::vector<TraceEvent>& events) {
-  // Ranks record different numbers of events: pad to the largest and sum (others add zeros).
-  double count = double(events.size());
-  world.all_reduce_max(&count, 1);
-  const size_t per = size_t(count), fields = 5;
-  std::vector<double> all(per * fields * size_t(world.size()), 0.0);
-  std::vector<double> coords(size_t(world.size()) * 3, 0.0);
-  for (size_t i = 0; i < events.size(); ++i) {
-    double* e = all.data() + (size_t(world.rank()) * per + i) * fields;
-    e[0] = events[i].start_us, e[1] = events[i].dur_us, e[2] = events[i].micro;
-    e[3] = events[i].chunk, e[4] = events[i].forward ? 1.0 : 2.0;
-  }
-  double* c = coords.data() + size_t(world.rank()) * 3;
-  c[0] = mesh.pp_rank(), c[1] = mesh.dp_rank(), c[2] = mesh.tp_rank();
-  world.all_reduce_sum(all.data(), all.size());
-  world.all_reduce_sum(coords.data(), coords.size());
-  if (world.rank() != 0) return;
-  nlohmann::json trace = nlohmann::json::array();
-  for (int r = 0; r < world.size(); ++r) {
-    const double* rc = coords.data() + size_t(r) * 3;
-    trace.push_back(
-        {{"name", "thread_name"},
-         {"ph", "M"},
-         {"pid", 0},
-         {"tid", r},
-         {"args",
-          {{"name", fmt::format("rank {} (pp {}, dp {}, tp {})", r, rc[0], rc[1], rc[2])}}}});
-    for (size_t i = 0; i < per; ++i) {
-      const double* e = all.data() + (size_t(r) * per + i) * fields;
-      if (e[4] == 0.0) continue;
-      const bool fwd = e[4] == 1.0;
-      trace.push_back({{"name", fmt::format("{}{}", fwd ? "F" : "B", int(e[2]))},
-                       {"cat", fwd ? "forward" : "backward"},
-                       {"ph", "X"},
-                       {"pid", 0},
-                       {"tid", r},
-                       {"ts", e[0]},
-                       {"dur", e[1]},
-                       {"args", {{"micro_batch", int(e[2])}, {"chunk", int(e[3])}}}});
-    }
-  }
-  write_file_atomic(path, nlohmann::json{{"traceEvents", trace}, {"displayTimeUnit", "ms"}}.dump());
-}
-
 // Sum of squared gradients in [begin, end) of this rank's buffer, counting parameters that are
-// replicated across the tensor-parallel group on its rank 0 only, and the tied embedding on the
-// first pipeline stage only (summed over the groups later).
+// replicated across the tensor-parallel group on its rank 0 only, and tied tensors on their owning
+// stage only (summed over the groups later).
 double grad_sum_squares(const ParamLayout& layout, const float* grads, size_t begin, size_t end) {
   double s = 0.0;
   for (const auto& spec : layout.specs()) {
-    if (spec.split == TpSplit::None && layout.tp_rank() != 0) continue;
-    if (spec.name == "wte.weight" && !layout.stage().embedding) continue;
+    if (spec.split_dim < 0 && layout.tp_rank() != 0) continue;
+    if (spec.tied_copy) continue;
     const size_t lo = std::max(begin, spec.offset), hi = std::min(end, spec.offset + spec.numel());
     if (lo < hi) s += ops::sum_squares(grads + lo, int64_t(hi - lo));
   }
   return s;
 }
 
-// The global (tp = 1, whole-model layout) tensor values from every tensor-parallel rank's slices
-// and every pipeline stage's tensors.
-std::vector<float> gather_global(Mesh& mesh, const ModelConfig& mc, const ParamLayout& local,
-                                 const float* data) {
-  const ParamLayout global(mc);
-  std::vector<float> out(global.size(), 0.0f);
-  std::vector<float> all(local.size() * size_t(local.tp()));
-  if (local.tp() > 1)
-    mesh.tp_comm().all_gather_async(data, all.data(), local.size())->wait();
-  else
-    std::copy_n(data, local.size(), all.begin());
-  for (int r = 0; r < local.tp(); ++r)
-    scatter_to_global(ParamLayout(mc, local.tp(), r, &local.stage()), global,
-                      all.data() + local.size() * size_t(r), out.data());
-  if (mesh.pp() > 1) {
-    // Each stage filled its own tensors (x + 0 is exact); the last stage's copy of the tied
-    // embedding stays out.
-    if (!local.stage().embedding) {
-      const ParamSpec& wte = global.spec("wte.weight");
-      std::fill_n(out.begin() + long(wte.offset), wte.numel(), 0.0f);
-    }
-    mesh.pp_comm().all_reduce(out.data(), out.size());
+// What one training step measured, for the metrics and the progress line.
+struct StepStats {
+  double loss = 0.0, grad_norm = 0.0, lr = 0.0, seconds = 0.0;
+  double comm_exposed = 0.0, tp_comm = 0.0, bubble = 0.0, peak_micro = 0.0;
+};
+
+// One rank's part of a training run: the model chunks of its pipeline stage (its tensor-parallel
+// slices), the optimizer over its data-parallel shard, and the strategies that tie them together.
+// Each step is forward_backward_step, then optimizer_step; evaluate and save run between steps.
+class Trainer {
+ public:
+  Trainer(TrainConfig cfg, Communicator& world);
+  int run();
+
+ private:
+  void build_pipeline_chunks();
+  void load_or_init();
+  void check_replicas_agree();
+  void print_header() const;
+  // Forward and backward of every micro-batch of the global batch step, gradients summed over
+  // the whole mesh. Returns the loss on every rank.
+  StepStats forward_backward_step(int64_t step);
+  // Clip, update, and share the updated parameters.
+  void optimizer_step(int64_t step, StepStats& st);
+  double evaluate();
+  std::string save(int64_t step);
+  void log_step(int64_t step, const StepStats& st);
+
+  TrainConfig cfg_;
+  Communicator& world_;
+  Mesh mesh_;
+  bool lead_;
+  int threads_, V_;
+  ScheduleKind schedule_;
+  Corpus corpus_;
+  ModelConfig mc_;
+  int64_t T_, G_, per_rank_, b_, accum_;
+  std::vector<PipeOp> step_ops_;
+  StageSpec stage_;
+  std::vector<StageSpec> chunks_;
+  std::unique_ptr<ParamLayout> layout_;
+  size_t n_ = 0;
+  std::vector<float> params_, grads_;
+  std::unique_ptr<DataParallelSync> dp_sync_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<TensorParallel> tp_;
+  std::unique_ptr<TiedWeights> tied_;
+  std::vector<std::unique_ptr<Transformer>> models_;
+  std::unique_ptr<Pipeline> pipe_;
+  std::unique_ptr<BatchLoader> loader_;
+  std::unique_ptr<MetricsLog> log_;
+  int64_t start_step_ = 0;
+  std::string resumed_from_;
+  int64_t val_windows_ = 0;
+  double step_flops_ = 0.0, peak_flops_ = 0.0;
+  int64_t mem_bytes_ = 0;
+  Clock::time_point run_start_, loop_start_;
+};
+
+Trainer::Trainer(TrainConfig cfg, Communicator& world)
+    : cfg_(std::move(cfg)),
+      world_(world),
+      mesh_(world, {cfg_.dp, cfg_.tp, cfg_.pp}),
+      lead_(world.rank() == 0),
+      run_start_(Clock::now()) {
+  schedule_ = parse_schedule(cfg_.schedule);
+  V_ = cfg_.virtual_stages;
+  TRELLIS_REQUIRE(V_ >= 1, "virtual_stages must be >= 1");
+  TRELLIS_REQUIRE(V_ == 1 || schedule_ == ScheduleKind::Interleaved,
+                  "virtual_stages={} needs --schedule interleaved", V_);
+  TRELLIS_REQUIRE(cfg_.zero == 0 || cfg_.zero == 1, "zero must be 0 or 1 (got {})", cfg_.zero);
+  for (Communicator* c : {&world_, &mesh_.dp_comm(), &mesh_.tp_comm(), &mesh_.pp_comm()})
+    c->set_timeout(cfg_.comm_timeout);
+  threads_ = cfg_.threads > 0 ? cfg_.threads : default_threads();
+  omp_set_num_threads(threads_);
+
+  corpus_ = cfg_.data.empty() ? load_default_corpus() : load_corpus_dir(cfg_.data);
+  mc_ = cfg_.model_config(corpus_.vocab_size);
+  T_ = cfg_.seq_len > 0 ? cfg_.seq_len : mc_.block_size;
+  TRELLIS_REQUIRE(T_ <= mc_.block_size, "seq_len {} exceeds the model's context length {}", T_,
+                  mc_.block_size);
+  TRELLIS_REQUIRE(!cfg_.sequence_parallel || T_ % mesh_.tp() == 0,
+                  "sequence parallelism needs seq_len {} divisible by tp={}", T_, mesh_.tp());
+  const int dp = mesh_.dp();
+  G_ = cfg_.batch_size;
+  TRELLIS_REQUIRE(G_ >= 1 && G_ % dp == 0, "batch_size {} is not a positive multiple of dp={}", G_,
+                  dp);
+  per_rank_ = G_ / dp;
+  b_ = cfg_.micro_batch_size > 0 ? cfg_.micro_batch_size : per_rank_;
+  TRELLIS_REQUIRE(
+      per_rank_ % b_ == 0,
+      "micro_batch_size {} does not divide the per-rank batch {} (batch_size {} / dp {})", b_,
+      per_rank_, G_, dp);
+  accum_ = per_rank_ / b_;
+  TRELLIS_REQUIRE(cfg_.steps >= 0, "steps must be >= 0");
+
+  build_pipeline_chunks();
+  // This rank's tensor-parallel slices of its pipeline stage.
+  layout_ = std::make_unique<ParamLayout>(mc_, mesh_.tp(), mesh_.tp_rank(), &stage_);
+  n_ = layout_->size();
+  const size_t buffer = DataParallelSync::buffer_size(n_, dp, cfg_.zero);
+  params_.assign(buffer, 0.0f);
+  grads_.assign(buffer, 0.0f);
+  dp_sync_ =
+      std::make_unique<DataParallelSync>(mesh_.dp_comm(), cfg_.zero, params_.data(), grads_.data(),
+                                         n_, size_t(cfg_.bucket_mb * 1024 * 1024));
+  const ShardRange& shard = dp_sync_->shard();
+  optimizer_ = std::make_unique<Optimizer>(cfg_.optim, *layout_, shard.begin, shard.end);
+  load_or_init();
+  check_replicas_agree();
+
+  tp_ = std::make_unique<TensorParallel>(&mesh_.tp_comm(), cfg_.sequence_parallel);
+  std::vector<Transformer*> chunk_models;
+  for (const StageSpec& c : chunks_) {
+    models_.push_back(
+        std::make_unique<Transformer>(*layout_, params_.data(), grads_.data(), *tp_, &c));
+    chunk_models.push_back(models_.back().get());
   }
-  return out;
+  pipe_ = std::make_unique<Pipeline>(mesh_.pp_comm(), chunk_models, b_, T_);
+  tied_ = std::make_unique<TiedWeights>(mesh_.pp_comm(), *layout_, cfg_.comm_timeout);
+  loader_ = std::make_unique<BatchLoader>(corpus_.train, T_, G_, cfg_.seed, cfg_.shuffle);
+
+  val_windows_ = std::min<int64_t>(
+      cfg_.val_batches * G_, corpus_.val.size() > 1 ? (int64_t(corpus_.val.size()) - 1) / T_ : 0);
+  if (lead_)
+    log_ = std::make_unique<MetricsLog>(cfg_.out, cfg_.tensorboard,
+                                        resumed_from_.empty() ? -1 : start_step_);
+  step_flops_ = flops_per_token(mc_, ParamLayout(mc_).count(), T_) * double(G_ * T_);
+  peak_flops_ = cfg_.peak_gflops_per_core * 1e9 * threads_ * world_.size();
+  mem_bytes_ =
+      int64_t((params_.size() + grads_.size()) * sizeof(float) + optimizer_->state_bytes());
+  print_header();
 }
 
-// Full (unsharded) copy of a buffer that each DP rank holds only [shard.begin, shard.end) of.
-std::vector<float> gather_shards(Communicator& dp, const std::vector<float>& local,
-                                 const ShardRange& sr, size_t n) {
-  std::vector<float> mine(sr.shard, 0.0f), all(sr.padded, 0.0f);
-  std::copy(local.begin(), local.end(), mine.begin());
-  dp.all_gather_async(mine.data(), all.data(), sr.shard)->wait();
-  all.resize(n);
-  return all;
+// Pipeline: pp * V model chunks, chunk g on pipeline rank g % pp. The schedule is built now so that
+// impossible combinations are refused before any work.
+void Trainer::build_pipeline_chunks() {
+  const int pp = mesh_.pp(), pp_rank = mesh_.pp_rank();
+  const auto chunk_layers =
+      partition_layers(mc_.n_layer, pp * V_, parse_layer_split(cfg_.layer_split));
+  step_ops_ = build_schedule(schedule_, pp, pp_rank, int(accum_), V_);
+  stage_.embedding = pp_rank == 0;
+  stage_.head = pp_rank == pp - 1;
+  for (int v = 0; v < V_; ++v) {
+    const int g = v * pp + pp_rank;
+    chunks_.push_back({chunk_layers[size_t(g)], g == 0, g == pp * V_ - 1});
+    stage_.layers.insert(stage_.layers.end(), chunk_layers[size_t(g)].begin(),
+                         chunk_layers[size_t(g)].end());
+  }
+}
+
+void Trainer::load_or_init() {
+  if (cfg_.resume) {
+    resumed_from_ = find_latest_checkpoint(cfg_.out);
+    if (resumed_from_.empty() && lead_ && !cfg_.quiet)
+      fmt::print("trellis: --resume: no checkpoint in {} yet, starting from step 0\n", cfg_.out);
+  }
+  if (resumed_from_.empty()) {
+    init_params(*layout_, cfg_.seed, params_.data());
+    return;
+  }
+  CheckpointData ck = load_checkpoint(resumed_from_, true);
+  const ModelConfig& m = ck.model;
+  TRELLIS_REQUIRE(m.arch == mc_.arch && m.n_layer == mc_.n_layer && m.n_embd == mc_.n_embd &&
+                      m.n_head == mc_.n_head && m.kv_heads() == mc_.kv_heads() &&
+                      m.ffn() == mc_.ffn() && m.block_size == mc_.block_size &&
+                      m.vocab_size == mc_.vocab_size,
+                  "{}: checkpoint model shape differs from the configured model", resumed_from_);
+  const ParamLayout saved(ck.model);
+  copy_from_global(*layout_, saved, ck.params.data(), params_.data());
+  const ShardRange& shard = dp_sync_->shard();
+  std::vector<float> local(n_);
+  for (auto& [name, buf] : optimizer_->state()) {
+    auto it = std::find_if(ck.optimizer.buffers.begin(), ck.optimizer.buffers.end(),
+                           [&](const auto& p) { return p.first == name; });
+    TRELLIS_REQUIRE(it != ck.optimizer.buffers.end(),
+                    "{}: optimizer.safetensors has no '{}' state (optimizer changed?)",
+                    resumed_from_, name);
+    copy_from_global(*layout_, saved, it->second.data(), local.data());
+    std::copy(local.begin() + long(shard.begin), local.begin() + long(shard.end), buf->begin());
+  }
+  start_step_ = ck.state.at("step").get<int64_t>();
+}
+
+// Every DP replica must start from identical weights (they are generated, never broadcast).
+void Trainer::check_replicas_agree() {
+  double sums[2] = {0.0, 0.0};
+  for (size_t i = 0; i < n_; ++i) sums[0] += double(params_[i]) * double((i % 7919) + 1);
+  sums[1] = -sums[0];
+  mesh_.dp_comm().all_reduce_max(sums, 2);
+  TRELLIS_CHECK(sums[0] == -sums[1], "ranks start from different weights (checksum {} vs {})",
+                sums[0], -sums[1]);
+}
+
+void Trainer::print_header() const {
+  if (!lead_ || cfg_.quiet) return;
+  const int pp = mesh_.pp();
+  fmt::print(
+      "trellis: {} ({}) | {} layers, {} heads{}, width {}, context {}, vocab {} ({} padded) | "
+      "{:.2f}M parameters\n",
+      cfg_.model, mc_.arch, mc_.n_layer, mc_.n_head,
+      mc_.kv_heads() != mc_.n_head ? fmt::format(" ({} kv)", mc_.kv_heads()) : "", mc_.n_embd,
+      mc_.block_size, mc_.vocab_size, mc_.padded_vocab(), double(ParamLayout(mc_).count()) / 1e6);
+  fmt::print("trellis: data {} | {} train / {} val tokens | {} windows of {}\n", corpus_.source,
+             corpus_.train.size(), corpus_.val.size(), loader_->windows(), T_);
+  fmt::print(
+      "trellis: world {} (dp {}, tp {}{}, pp {}{}, zero {}) | {} threads/rank | batch {} "
+      "x {} tokens = {} per rank x {} micro-batches of {}{}\n",
+      world_.size(), mesh_.dp(), mesh_.tp(), tp_->sequence_parallel() ? " + sequence parallel" : "",
+      pp,
+      pp > 1 ? fmt::format(" {}{}", schedule_name(schedule_), V_ > 1 ? fmt::format(" x{}", V_) : "")
+             : "",
+      cfg_.zero, threads_, G_, T_, per_rank_, accum_, b_,
+      resumed_from_.empty() ? "" : " | resumed from " + resumed_from_);
+  std::fflush(stdout);
+}
+
+StepStats Trainer::forward_backward_step(int64_t step) {
+  StepStats st;
+  ops::zero(grads_.data(), int64_t(grads_.size()));
+  const float grad_scale = 1.0f / float(G_ * T_);
+  auto load = [&](int k, Context& ctx) {
+    loader_->fill(step - 1, mesh_.dp_rank() * per_rank_ + k * b_, b_, ctx.tokens.data(),
+                  ctx.targets.data());
+    return b_;
+  };
+  // Without a pipeline, buckets are reduced while backward still runs (chunks finish in layout
+  // order); with one, after the schedule.
+  std::function<void(int)> on_block_done;
+  if (dp_sync_->overlaps() && mesh_.pp() == 1)
+    on_block_done = [&](int l) { dp_sync_->ready_from(l >= 0 ? layout_->block_offset(l) : 0); };
+  const PipelineStats ps = pipe_->run(step_ops_, load, grad_scale, on_block_done);
+  if (!cfg_.trace.empty() && step - start_step_ == cfg_.trace_steps) {
+    write_trace(cfg_.trace, world_, mesh_, pipe_->trace());
+    pipe_->record_trace(false);
+  }
+  tied_->reduce(grads_.data());
+  st.comm_exposed = dp_sync_->reduce_gradients();
+  // The loss is known on the last stage only; the bubble is averaged over the stages.
+  double pp_stats[2] = {ps.loss_sum, 1.0 - ps.compute_s / ps.total_s};
+  st.peak_micro = ps.peak_contexts;  // activations alive at once, largest stage
+  if (mesh_.pp() > 1) {
+    mesh_.pp_comm().all_reduce_sum(pp_stats, 2);
+    mesh_.pp_comm().all_reduce_max(&st.peak_micro, 1);
+    st.bubble = pp_stats[1] / mesh_.pp();
+  }
+  double loss_sum = pp_stats[0];
+  mesh_.dp_comm().all_reduce_sum(&loss_sum, 1);
+  st.loss = loss_sum / double(G_ * T_);
+  return st;
+}
+
+void Trainer::optimizer_step(int64_t step, StepStats& st) {
+  const ShardRange& shard = dp_sync_->shard();
+  // Each rank sums its shard; the norm then sums over tp (slices), pp (stages) and, with ZeRO,
+  // dp (shards).
+  double norm_sq = grad_sum_squares(*layout_, grads_.data(), shard.begin, shard.end);
+  if (mesh_.tp() > 1) mesh_.tp_comm().all_reduce_sum(&norm_sq, 1);
+  if (mesh_.pp() > 1) mesh_.pp_comm().all_reduce_sum(&norm_sq, 1);
+  if (dp_sync_->zero()) mesh_.dp_comm().all_reduce_sum(&norm_sq, 1);
+  st.grad_norm = std::sqrt(norm_sq);
+  // Clipping rides along the optimizer's sweep instead of a pass of its own.
+  const float clip = cfg_.optim.grad_clip;
+  const float grad_mul =
+      clip > 0.0f && st.grad_norm > clip ? float(clip / (st.grad_norm + 1e-6)) : 1.0f;
+  st.lr = learning_rate(cfg_.optim, step, cfg_.steps);
+  optimizer_->step(params_.data(), grads_.data(), float(st.lr), step, grad_mul);
+  st.comm_exposed += dp_sync_->gather_parameters();
+}
+
+// Mean loss over the first val_windows_ fixed windows of the validation split, split across DP
+// ranks and run forward-only through the pipeline in micro-batches of b.
+double Trainer::evaluate() {
+  const int64_t windows = val_windows_, b = b_, T = T_;
+  const int64_t lo = windows * mesh_.dp_rank() / mesh_.dp();
+  const int64_t hi = windows * (mesh_.dp_rank() + 1) / mesh_.dp();
+  const int micro = int((hi - lo + b - 1) / b);
+  double sum = 0.0;
+  if (micro > 0) {
+    auto load = [&](int k, Context& ctx) {
+      const int64_t first = lo + k * b, rows = std::min(b, hi - first);
+      fill_eval_windows(corpus_.val, T, first, rows, ctx.tokens.data(), ctx.targets.data());
+      // A short last micro-batch: pad with copies of its first row, whose losses do not count.
+      for (int64_t r = rows; r < b; ++r) {
+        std::copy_n(ctx.tokens.data(), T, ctx.tokens.data() + r * T);
+        std::copy_n(ctx.targets.data(), T, ctx.targets.data() + r * T);
+      }
+      return rows;
+    };
+    sum = pipe_->run(forward_schedule(micro, V_), load, 0.0f).loss_sum;
+  }
+  mesh_.pp_comm().all_reduce_sum(&sum, 1);
+  mesh_.dp_comm().all_reduce_sum(&sum, 1);
+  return sum / double(windows * T);
+}
+
+// The checkpoint holds global tensors (tp = 1, whole model), so any layout can resume it.
+std::string Trainer::save(int64_t step) {
+  CheckpointData ck;
+  ck.model = mc_;
+  ck.tokenizer = {corpus_.tokenizer, corpus_.tokenizer_dir};
+  ck.params = gather_global(mesh_, *layout_, params_.data());
+  for (auto& [name, buf] : optimizer_->state()) {
+    const std::vector<float> local = dp_sync_->gather_state(*buf);
+    ck.optimizer.buffers.emplace_back(name, gather_global(mesh_, *layout_, local.data()));
+  }
+  nlohmann::json conf;
+  for (auto& k : config_keys(cfg_)) conf[k.name] = k.get();
+  ck.state = {{"step", step},
+              {"tokens_seen", step * G_ * T_},
+              {"data",
+               {{"next_step", step},
+                {"global_batch", G_},
+                {"seq_len", T_},
+                {"shuffle", cfg_.shuffle},
+                {"seed", cfg_.seed}}},
+              {"rng", {{"kind", "philox4x32-10"}, {"seed", cfg_.seed}}},
+              {"config", conf}};
+  std::string path;
+  if (lead_) path = save_checkpoint(cfg_.out, step, ck);
+  world_.barrier();
+  return path;
+}
+
+void Trainer::log_step(int64_t step, const StepStats& st) {
+  // Memory of the largest rank (ZeRO and TP make ranks differ).
+  double mem[2] = {double(mem_bytes_), double(peak_rss_bytes())};
+  world_.all_reduce_max(mem, 2);
+  if (!lead_) return;
+  const double tokens_per_s = double(G_ * T_) / st.seconds;
+  log_->write({{"step", step},
+               {"loss", st.loss},
+               {"lr", st.lr},
+               {"grad_norm", st.grad_norm},
+               {"tokens_per_s", tokens_per_s},
+               {"mfu", step_flops_ / st.seconds / peak_flops_},
+               {"step_ms", st.seconds * 1e3},
+               {"compute_ms", (st.seconds - st.comm_exposed - st.tp_comm) * 1e3},
+               {"comm_exposed_ms", st.comm_exposed * 1e3},
+               {"tp_comm_ms", st.tp_comm * 1e3},
+               {"mem_bytes", mem_bytes_},
+               {"mem_bytes_max", mem[0]},
+               {"peak_rss_bytes", peak_rss_bytes()},
+               {"peak_rss_bytes_max", mem[1]},
+               {"bubble", st.bubble},
+               {"bubble_theory", theoretical_bubble(mesh_.pp(), int(accum_), V_)},
+               {"peak_micro_batches", st.peak_micro}},
+              "train");
+  if (!cfg_.quiet && (step % std::max<int64_t>(1, cfg_.log_every) == 0 || step == cfg_.steps)) {
+    const double eta =
+        seconds_since(loop_start_) / double(step - start_step_) * double(cfg_.steps - step);
+    fmt::print(
+        "step {:>{}}/{} | loss {:.4f} | lr {:.2e} | norm {:.3f} | {:.0f} ms | "
+        "{:.0f} tok/s | MFU {:.1f}% | ETA {}\n",
+        step, std::to_string(cfg_.steps).size(), cfg_.steps, st.loss, st.lr, st.grad_norm,
+        st.seconds * 1e3, tokens_per_s, 100.0 * step_flops_ / st.seconds / peak_flops_,
+        format_duration(eta));
+    std::fflush(stdout);
+  }
+}
+
+int Trainer::run() {
+  double best_val = INFINITY, tokens_per_s_sum = 0.0;
+  int64_t timed_steps = 0;
+  std::string last_checkpoint;
+  world_.barrier();  // a common time origin for the trace
+  pipe_->record_trace(!cfg_.trace.empty());
+  loop_start_ = Clock::now();
+  for (int64_t step = start_step_ + 1; step <= cfg_.steps; ++step) {
+    const auto t0 = Clock::now();
+    StepStats st = forward_backward_step(step);
+    optimizer_step(step, st);
+    st.seconds = seconds_since(t0);
+    st.tp_comm = tp_->take_comm_seconds();
+    if (step > start_step_ + 1 || cfg_.steps == start_step_ + 1) {
+      tokens_per_s_sum += double(G_ * T_) / st.seconds;
+      ++timed_steps;
+    }
+    log_step(step, st);
+    const bool stopping = step == cfg_.stop_at, last = step == cfg_.steps;
+    if (val_windows_ > 0 && ((cfg_.val_every > 0 && step % cfg_.val_every == 0) || last)) {
+      const double val = evaluate();
+      best_val = std::min(best_val, val);
+      if (lead_) {
+        log_->write({{"step", step}, {"val_loss", val}}, "val");
+        if (!cfg_.quiet) fmt::print("step {} | val loss {:.4f}\n", step, val);
+      }
+    }
+    if ((cfg_.save_every > 0 && step % cfg_.save_every == 0) || last || stopping)
+      last_checkpoint = save(step);
+    if (stopping) break;
+  }
+  if (cfg_.steps <= start_step_) last_checkpoint = save(start_step_);
+  if (!lead_ || cfg_.quiet) return 0;
+  const int64_t end_step =
+      cfg_.stop_at > start_step_ ? std::min(cfg_.stop_at, cfg_.steps) : cfg_.steps;
+  const int64_t trained = std::max<int64_t>(0, end_step - start_step_);
+  const double mean_tps = timed_steps ? tokens_per_s_sum / double(timed_steps) : 0.0;
+  fmt::print(
+      "trellis: done | {} steps, {} tokens in {} | mean {:.0f} tok/s, MFU {:.1f}%{} | "
+      "checkpoint {} | metrics {}/metrics.jsonl{}\n",
+      trained, trained * G_ * T_, format_duration(seconds_since(run_start_)), mean_tps,
+      100.0 * mean_tps / double(G_ * T_) * step_flops_ / peak_flops_,
+      std::isfinite(best_val) ? fmt::format(" | best val loss {:.4f}", best_val) : "",
+      last_checkpoint.empty() ? "(none)" : last_checkpoint, cfg_.out,
+      cfg_.tensorboard ? fmt::format(" | tensorboard --logdir {}/tb", cfg_.out) : "");
+  return 0;
 }
 
 }  // namespace
 
 int run_training(TrainConfig cfg, Communicator& world) {
-  const auto run_start = Clock::now();
-  Mesh mesh(world, {cfg.dp, cfg.tp, cfg.pp});
-  const ScheduleKind schedule = parse_schedule(cfg.schedule);
-  const int V = cfg.virtual_stages;
-  TRELLIS_REQUIRE(V >= 1, "virtual_stages must be >= 1");
-  TRELLIS_REQUIRE(V == 1 || schedule == ScheduleKind::Interleaved,
-                  "virtual_stages={} needs --schedule interleaved", V);
-  TRELLIS_REQUIRE(cfg.zero == 0 || cfg.zero == 1, "zero must be 0 or 1 (got {})", cfg.zero);
-  world.set_timeout(cfg.comm_timeout);
-  mesh.dp_comm().set_timeout(cfg.comm_timeout);
-  mesh.tp_comm().set_timeout(cfg.comm_timeout);
-  mesh.pp_comm().set_timeout(cfg.comm_timeout);
-  const bool lead = world.rank() == 0;
-  const int threads = cfg.threads > 0 ? cfg.threads : default_threads();
-  omp_set_num_threads(threads);
-
-  const Corpus corpus = cfg.data.empty() ? load_default_corpus() : load_corpus_dir(cfg.data);
-  const ModelConfig mc = cfg.model_config(corpus.vocab_size);
-  const int64_t T = cfg.seq_len > 0 ? cfg.seq_len : mc.block_size;
-  TRELLIS_REQUIRE(T <= mc.block_size, "seq_len {} exceeds the model's context length {}", T,
-                  mc.block_size);
-  TRELLIS_REQUIRE(!cfg.sequence_parallel || T % mesh.tp() == 0,
-                  "sequence parallelism needs seq_len {} divisible by tp={}", T, mesh.tp());
-  const int dp = mesh.dp();
-  const int64_t G = cfg.batch_size;
-  TRELLIS_REQUIRE(G >= 1 && G % dp == 0, "batch_size {} is not a positive multiple of dp={}", G,
-                  dp);
-  const int64_t per_rank = G / dp;
-  const int64_t b = cfg.micro_batch_size > 0 ? cfg.micro_batch_size : per_rank;
-  TRELLIS_REQUIRE(
-      per_rank % b == 0,
-      "micro_batch_size {} does not divide the per-rank batch {} (batch_size {} / dp {})", b,
-      per_rank, G, dp);
-  const int64_t accum = per_rank / b;
-  TRELLIS_REQUIRE(cfg.steps >= 0, "steps must be >= 0");
-  // Pipeline: pp * V model chunks, chunk g on pipeline rank g % pp. The schedule is built now so
-  // that impossible combinations are refused before any work.
-  const int pp = mesh.pp(), pp_rank = mesh.pp_rank();
-  const auto chunk_layers =
-      partition_layers(mc.n_layer, pp * V, parse_layer_split(cfg.layer_split));
-  const std::vector<PipeOp> step_ops = build_schedule(schedule, pp, pp_rank, int(accum), V);
-  std::vector<StageSpec> chunks;
-  StageSpec stage;
-  stage.embedding = pp_rank == 0;
-  stage.head = pp_rank == pp - 1;
-  for (int v = 0; v < V; ++v) {
-    const int g = v * pp + pp_rank;
-    chunks.push_back({chunk_layers[size_t(g)], g == 0, g == pp * V - 1});
-    stage.layers.insert(stage.layers.end(), chunk_layers[size_t(g)].begin(),
-                        chunk_layers[size_t(g)].end());
-  }
-
-  // This rank's tensor-parallel slices of its pipeline stage.
-  const ParamLayout layout(mc, mesh.tp(), mesh.tp_rank(), &stage);
-  const ParamLayout global_layout(mc);
-  const size_t n = layout.size();
-  const ShardRange shard = cfg.zero ? shard_range(n, dp, mesh.dp_rank()) : ShardRange{n, n, 0, n};
-  std::vector<float> params(shard.padded, 0.0f), grads(shard.padded, 0.0f);
-  Optimizer optimizer(cfg.optim, layout, shard.begin, shard.end);
-
-  int64_t start_step = 0;
-  std::string resumed_from;
-  if (cfg.resume) {
-    resumed_from = find_latest_checkpoint(cfg.out);
-    if (resumed_from.empty() && lead && !cfg.quiet)
-      fmt::print("trellis: --resume: no checkpoint in {} yet, starting from step 0\n", cfg.out);
-  }
-  if (!resumed_from.empty()) {
-    CheckpointData ck = load_checkpoint(resumed_from, true);
-    TRELLIS_REQUIRE(ck.model.n_layer == mc.n_layer && ck.model.n_embd == mc.n_embd &&
-                        ck.model.n_head == mc.n_head && ck.model.block_size == mc.block_size &&
-                        ck.model.vocab_size == mc.vocab_size,
-                    "{}: checkpoint model shape differs from the configured model", resumed_from);
-    const ParamLayout saved(ck.model);
-    copy_from_global(layout, saved, ck.params.data(), params.data());
-    std::vector<float> local(n);
-    for (auto& [name, buf] : optimizer.state()) {
-      auto it = std::find_if(ck.optimizer.buffers.begin(), ck.optimizer.buffers.end(),
-                             [&](const auto& p) { return p.first == name; });
-      TRELLIS_REQUIRE(it != ck.optimizer.buffers.end(),
-                      "{}: optimizer.safetensors has no '{}' state (optimizer changed?)",
-                      resumed_from, name);
-      copy_from_global(layout, saved, it->second.data(), local.data());
-      std::copy(local.begin() + long(shard.begin), local.begin() + long(shard.end), buf->begin());
-    }
-    start_step = ck.state.at("step").get<int64_t>();
-  } else {
-    init_params(layout, cfg.seed, params.data());
-  }
-  // Every DP replica must start from identical weights (they are generated, never broadcast).
-  {
-    double sums[2] = {0.0, 0.0};
-    for (size_t i = 0; i < n; ++i) sums[0] += double(params[i]) * double((i % 7919) + 1);
-    sums[1] = -sums[0];
-    mesh.dp_comm().all_reduce_max(sums, 2);
-    TRELLIS_CHECK(sums[0] == -sums[1], "ranks start from different weights (checksum {} vs {})",
-                  sums[0], -sums[1]);
-  }
-
-  TensorParallel tp(&mesh.tp_comm(), cfg.sequence_parallel);
-  std::vector<std::unique_ptr<GPT>> models;
-  std::vector<GPT*> model_chunks;
-  for (const StageSpec& c : chunks) {
-    models.push_back(std::make_unique<GPT>(mc, layout, params.data(), grads.data(), tp, &c));
-    model_chunks.push_back(models.back().get());
-  }
-  Pipeline pipe(mesh.pp_comm(), model_chunks, b, T, mc.n_embd);
-  // The tied embedding lives on the first and the last stage: their gradients are summed.
-  std::unique_ptr<Communicator> tied;  // first + last stage (middle stages form an unused group)
-  if (pp > 1) {
-    tied = mesh.pp_comm().split(stage.embedding || stage.head ? 0 : 1, pp_rank);
-    tied->set_timeout(cfg.comm_timeout);
-  }
-  BatchLoader loader(corpus.train, T, G, cfg.seed, cfg.shuffle);
-  std::unique_ptr<GradReducer> reducer;
-  if (dp > 1 && cfg.zero == 0)
-    reducer = std::make_unique<GradReducer>(mesh.dp_comm(), grads.data(), n,
-                                            size_t(cfg.bucket_mb * 1024 * 1024));
-  std::vector<float> grad_shard(cfg.zero ? shard.shard : 0);
-
-  const int64_t val_windows = std::min<int64_t>(
-      cfg.val_batches * G, corpus.val.size() > 1 ? (int64_t(corpus.val.size()) - 1) / T : 0);
-  std::unique_ptr<MetricsLog> log;
-  if (lead)
-    log = std::make_unique<MetricsLog>(cfg.out, cfg.tensorboard,
-                                       resumed_from.empty() ? -1 : start_step);
-  const int64_t n_params = global_layout.count();
-  const double step_flops = flops_per_token(mc, n_params, T) * double(G * T);
-  const double peak_flops = cfg.peak_gflops_per_core * 1e9 * threads * world.size();
-  const int64_t mem_bytes =
-      int64_t((params.size() + grads.size()) * sizeof(float) + optimizer.state_bytes());
-  if (lead && !cfg.quiet) {
-    fmt::print(
-        "trellis: {} | {} layers, {} heads, width {}, context {}, vocab {} ({} padded) | "
-        "{:.2f}M parameters\n",
-        cfg.model, mc.n_layer, mc.n_head, mc.n_embd, mc.block_size, mc.vocab_size,
-        mc.padded_vocab(), double(n_params) / 1e6);
-    fmt::print("trellis: data {} | {} train / {} val tokens | {} windows of {}\n", corpus.source,
-               corpus.train.size(), corpus.val.size(), loader.windows(), T);
-    fmt::print(
-        "trellis: world {} (dp {}, tp {}{}, pp {}{}, zero {}) | {} threads/rank | batch {} "
-        "x {} tokens = {} per rank x {} micro-batches of {}{}\n",
-        world.size(), dp, mesh.tp(), tp.sequence_parallel() ? " + sequence parallel" : "", pp,
-        pp > 1 ? fmt::format(" {}{}", schedule_name(schedule), V > 1 ? fmt::format(" x{}", V) : "")
-               : "",
-        cfg.zero, threads, G, T, per_rank, accum, b,
-        resumed_from.empty() ? "" : " | resumed from " + resumed_from);
-    std::fflush(stdout);
-  }
-
-  auto checkpoint = [&](int64_t step) {
-    CheckpointData ck;
-    ck.model = mc;
-    ck.tokenizer = {corpus.tokenizer, corpus.tokenizer_dir};
-    ck.params = gather_global(mesh, mc, layout, params.data());
-    for (auto& [name, buf] : optimizer.state()) {
-      const std::vector<float> local =
-          cfg.zero ? gather_shards(mesh.dp_comm(), *buf, shard, n) : *buf;
-      ck.optimizer.buffers.emplace_back(name, gather_global(mesh, mc, layout, local.data()));
-    }
-    nlohmann::json conf;
-    auto keys = config_keys(cfg);
-    for (auto& k : keys) conf[k.name] = k.get();
-    ck.state = {{"step", step},
-                {"tokens_seen", step * G * T},
-                {"data",
-                 {{"next_step", step},
-                  {"global_batch", G},
-                  {"seq_len", T},
-                  {"shuffle", cfg.shuffle},
-                  {"seed", cfg.seed}}},
-                {"rng", {{"kind", "philox4x32-10"}, {"seed", cfg.seed}}},
-                {"config", conf}};
-    std::string path;
-    if (lead) path = save_checkpoint(cfg.out, step, ck);
-    world.barrier();
-    return path;
-  };
-
-  double best_val = INFINITY, tokens_per_s_sum = 0.0, mfu_sum = 0.0;
-  int64_t timed_steps = 0;
-  std::string last_checkpoint;
-  std::vector<TraceEvent> trace;
-  world.barrier();  // a common time origin for the trace
-  pipe.record_trace(!cfg.trace.empty());
-  const auto loop_start = Clock::now();
-  for (int64_t step = start_step + 1; step <= cfg.steps; ++step) {
-    const auto t0 = Clock::now();
-    ops::zero(grads.data(), int64_t(grads.size()));
-    const float grad_scale = 1.0f / float(G * T);
-    auto load = [&](int k, Context& ctx) {
-      loader.fill(step - 1, mesh.dp_rank() * per_rank + k * b, b, ctx.tokens.data(),
-                  ctx.targets.data());
-      return b;
-    };
-    // Without a pipeline, buckets are all-reduced while backward still runs (chunks finish in
-    // layout order); with one, after the schedule.
-    std::function<void(int)> on_block_done;
-    if (reducer && pp == 1)
-      on_block_done = [&](int l) { reducer->ready_from(l >= 0 ? layout.block_offset(l) : 0); };
-    const PipelineStats ps = pipe.run(step_ops, load, grad_scale, on_block_done);
-    if (cfg.trace.empty() == false && step - start_step == cfg.trace_steps) {
-      write_trace(cfg.trace, world, mesh, pipe.trace());
-      pipe.record_trace(false);
-    }
-    double loss_sum = ps.loss_sum;
-    if (tied && (stage.embedding || stage.head)) {
-      const ParamSpec& wte = layout.spec("wte.weight");
-      tied->all_reduce(grads.data() + wte.offset, wte.numel());
-    }
-    double comm_exposed = 0.0;
-    if (reducer) {
-      if (pp > 1) reducer->ready_from(0);
-      reducer->finish();
-      comm_exposed = reducer->exposed_seconds();
-    } else if (cfg.zero && dp > 1) {
-      const auto tc = Clock::now();
-      mesh.dp_comm().reduce_scatter_async(grads.data(), grad_shard.data(), shard.shard)->wait();
-      std::copy_n(grad_shard.data(), shard.end - shard.begin, grads.data() + shard.begin);
-      comm_exposed = seconds_since(tc);
-    }
-    double norm_sq = grad_sum_squares(layout, grads.data(), shard.begin, shard.end);
-    if (mesh.tp() > 1) mesh.tp_comm().all_reduce_sum(&norm_sq, 1);
-    // The loss is known on the last stage only; the norm sums over the stages.
-    double pp_stats[3] = {loss_sum, norm_sq, 1.0 - ps.compute_s / ps.total_s};
-    double peak_micro = ps.peak_contexts;  // activations alive at once, largest stage
-    if (pp > 1) {
-      mesh.pp_comm().all_reduce_sum(pp_stats, 3);
-      mesh.pp_comm().all_reduce_max(&peak_micro, 1);
-    }
-    loss_sum = pp_stats[0];
-    norm_sq = pp_stats[1];
-    const double bubble = pp > 1 ? pp_stats[2] / pp : 0.0;
-    double stats[2] = {loss_sum, cfg.zero ? norm_sq : 0.0};
-    mesh.dp_comm().all_reduce_sum(stats, 2);
-    if (cfg.zero) norm_sq = stats[1];
-    const double loss = stats[0] / double(G * T);
-    const double grad_norm = std::sqrt(norm_sq);
-    // Clipping rides along the optimizer's sweep instead of a pass of its own.
-    const float grad_mul = cfg.optim.grad_clip > 0.0f && grad_norm > cfg.optim.grad_clip
-                               ? float(cfg.optim.grad_clip / (grad_norm + 1e-6))
-                               : 1.0f;
-    const float lr = learning_rate(cfg.optim, step, cfg.steps);
-    optimizer.step(params.data(), grads.data(), lr, step, grad_mul);
-    if (cfg.zero && dp > 1) {
-      const auto tc = Clock::now();
-      std::copy_n(params.data() + shard.begin, shard.end - shard.begin, grad_shard.data());
-      mesh.dp_comm().all_gather_async(grad_shard.data(), params.data(), shard.shard)->wait();
-      comm_exposed += seconds_since(tc);
-    }
-    const double dt = seconds_since(t0);
-    const double tp_comm = tp.take_comm_seconds();
-    // Memory of the largest rank (ZeRO and TP make ranks differ).
-    double mem[2] = {double(mem_bytes), double(peak_rss_bytes())};
-    world.all_reduce_max(mem, 2);
-    const double tokens_per_s = double(G * T) / dt;
-    const double mfu = step_flops / dt / peak_flops;
-    if (step > start_step + 1 || cfg.steps == start_step + 1) {
-      tokens_per_s_sum += tokens_per_s;
-      mfu_sum += mfu;
-      ++timed_steps;
-    }
-    if (lead) {
-      log->write({{"step", step},
-                  {"loss", loss},
-                  {"lr", lr},
-                  {"grad_norm", grad_norm},
-                  {"tokens_per_s", tokens_per_s},
-                  {"mfu", mfu},
-                  {"step_ms", dt * 1e3},
-                  {"compute_ms", (dt - comm_exposed - tp_comm) * 1e3},
-                  {"comm_exposed_ms", comm_exposed * 1e3},
-                  {"tp_comm_ms", tp_comm * 1e3},
-                  {"mem_bytes", mem_bytes},
-                  {"mem_bytes_max", mem[0]},
-                  {"peak_rss_bytes", peak_rss_bytes()},
-                  {"peak_rss_bytes_max", mem[1]},
-                  {"bubble", bubble},
-                  {"bubble_theory", theoretical_bubble(pp, int(accum), V)},
-                  {"peak_micro_batches", peak_micro}},
-                 "train");
-      if (!cfg.quiet && (step % std::max<int64_t>(1, cfg.log_every) == 0 || step == cfg.steps)) {
-        const double eta =
-            seconds_since(loop_start) / double(step - start_step) * double(cfg.steps - step);
-        fmt::print(
-            "step {:>{}}/{} | loss {:.4f} | lr {:.2e} | norm {:.3f} | {:.0f} ms | "
-            "{:.0f} tok/s | MFU {:.1f}% | ETA {}\n",
-            step, std::to_string(cfg.steps).size(), cfg.steps, loss, lr, grad_norm, dt * 1e3,
-            tokens_per_s, mfu * 100.0, format_duration(eta));
-        std::fflush(stdout);
-      }
-    }
-    const bool stopping = step == cfg.stop_at;
-    const bool last = step == cfg.steps;
-    if (val_windows > 0 && ((cfg.val_every > 0 && step % cfg.val_every == 0) || last)) {
-      const double val = evaluate(pipe, V, corpus.val, val_windows, b, T, mesh);
-      best_val = std::min(best_val, val);
-      if (lead) {
-        log->write({{"step", step}, {"val_loss", val}}, "val");
-        if (!cfg.quiet) fmt::print("step {} | val loss {:.4f}\n", step, val);
-      }
-    }
-    if ((cfg.save_every > 0 && step % cfg.save_every == 0) || last || stopping)
-      last_checkpoint = checkpoint(step);
-    if (stopping) break;
-  }
-  if (cfg.steps <= start_step) last_checkpoint = checkpoint(start_step);
-  const int64_t end_step = cfg.stop_at > start_step ? std::min(cfg.stop_at, cfg.steps) : cfg.steps;
-
-  if (lead && !cfg.quiet) {
-    const int64_t trained = end_step - start_step;
-    fmt::print(
-        "trellis: done | {} steps, {} tokens in {} | mean {:.0f} tok/s, MFU {:.1f}%{} | "
-        "checkpoint {} | metrics {}/metrics.jsonl{}\n",
-        std::max<int64_t>(0, trained), std::max<int64_t>(0, trained) * G * T,
-        format_duration(seconds_since(run_start)),
-        timed_steps ? tokens_per_s_sum / double(timed_steps) : 0.0,
-        timed_steps ? 100.0 * mfu_sum / double(timed_steps) : 0.0,
-        std::isfinite(best_val) ? fmt::format(" | best val loss {:.4f}", best_val) : "",
-        last_checkpoint.empty() ? "(none)" : last_checkpoint, cfg.out,
-        cfg.tensorboard ? fmt::format(" | tensorboard --logdir {}/tb", cfg.out) : "");
-  }
-  return 0;
+  Trainer trainer(std::move(cfg), world);
+  return trainer.run();
 }
 
 }  // namespace trellis

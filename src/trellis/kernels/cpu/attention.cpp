@@ -1,9 +1,11 @@
-// Causal self-attention per (batch, head) with small GEMMs; the softmax probabilities are saved
-// for backward (T x T per head: fine at GPT-2 context lengths on a CPU).
+// Attention per (batch, head) with small GEMMs; the softmax probabilities are saved for backward
+// (Tq x Tk per head: fine at GPT-2 context lengths on a CPU). Causal and padding masks both leave
+// each query row a prefix of visible keys, so one prefix softmax serves every variant.
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "trellis/core/error.h"
 #include "trellis/kernels/cpu/simd_math.h"
 #include "trellis/kernels/ops.h"
 
@@ -32,59 +34,96 @@ void softmax_causal_row(float* row, int64_t n, int64_t T) {
   for (j = 0; j < n; ++j) row[j] *= inv;
   for (j = n; j < T; ++j) row[j] = 0.0f;
 }
+
+void check_shape(const AttentionShape& s) {
+  TRELLIS_CHECK(s.Hkv > 0 && s.H % s.Hkv == 0, "attention: H={} is not a multiple of Hkv={}", s.H,
+                s.Hkv);
+  TRELLIS_CHECK(!s.causal || s.Tq == s.Tk, "attention: causal needs Tq == Tk (got {} and {})", s.Tq,
+                s.Tk);
+  for (int64_t b = 0; s.key_len && b < s.B; ++b)
+    TRELLIS_CHECK(s.key_len[b] >= 1 && s.key_len[b] <= s.Tk,
+                  "attention: key_len[{}] = {} is outside [1, {}]", b, s.key_len[b], s.Tk);
+}
+
+// Keys [0, n) that batch row b can see at all; masked keys are then never read.
+int64_t valid_keys(const AttentionShape& s, int64_t b) { return s.key_len ? s.key_len[b] : s.Tk; }
+// Keys [0, n) that query i of batch row b sees.
+int64_t visible_keys(const AttentionShape& s, int64_t b, int64_t i) {
+  return std::min(valid_keys(s, b), s.causal ? i + 1 : s.Tk);
+}
 }  // namespace
+
+void attention_forward(float* out, float* probs, const float* q, int64_t ldq, const float* k,
+                       const float* v, int64_t ldkv, const AttentionShape& s) {
+  check_shape(s);
+  const int64_t hd = s.hd, Tq = s.Tq, Tk = s.Tk, C = s.H * hd, group = s.H / s.Hkv;
+  const float scale = 1.0f / std::sqrt(float(hd));
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t bh = 0; bh < s.B * s.H; ++bh) {
+    const int64_t b = bh / s.H, h = bh % s.H, kv = (h / group) * hd, nk = valid_keys(s, b);
+    const float* qh = q + b * Tq * ldq + h * hd;
+    const float* kh = k + b * Tk * ldkv + kv;
+    const float* vh = v + b * Tk * ldkv + kv;
+    float* p = probs + bh * Tq * Tk;
+    gemm(false, true, Tq, nk, hd, scale, qh, ldq, kh, ldkv, 0.0f, p, Tk);
+    for (int64_t i = 0; i < Tq; ++i) softmax_causal_row(p + i * Tk, visible_keys(s, b, i), Tk);
+    gemm(false, false, Tq, hd, nk, 1.0f, p, Tk, vh, ldkv, 0.0f, out + b * Tq * C + h * hd, C);
+  }
+}
+
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                        int64_t ldq, const float* k, const float* v, int64_t ldkv,
+                        const float* probs, const AttentionShape& s) {
+  check_shape(s);
+  const int64_t hd = s.hd, Tq = s.Tq, Tk = s.Tk, C = s.H * hd, group = s.H / s.Hkv;
+  const float scale = 1.0f / std::sqrt(float(hd));
+  // One work item per (batch, kv head): the query heads sharing its k and v add into dk and dv one
+  // after the other, in head order, so there is no race and the sums do not depend on threads.
+#pragma omp parallel
+  {
+    std::vector<float> dp(size_t(Tq * Tk));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t bg = 0; bg < s.B * s.Hkv; ++bg) {
+      const int64_t b = bg / s.Hkv, g = bg % s.Hkv, kv = g * hd, nk = valid_keys(s, b);
+      const float* kh = k + b * Tk * ldkv + kv;
+      const float* vh = v + b * Tk * ldkv + kv;
+      float* dkh = dk + b * Tk * ldkv + kv;
+      float* dvh = dv + b * Tk * ldkv + kv;
+      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+        const float* qh = q + b * Tq * ldq + h * hd;
+        float* dqh = dq + b * Tq * ldq + h * hd;
+        const float* p = probs + (b * s.H + h) * Tq * Tk;
+        const float* dy = dout + b * Tq * C + h * hd;
+        gemm(false, true, Tq, nk, hd, 1.0f, dy, C, vh, ldkv, 0.0f, dp.data(), Tk);  // dP = dY V^T
+        gemm(true, false, nk, hd, Tq, 1.0f, p, Tk, dy, C, 1.0f, dvh, ldkv);         // dV += P^T dY
+        // Softmax backward, with the 1/sqrt(hd) of the scores folded in: dS = P*(dP - <P,dP>).
+        for (int64_t i = 0; i < Tq; ++i) {
+          const int64_t n = visible_keys(s, b, i);
+          const float* prow = p + i * Tk;
+          float* drow = dp.data() + i * Tk;
+          float dot = 0.0f;
+          for (int64_t j = 0; j < n; ++j) dot += prow[j] * drow[j];
+          for (int64_t j = 0; j < n; ++j) drow[j] = prow[j] * (drow[j] - dot) * scale;
+          for (int64_t j = n; j < nk; ++j) drow[j] = 0.0f;
+        }
+        // dQ += dS K, dK += dS^T Q.
+        gemm(false, false, Tq, hd, nk, 1.0f, dp.data(), Tk, kh, ldkv, 1.0f, dqh, ldq);
+        gemm(true, false, nk, hd, Tq, 1.0f, dp.data(), Tk, qh, ldq, 1.0f, dkh, ldkv);
+      }
+    }
+  }
+}
 
 void attention_forward(float* out, float* probs, const float* qkv, int64_t B, int64_t T, int64_t C,
                        int64_t H) {
-  const int64_t hs = C / H, C3 = 3 * C;
-  const float scale = 1.0f / std::sqrt(float(hs));
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t bh = 0; bh < B * H; ++bh) {
-    const int64_t b = bh / H, h = bh % H;
-    const float* q = qkv + b * T * C3 + h * hs;
-    const float* k = q + C;
-    const float* v = q + 2 * C;
-    float* p = probs + bh * T * T;
-    gemm(false, true, T, T, hs, scale, q, C3, k, C3, 0.0f, p, T);
-    for (int64_t i = 0; i < T; ++i) softmax_causal_row(p + i * T, i + 1, T);
-    gemm(false, false, T, hs, T, 1.0f, p, T, v, C3, 0.0f, out + b * T * C + h * hs, C);
-  }
+  attention_forward(out, probs, qkv, 3 * C, qkv + C, qkv + 2 * C, 3 * C,
+                    {B, T, T, H, H, C / H, true});
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs,
                         int64_t B, int64_t T, int64_t C, int64_t H) {
-  const int64_t hs = C / H, C3 = 3 * C;
-  const float scale = 1.0f / std::sqrt(float(hs));
-#pragma omp parallel
-  {
-    std::vector<float> dp(size_t(T * T));
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t bh = 0; bh < B * H; ++bh) {
-      const int64_t b = bh / H, h = bh % H;
-      const int64_t off = b * T * C3 + h * hs;
-      const float* q = qkv + off;
-      const float* k = q + C;
-      const float* v = q + 2 * C;
-      float* dq = dqkv + off;
-      float* dk = dq + C;
-      float* dv = dq + 2 * C;
-      const float* p = probs + bh * T * T;
-      const float* dy = dout + b * T * C + h * hs;
-      gemm(false, true, T, T, hs, 1.0f, dy, C, v, C3, 0.0f, dp.data(), T);  // dP = dY V^T
-      gemm(true, false, T, hs, T, 1.0f, p, T, dy, C, 1.0f, dv, C3);         // dV += P^T dY
-      // Softmax backward, with the 1/sqrt(hs) of the scores folded in: dS = P*(dP - <P,dP>).
-      for (int64_t i = 0; i < T; ++i) {
-        const float* prow = p + i * T;
-        float* drow = dp.data() + i * T;
-        float dot = 0.0f;
-        for (int64_t j = 0; j <= i; ++j) dot += prow[j] * drow[j];
-        for (int64_t j = 0; j <= i; ++j) drow[j] = prow[j] * (drow[j] - dot) * scale;
-        for (int64_t j = i + 1; j < T; ++j) drow[j] = 0.0f;
-      }
-      gemm(false, false, T, hs, T, 1.0f, dp.data(), T, k, C3, 1.0f, dq, C3);  // dQ += dS K
-      gemm(true, false, T, hs, T, 1.0f, dp.data(), T, q, C3, 1.0f, dk, C3);   // dK += dS^T Q
-    }
-  }
+  attention_backward(dqkv, dqkv + C, dqkv + 2 * C, dout, qkv, 3 * C, qkv + C, qkv + 2 * C, 3 * C,
+                     probs, {B, T, T, H, H, C / H, true});
 }
 
 }  // namespace trellis::ops

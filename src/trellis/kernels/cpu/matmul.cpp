@@ -82,17 +82,26 @@ void add_bias(float* out, const float* bias, const float* residual, int64_t rows
   for (int64_t i = 0; i < rows; ++i) {
     float* y = out + i * C;
     const float* r = residual ? residual + i * C : nullptr;
-    for (int64_t c = 0; c < C; ++c) y[c] += bias[c] + (r ? r[c] : 0.0f);
+    if (bias)
+      for (int64_t c = 0; c < C; ++c) y[c] += bias[c] + (r ? r[c] : 0.0f);
+    else if (r)
+      for (int64_t c = 0; c < C; ++c) y[c] += r[c];
   }
 }
 
-void bias_backward(float* dbias, const float* dout, int64_t rows, int64_t C) {
-  // Column sums; split columns across threads so there is no reduction race.
+void fill_rows(float* out, int64_t ld, const float* values, int64_t rows, int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows; ++i) std::copy_n(values, C, out + i * ld);
+}
+
+void bias_backward(float* dbias, const float* dout, int64_t rows, int64_t C, int64_t ld) {
+  if (ld == 0) ld = C;
+    // Column sums; split columns across threads so there is no reduction race.
 #pragma omp parallel for schedule(static)
   for (int64_t c0 = 0; c0 < C; c0 += 64) {
     const int64_t c1 = std::min(C, c0 + 64);
     for (int64_t i = 0; i < rows; ++i)
-      for (int64_t c = c0; c < c1; ++c) dbias[c] += dout[i * C + c];
+      for (int64_t c = c0; c < c1; ++c) dbias[c] += dout[i * ld + c];
   }
 }
 

@@ -1,4 +1,4 @@
-// Element-wise ops: GELU, residual adds, scaling, norms.
+// Element-wise ops: GELU, SwiGLU, residual adds, scaling, norms.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -60,6 +60,53 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) 
           r);
     }
   }
+}
+
+// SwiGLU in double, 4 lanes at a time, for the same reason as GELU; element-wise, so deterministic.
+namespace {
+inline simd::d4 sigmoid4(simd::d4 g) {
+  return simd::splat(1.0) / (simd::splat(1.0) + simd::exp(-g));
+}
+// Calls f(r, j, n) over columns [j, j + n) of each row r: groups of n = 4, then the tail (n < 4).
+template <class Fn>
+void swiglu_rows(int64_t rows, int64_t F, Fn f) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t j = 0;
+    for (; j + 4 <= F; j += 4) f(r, j, int64_t(4));
+    if (j < F) f(r, j, F - j);
+  }
+}
+inline simd::d4 load(const float* p, int64_t n) {
+  return n == 4 ? simd::load4(p) : simd::load_partial(p, n);
+}
+inline void store(float* p, simd::d4 x, int64_t n) {
+  if (n == 4)
+    simd::store4(p, x);
+  else
+    simd::store_partial(p, x, n);
+}
+}  // namespace
+
+void swiglu_forward(float* out, const float* gu, int64_t rows, int64_t F) {
+  swiglu_rows(rows, F, [&](int64_t r, int64_t j, int64_t n) {
+    const float* g = gu + r * 2 * F + j;
+    const simd::d4 g4 = load(g, n), u4 = load(g + F, n);
+    store(out + r * F + j, g4 * sigmoid4(g4) * u4, n);
+  });
+}
+
+void swiglu_backward(float* dgu, const float* gu, const float* dout, int64_t rows, int64_t F) {
+  swiglu_rows(rows, F, [&](int64_t r, int64_t j, int64_t n) {
+    const float* g = gu + r * 2 * F + j;
+    float* dg = dgu + r * 2 * F + j;
+    const simd::d4 g4 = load(g, n), u4 = load(g + F, n), dy = load(dout + r * F + j, n);
+    const simd::d4 sg = sigmoid4(g4);
+    // silu'(g) = sigmoid(g) * (1 + g * (1 - sigmoid(g))).
+    const simd::d4 dsilu = sg * (simd::splat(1.0) + g4 * (simd::splat(1.0) - sg));
+    store(dg, load(dg, n) + dy * u4 * dsilu, n);
+    store(dg + F, load(dg + F, n) + dy * g4 * sg, n);
+  });
 }
 
 void accumulate(float* y, const float* x, int64_t n) {

@@ -15,8 +15,8 @@ double now_s() {
 }
 }  // namespace
 
-Pipeline::Pipeline(Communicator& pp_comm, std::vector<GPT*> chunks, int64_t micro_batch,
-                   int64_t seq_len, int64_t n_embd)
+Pipeline::Pipeline(Communicator& pp_comm, std::vector<Transformer*> chunks, int64_t micro_batch,
+                   int64_t seq_len)
     : comm_(pp_comm),
       chunks_(std::move(chunks)),
       pp_(pp_comm.size()),
@@ -24,7 +24,6 @@ Pipeline::Pipeline(Communicator& pp_comm, std::vector<GPT*> chunks, int64_t micr
       global_chunks_(int(chunks_.size()) * pp_comm.size()),
       b_(micro_batch),
       T_(seq_len),
-      C_(n_embd),
       pool_(chunks_.size()) {}
 
 Context* Pipeline::acquire(int v) {
@@ -84,7 +83,7 @@ PipelineStats Pipeline::run(const std::vector<PipeOp>& ops, const Loader& load, 
   for (size_t i = 0; i < ops.size(); ++i) {
     const PipeOp& op = ops[i];
     const int g = op.chunk * pp_ + rank_;
-    GPT& model = *chunks_[size_t(op.chunk)];
+    Transformer& model = *chunks_[size_t(op.chunk)];
     const double t0 = now_s();
     if (op.forward) {
       Context* ctx = acquire(op.chunk);
@@ -92,7 +91,7 @@ PipelineStats Pipeline::run(const std::vector<PipeOp>& ops, const Loader& load, 
       const int64_t valid_rows = load(op.micro, *ctx);
       if (g > 0)
         comm_
-            .recv_async(ctx->input.data(), ctx->input.size(), rank_of(g - 1),
+            .recv_async(ctx->input.f32(), size_t(ctx->input.numel()), rank_of(g - 1),
                         tag(op.micro, g, true))
             ->wait();
       const double tc = now_s();
@@ -100,13 +99,14 @@ PipelineStats Pipeline::run(const std::vector<PipeOp>& ops, const Loader& load, 
       st.compute_s += now_s() - tc;
       if (g == last_chunk) {
         const int64_t n = valid_rows * T_;
-        for (int64_t r = 0; r < n; ++r) st.loss_sum += ctx->losses[size_t(r)];
+        const float* losses = ctx->losses.f32();
+        for (int64_t r = 0; r < n; ++r) st.loss_sum += losses[r];
       }
       const bool keep = grad_scale != 0.0f;
       if (g < last_chunk) {
-        const float* out = model.output(*ctx);
-        const size_t count = ctx->blocks.back().res_out.size();
-        sends_.push_back({comm_.send_async(out, count, rank_of(g + 1), tag(op.micro, g + 1, true)),
+        Tensor& out = model.output(*ctx);
+        sends_.push_back({comm_.send_async(out.f32(), size_t(out.numel()), rank_of(g + 1),
+                                           tag(op.micro, g + 1, true)),
                           ctx, op.chunk, !keep});
       } else if (!keep) {
         release(op.chunk, ctx);
@@ -122,15 +122,15 @@ PipelineStats Pipeline::run(const std::vector<PipeOp>& ops, const Loader& load, 
       alive.erase(it);
       if (g < last_chunk)
         comm_
-            .recv_async(ctx->doutput.data(), ctx->doutput.size(), rank_of(g + 1),
+            .recv_async(ctx->doutput.f32(), size_t(ctx->doutput.numel()), rank_of(g + 1),
                         tag(op.micro, g, false))
             ->wait();
       const double tc = now_s();
       model.backward(*ctx, i == last_backward[size_t(op.chunk)], on_block_done);
       st.compute_s += now_s() - tc;
       if (g > 0) {
-        sends_.push_back({comm_.send_async(ctx->dinput.data(), ctx->dinput.size(), rank_of(g - 1),
-                                           tag(op.micro, g - 1, false)),
+        sends_.push_back({comm_.send_async(ctx->dinput.f32(), size_t(ctx->dinput.numel()),
+                                           rank_of(g - 1), tag(op.micro, g - 1, false)),
                           ctx, op.chunk, true});
       } else {
         release(op.chunk, ctx);

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "trellis/model/gpt.h"
+#include "trellis/model/transformer.h"
 #include "trellis/parallel/pipeline/schedule.h"
 
 namespace trellis {
@@ -32,13 +32,13 @@ class Pipeline {
  public:
   // chunks: this rank's model chunks by local index v (global chunk v * pp + rank). pp_comm:
   // the pipeline group (size 1 without pipeline parallelism).
-  Pipeline(Communicator& pp_comm, std::vector<GPT*> chunks, int64_t micro_batch, int64_t seq_len,
-           int64_t n_embd);
+  Pipeline(Communicator& pp_comm, std::vector<Transformer*> chunks, int64_t micro_batch,
+           int64_t seq_len);
 
   // Loads micro-batch `micro` into ctx.tokens/targets; returns how many of its rows count.
   using Loader = std::function<int64_t(int micro, Context& ctx)>;
   // Runs `ops`. grad_scale != 0 trains (backward ops present); on_block_done is passed to the
-  // last backward of each chunk (see GPT::backward).
+  // last backward of each chunk (see Transformer::backward).
   PipelineStats run(const std::vector<PipeOp>& ops, const Loader& load, float grad_scale,
                     const std::function<void(int)>& on_block_done = {});
 
@@ -51,9 +51,9 @@ class Pipeline {
   void release(int v, Context* ctx);
 
   Communicator& comm_;
-  std::vector<GPT*> chunks_;
+  std::vector<Transformer*> chunks_;
   int pp_, rank_, global_chunks_;
-  int64_t b_, T_, C_;
+  int64_t b_, T_;
   struct Slot {
     std::unique_ptr<Context> ctx;
     bool busy = false;

@@ -1,13 +1,19 @@
 #pragma once
-// GPT-2 as embedding, blocks and head with explicit forward/backward. Parameters and gradients
-// are views into flat buffers (this rank's tensor-parallel slices); the activations of one
-// micro-batch live in a Context. Tensor parallelism enters only through the TensorParallel
-// operators around each column → row-parallel pair (attention, MLP, vocabulary).
+// A Transformer composed from its config: token (and learned position) embedding, blocks of
+// norm -> self-attention (MHA/GQA, causal or bidirectional, optional RoPE) -> norm -> MLP
+// (GELU/SwiGLU) with residuals, and a final norm with a (tied or untied) vocabulary head.
+// Parameters and gradients are views into flat buffers (this rank's tensor-parallel slices); the
+// activations of one micro-batch live in a Context. Tensor parallelism enters only through the
+// TensorParallel operators around each column -> row-parallel pair; the model itself holds no
+// communication.
 #include <cstdint>
 #include <functional>
 #include <vector>
 
+#include "trellis/core/tensor.h"
+#include "trellis/kernels/backend.h"
 #include "trellis/model/config.h"
+#include "trellis/model/modules.h"
 #include "trellis/model/params.h"
 #include "trellis/parallel/tensor_parallel.h"
 
@@ -18,34 +24,25 @@ namespace trellis {
 struct Context {
   int64_t B = 0, T = 0;
   std::vector<int32_t> tokens, targets;  // [B*T]
-  std::vector<float> embedded;           // [local, C] input of block 0
+  Tensor embedded;                       // [local, C] input of block 0
   struct BlockActs {
-    std::vector<float> ln1, ln1_mean, ln1_rstd, ln1_full, qkv, probs, att, res_mid;
-    std::vector<float> ln2, ln2_mean, ln2_rstd, ln2_full, fc, gelu, res_out;
+    Tensor ln1, ln1_mean, ln1_rstd, ln1_full, qkv, probs, att, res_mid;
+    Tensor ln2, ln2_mean, ln2_rstd, ln2_full, up, act, res_out;
   };
   std::vector<BlockActs> blocks;
-  std::vector<float> lnf, lnf_mean, lnf_rstd, lnf_full, logits, losses;
+  Tensor lnf, lnf_mean, lnf_rstd, lnf_full, logits, losses;
   // Pipeline stages after the first: the activation received from the previous stage, and the
   // gradient of it that backward produces; stages before the last: the received output gradient.
-  std::vector<float> input, dinput, doutput;
+  Tensor input, dinput, doutput;
 };
 
-struct BlockParams {
-  const float *ln1_w, *ln1_b, *attn_w, *attn_b, *proj_w, *proj_b;
-  const float *ln2_w, *ln2_b, *fc_w, *fc_b, *mlp_proj_w, *mlp_proj_b;
-};
-struct BlockGrads {
-  float *ln1_w, *ln1_b, *attn_w, *attn_b, *proj_w, *proj_b;
-  float *ln2_w, *ln2_b, *fc_w, *fc_b, *mlp_proj_w, *mlp_proj_b;
-};
-
-class GPT {
+class Transformer {
  public:
   // params/grads: flat buffers laid out by `layout` (grads may be null for inference). tp: the
   // tensor-parallel group (size 1 for a single rank); it must outlive the model. chunk: the part
   // of layout's stage this object runs (a pipeline model chunk; default: all of it).
-  GPT(const ModelConfig& cfg, const ParamLayout& layout, float* params, float* grads,
-      TensorParallel& tp, const StageSpec* chunk = nullptr);
+  Transformer(const ParamLayout& layout, float* params, float* grads, TensorParallel& tp,
+              const StageSpec* chunk = nullptr);
 
   const ModelConfig& config() const { return cfg_; }
   // Sizes ctx's buffers for micro-batches of B sequences of T tokens.
@@ -56,7 +53,7 @@ class GPT {
   // grad_scale != 0 the head already turns logits into dlogits (grad_scale = 1/global tokens).
   double forward(Context& ctx, float grad_scale);
   // The activation a stage hands to the next one ([local rows, C]).
-  const float* output(const Context& ctx) const { return ctx.blocks.back().res_out.data(); }
+  Tensor& output(Context& ctx) const { return ctx.blocks.back().res_out; }
   bool has_embedding() const { return chunk_.embedding; }
   bool has_head() const { return chunk_.head; }
   // Backward of the micro-batch in ctx (after forward with grad_scale != 0; before the last stage
@@ -70,25 +67,33 @@ class GPT {
   std::vector<float> last_logits(Context& ctx);
 
  private:
+  struct Block {
+    Norm ln1, ln2;
+    Linear qkv, proj, up, down;
+  };
   // l in block_* is the position of the block within this chunk.
   void embedding_forward(Context& ctx);
+  void blocks_forward(Context& ctx);
   void block_forward(Context& ctx, int l, const float* x);
   void head_forward(Context& ctx, const float* x);
   void block_backward(Context& ctx, int l, const float* x);
   void head_backward(Context& ctx, bool reduce);
+  ops::AttentionShape attention_shape(const Context& ctx) const;
   // Sequence parallelism leaves partial gradients in parameters replicated across the group.
   void reduce_replicated(std::initializer_list<std::pair<float*, int64_t>> grads);
 
+  const Backend& k_;
   ModelConfig cfg_;
   StageSpec chunk_;
   TensorParallel& tp_;
-  int64_t C_, Cl_, Hl_, vocab_start_, vocab_rows_, vocab_valid_;  // l = this rank's slice
-  const float *wte_ = nullptr, *wpe_ = nullptr, *lnf_w_ = nullptr, *lnf_b_ = nullptr;
-  float *dwte_ = nullptr, *dwpe_ = nullptr, *dlnf_w_ = nullptr, *dlnf_b_ = nullptr;
-  std::vector<BlockParams> blocks_;
-  std::vector<BlockGrads> dblocks_;
+  int64_t C_, Hl_, Hkvl_, hd_, Fl_;  // l = this rank's slice
+  int64_t vocab_start_, vocab_rows_, vocab_valid_;
+  const float *emb_ = nullptr, *pos_ = nullptr, *head_w_ = nullptr;
+  float *demb_ = nullptr, *dpos_ = nullptr, *dhead_w_ = nullptr;
+  Norm lnf_;
+  std::vector<Block> blocks_;
   // Scratch shared by all micro-batches (one forward or backward runs at a time).
-  std::vector<float> full_, dres_, dln_, dfull_, dqkv_, datt_, dfc_, dgelu_;
+  Tensor full_, dres_, dln_, dfull_, dqkv_, datt_, dup_, dact_;
 };
 
 // Training FLOPs per token (forward + backward): 6 * params + attention's 12 * L * C * T.

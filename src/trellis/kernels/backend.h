@@ -1,0 +1,43 @@
+#pragma once
+// The one way model code reaches kernels: a table of the op set for a device. The CPU table holds
+// the functions of kernels/ops.h; a CUDA table would hold functions of the same signatures over
+// device pointers, so adding it touches no model code.
+#include "trellis/core/tensor.h"
+#include "trellis/kernels/ops.h"
+
+namespace trellis {
+
+struct Backend {
+  Device device;
+  decltype(&ops::gemm) gemm;
+  decltype(&ops::add_bias) add_bias;
+  decltype(&ops::fill_rows) fill_rows;
+  decltype(&ops::bias_backward) bias_backward;
+  decltype(&ops::layernorm_forward) layernorm_forward;
+  decltype(&ops::layernorm_backward) layernorm_backward;
+  decltype(&ops::rmsnorm_forward) rmsnorm_forward;
+  decltype(&ops::rmsnorm_backward) rmsnorm_backward;
+  decltype(&ops::gelu_forward) gelu_forward;
+  decltype(&ops::gelu_backward) gelu_backward;
+  decltype(&ops::swiglu_forward) swiglu_forward;
+  decltype(&ops::swiglu_backward) swiglu_backward;
+  decltype(&ops::rope_forward) rope_forward;
+  decltype(&ops::rope_backward) rope_backward;
+  void (*attention_forward)(float*, float*, const float*, int64_t, const float*, const float*,
+                            int64_t, const ops::AttentionShape&);
+  void (*attention_backward)(float*, float*, float*, const float*, const float*, int64_t,
+                             const float*, const float*, int64_t, const float*,
+                             const ops::AttentionShape&);
+  decltype(&ops::embedding_forward) embedding_forward;
+  decltype(&ops::embedding_backward) embedding_backward;
+  decltype(&ops::position_forward) position_forward;
+  decltype(&ops::position_backward) position_backward;
+  decltype(&ops::cross_entropy) cross_entropy;
+  decltype(&ops::accumulate) accumulate;
+  decltype(&ops::zero) zero;
+};
+
+// The kernels of a device; an input error if this build has none for it.
+const Backend& backend(Device device);
+
+}  // namespace trellis

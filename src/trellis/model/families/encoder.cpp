@@ -1,0 +1,87 @@
+// Bidirectional encoder (BERT-like in use, pre-LayerNorm as in fairseq/BART with
+// normalize_before; their parameter names, nn.Linear weights [out, in]). Its LM-style head, tied
+// to the token embedding, serves the oracle tests; task heads sit on the same blocks.
+#include <fmt/format.h>
+
+#include "trellis/model/family.h"
+
+namespace trellis {
+namespace {
+
+void configure(ModelConfig& c) {
+  c.norm = NormKind::LayerNorm;
+  c.norm_eps = 1e-5f;
+  c.positions = PositionKind::Learned;
+  c.mlp = MlpKind::Gelu;
+  c.bias = true;
+  c.tied_head = true;
+  c.causal = false;
+}
+
+void embedding(ParamBuilder& b) {
+  b.token_embedding("embed_tokens.weight");
+  if (b.config().positions == PositionKind::Learned) b.position_embedding("embed_positions.weight");
+}
+
+void block(ParamBuilder& b, int l) {
+  const ModelConfig& c = b.config();
+  const std::string p = fmt::format("layers.{}.", l);
+  const int64_t C = c.n_embd, hd = c.head_size(), Q = c.n_head * hd, KV = c.kv_heads() * hd;
+  const int64_t F = c.ffn();
+  const auto col = Parallel::Column, row = Parallel::Row;
+  const auto L = WeightLayout::OutIn;
+  b.norm(Slot::AttnNorm, l, p + "self_attn_layer_norm");
+  b.linear(Slot::Q, l, p + "self_attn.q_proj", C, Q, col, L);
+  b.linear(Slot::K, l, p + "self_attn.k_proj", C, KV, col, L);
+  b.linear(Slot::V, l, p + "self_attn.v_proj", C, KV, col, L);
+  b.linear(Slot::AttnOut, l, p + "self_attn.out_proj", Q, C, row, L, 1, true);
+  b.norm(Slot::MlpNorm, l, p + "final_layer_norm");
+  if (c.mlp == MlpKind::SwiGLU) {
+    b.linear(Slot::Gate, l, p + "fc_gate", C, F, col, L);
+    b.linear(Slot::Up, l, p + "fc1", C, F, col, L);
+  } else {
+    b.linear(Slot::MlpUp, l, p + "fc1", C, F, col, L);
+  }
+  b.linear(Slot::MlpDown, l, p + "fc2", F, C, row, L, 1, true);
+}
+
+void head(ParamBuilder& b) {
+  b.norm(Slot::FinalNorm, -1, "layer_norm");
+  if (!b.config().tied_head) b.head("lm_head.weight");
+}
+
+nlohmann::json to_hf_config(const ModelConfig& m) {
+  nlohmann::json j;
+  j["model_type"] = "trellis-encoder";
+  j["architectures"] = {"TrellisEncoder"};
+  j["hidden_size"] = m.n_embd;
+  j["intermediate_size"] = m.ffn();
+  j["num_attention_heads"] = m.n_head;
+  j["num_key_value_heads"] = m.kv_heads();
+  j["num_hidden_layers"] = m.n_layer;
+  j["max_position_embeddings"] = m.block_size;
+  j["vocab_size"] = m.vocab_size;
+  j["layer_norm_eps"] = m.norm_eps;
+  j["tie_word_embeddings"] = m.tied_head;
+  j["hidden_act"] = "gelu_new";
+  return j;
+}
+
+void from_hf_config(const HfConfigReader& r, ModelConfig& m) {
+  m.n_embd = r.get_int("hidden_size");
+  m.ffn_hidden = r.get_int("intermediate_size");
+  m.n_head = r.get_int("num_attention_heads");
+  m.n_kv_head = r.has("num_key_value_heads") ? r.get_int("num_key_value_heads") : 0;
+  m.n_layer = r.get_int("num_hidden_layers");
+  m.block_size = r.get_int("max_position_embeddings");
+  m.vocab_size = r.get_int("vocab_size");
+  if (r.has("layer_norm_eps")) m.norm_eps = float(r.get_number("layer_norm_eps"));
+  if (r.has("tie_word_embeddings")) m.tied_head = r.get_bool("tie_word_embeddings");
+}
+
+}  // namespace
+
+extern const Family kEncoderFamily = {"encoder", configure,    embedding,      block,
+                                      head,      to_hf_config, from_hf_config, "trellis-encoder"};
+
+}  // namespace trellis

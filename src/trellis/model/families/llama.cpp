@@ -1,0 +1,94 @@
+// LLaMA-style decoder (Hugging Face LlamaForCausalLM names; nn.Linear weights [out, in]): RMSNorm,
+// rotary positions, grouped-query attention, SwiGLU MLP, no biases, untied head.
+#include <fmt/format.h>
+
+#include "trellis/model/family.h"
+
+namespace trellis {
+namespace {
+
+void configure(ModelConfig& c) {
+  c.norm = NormKind::RMSNorm;
+  c.norm_eps = 1e-5f;
+  c.positions = PositionKind::Rope;
+  c.rope_theta = 10000.0f;
+  c.mlp = MlpKind::SwiGLU;
+  c.bias = false;
+  c.tied_head = false;
+  c.causal = true;
+}
+
+void embedding(ParamBuilder& b) {
+  b.token_embedding("model.embed_tokens.weight");
+  if (b.config().positions == PositionKind::Learned)
+    b.position_embedding("model.embed_positions.weight");
+}
+
+void block(ParamBuilder& b, int l) {
+  const ModelConfig& c = b.config();
+  const std::string p = fmt::format("model.layers.{}.", l);
+  const int64_t C = c.n_embd, hd = c.head_size(), Q = c.n_head * hd, KV = c.kv_heads() * hd;
+  const int64_t F = c.ffn();
+  const auto col = Parallel::Column, row = Parallel::Row;
+  const auto L = WeightLayout::OutIn;
+  b.norm(Slot::AttnNorm, l, p + "input_layernorm");
+  b.linear(Slot::Q, l, p + "self_attn.q_proj", C, Q, col, L);
+  b.linear(Slot::K, l, p + "self_attn.k_proj", C, KV, col, L);
+  b.linear(Slot::V, l, p + "self_attn.v_proj", C, KV, col, L);
+  b.linear(Slot::AttnOut, l, p + "self_attn.o_proj", Q, C, row, L, 1, true);
+  b.norm(Slot::MlpNorm, l, p + "post_attention_layernorm");
+  if (c.mlp == MlpKind::SwiGLU) {
+    b.linear(Slot::Gate, l, p + "mlp.gate_proj", C, F, col, L);
+    b.linear(Slot::Up, l, p + "mlp.up_proj", C, F, col, L);
+  } else {
+    b.linear(Slot::MlpUp, l, p + "mlp.up_proj", C, F, col, L);
+  }
+  b.linear(Slot::MlpDown, l, p + "mlp.down_proj", F, C, row, L, 1, true);
+}
+
+void head(ParamBuilder& b) {
+  b.norm(Slot::FinalNorm, -1, "model.norm");
+  if (!b.config().tied_head) b.head("lm_head.weight");
+}
+
+nlohmann::json to_hf_config(const ModelConfig& m) {
+  nlohmann::json j;
+  j["model_type"] = "llama";
+  j["architectures"] = {"LlamaForCausalLM"};
+  j["hidden_size"] = m.n_embd;
+  j["intermediate_size"] = m.ffn();
+  j["num_attention_heads"] = m.n_head;
+  j["num_key_value_heads"] = m.kv_heads();
+  j["num_hidden_layers"] = m.n_layer;
+  j["rms_norm_eps"] = m.norm_eps;
+  j["rope_theta"] = m.rope_theta;
+  j["max_position_embeddings"] = m.block_size;
+  j["vocab_size"] = m.vocab_size;
+  j["tie_word_embeddings"] = m.tied_head;
+  j["hidden_act"] = "silu";
+  j["attention_bias"] = m.bias;
+  j["mlp_bias"] = m.bias;
+  j["initializer_range"] = 0.02;
+  return j;
+}
+
+void from_hf_config(const HfConfigReader& r, ModelConfig& m) {
+  m.n_embd = r.get_int("hidden_size");
+  m.ffn_hidden = r.get_int("intermediate_size");
+  m.n_head = r.get_int("num_attention_heads");
+  m.n_kv_head = r.has("num_key_value_heads") ? r.get_int("num_key_value_heads") : 0;
+  m.n_layer = r.get_int("num_hidden_layers");
+  m.block_size = r.get_int("max_position_embeddings");
+  m.vocab_size = r.get_int("vocab_size");
+  if (r.has("rms_norm_eps")) m.norm_eps = float(r.get_number("rms_norm_eps"));
+  if (r.has("rope_theta")) m.rope_theta = float(r.get_number("rope_theta"));
+  if (r.has("tie_word_embeddings")) m.tied_head = r.get_bool("tie_word_embeddings");
+  if (r.has("attention_bias")) m.bias = r.get_bool("attention_bias");
+}
+
+}  // namespace
+
+extern const Family kLlamaFamily = {"llama", configure,    embedding,      block,
+                                    head,    to_hf_config, from_hf_config, "llama"};
+
+}  // namespace trellis

@@ -1,0 +1,54 @@
+#include "trellis/model/family.h"
+
+#include <fmt/ranges.h>
+
+#include "trellis/core/error.h"
+
+namespace trellis {
+
+extern const Family kGpt2Family, kLlamaFamily, kEncoderFamily;
+
+namespace {
+const Family* const kFamilies[] = {&kGpt2Family, &kLlamaFamily, &kEncoderFamily};
+}
+
+const Family& family_of(const std::string& arch) {
+  std::vector<std::string> names;
+  for (const Family* f : kFamilies) {
+    if (arch == f->arch) return *f;
+    names.emplace_back(f->arch);
+  }
+  TRELLIS_REQUIRE(false, "unknown model architecture '{}' (choose {})", arch,
+                  fmt::join(names, ", "));
+  return kGpt2Family;
+}
+
+const Family& family_of_hf_config(const nlohmann::json& j, const std::string& path) {
+  if (!j.contains("model_type")) return kGpt2Family;
+  const HfConfigReader r(j, path);
+  for (const Family* f : kFamilies)
+    if (j["model_type"] == f->model_type) return *f;
+  TRELLIS_REQUIRE(false, "{}: model_type {} is not one trellis trains (gpt2, llama, {})", path,
+                  j["model_type"].dump(), kEncoderFamily.model_type);
+  return kGpt2Family;
+}
+
+int HfConfigReader::get_int(const char* key) const {
+  TRELLIS_REQUIRE(has(key), "{}: missing key '{}'", path_, key);
+  TRELLIS_REQUIRE(j_.at(key).is_number_integer(), "{}: key '{}' must be an integer", path_, key);
+  return j_.at(key).get<int>();
+}
+
+double HfConfigReader::get_number(const char* key) const {
+  TRELLIS_REQUIRE(has(key), "{}: missing key '{}'", path_, key);
+  TRELLIS_REQUIRE(j_.at(key).is_number(), "{}: key '{}' must be a number", path_, key);
+  return j_.at(key).get<double>();
+}
+
+bool HfConfigReader::get_bool(const char* key) const {
+  TRELLIS_REQUIRE(has(key), "{}: missing key '{}'", path_, key);
+  TRELLIS_REQUIRE(j_.at(key).is_boolean(), "{}: key '{}' must be true or false", path_, key);
+  return j_.at(key).get<bool>();
+}
+
+}  // namespace trellis

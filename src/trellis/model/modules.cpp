@@ -1,0 +1,79 @@
+#include "trellis/model/modules.h"
+
+#include "trellis/core/error.h"
+
+namespace trellis {
+
+Linear::Linear(const Backend& k, const ParamLayout& layout, std::vector<Slot> slots, int layer,
+               float* params, float* grads)
+    : k_(&k) {
+  for (Slot slot : slots) {
+    const ParamSpec* w = layout.find(slot, layer);
+    if (!w) continue;
+    const ParamSpec* b = layout.find(slot, layer, true);
+    const bool out_in = w->layout == WeightLayout::OutIn;
+    const int64_t in = out_in ? w->shape[1] : w->shape[0],
+                  cols = out_in ? w->shape[0] : w->shape[1];
+    TRELLIS_CHECK(in_ == 0 || in_ == in, "{}: input width {} differs from its layer's {}", w->name,
+                  in, in_);
+    in_ = in;
+    pieces_.push_back({params + w->offset, grads ? grads + w->offset : nullptr,
+                       b ? params + b->offset : nullptr, b && grads ? grads + b->offset : nullptr,
+                       out_, cols, out_in});
+    out_ += cols;
+  }
+}
+
+void Linear::forward(float* y, const float* x, int64_t rows, bool add_bias) const {
+  for (const Piece& p : pieces_) {
+    const bool bias = add_bias && p.b;
+    if (bias) k_->fill_rows(y + p.col, out_, p.b, rows, p.cols);
+    k_->gemm(false, p.out_in, rows, p.cols, in_, 1.0f, x, in_, p.w, p.out_in ? in_ : p.cols,
+             bias ? 1.0f : 0.0f, y + p.col, out_);
+  }
+}
+
+void Linear::backward(float* dx, const float* dy, const float* x, int64_t rows,
+                      bool bias_grad) const {
+  for (const Piece& p : pieces_) {
+    const float* dyp = dy + p.col;
+    if (p.out_in) {
+      if (dx) k_->gemm(false, false, rows, in_, p.cols, 1.0f, dyp, out_, p.w, in_, 1.0f, dx, in_);
+      k_->gemm(true, false, p.cols, in_, rows, 1.0f, dyp, out_, x, in_, 1.0f, p.dw, in_);
+    } else {
+      if (dx) k_->gemm(false, true, rows, in_, p.cols, 1.0f, dyp, out_, p.w, p.cols, 1.0f, dx, in_);
+      k_->gemm(true, false, in_, p.cols, rows, 1.0f, x, in_, dyp, out_, 1.0f, p.dw, p.cols);
+    }
+    if (bias_grad && p.db) k_->bias_backward(p.db, dyp, rows, p.cols, out_);
+  }
+}
+
+Norm::Norm(const Backend& k, const ModelConfig& cfg, const ParamLayout& layout, Slot slot,
+           int layer, float* params, float* grads)
+    : k_(&k), kind_(cfg.norm), eps_(cfg.norm_eps), C_(cfg.n_embd) {
+  const ParamSpec* w = layout.find(slot, layer);
+  TRELLIS_CHECK(w, "layout has no norm for block {}", layer);
+  w_ = params + w->offset;
+  dw_ = grads ? grads + w->offset : nullptr;
+  if (const ParamSpec* b = layout.find(slot, layer, true)) {
+    b_ = params + b->offset;
+    db_ = grads ? grads + b->offset : nullptr;
+  }
+}
+
+void Norm::forward(float* out, float* mean, float* rstd, const float* x, int64_t rows) const {
+  if (rms())
+    k_->rmsnorm_forward(out, rstd, x, w_, rows, C_, eps_);
+  else
+    k_->layernorm_forward(out, mean, rstd, x, w_, b_, rows, C_, eps_);
+}
+
+void Norm::backward(float* dx, const float* dout, const float* x, const float* mean,
+                    const float* rstd, int64_t rows) const {
+  if (rms())
+    k_->rmsnorm_backward(dx, dw_, dout, x, w_, rstd, rows, C_);
+  else
+    k_->layernorm_backward(dx, dw_, db_, dout, x, w_, mean, rstd, rows, C_);
+}
+
+}  // namespace trellis

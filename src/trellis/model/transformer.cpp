@@ -1,0 +1,304 @@
+#include "trellis/model/transformer.h"
+
+#include <algorithm>
+
+#include "trellis/core/error.h"
+
+namespace trellis {
+
+namespace {
+// Scratch grows to the largest micro-batch seen and is reused.
+void grow(Tensor& t, int64_t n) {
+  if (t.numel() < n) t = Tensor::zeros({n});
+}
+}  // namespace
+
+Transformer::Transformer(const ParamLayout& layout, float* params, float* grads, TensorParallel& tp,
+                         const StageSpec* chunk)
+    : k_(backend(Device::CPU)),
+      cfg_(layout.config()),
+      chunk_(chunk ? *chunk : layout.stage()),
+      tp_(tp) {
+  cfg_.validate();
+  TRELLIS_CHECK(layout.tp() == tp.size() && layout.tp_rank() == tp.rank(),
+                "parameter layout is for tp rank {}/{}, the group is {}/{}", layout.tp_rank(),
+                layout.tp(), tp.rank(), tp.size());
+  TRELLIS_CHECK(!chunk_.layers.empty(), "a model chunk needs at least one block");
+  C_ = cfg_.n_embd;
+  hd_ = cfg_.head_size();
+  Hl_ = cfg_.n_head / tp.size();
+  Hkvl_ = cfg_.kv_heads() / tp.size();
+  Fl_ = cfg_.ffn() / tp.size();
+  vocab_rows_ = layout.vocab_local();
+  vocab_start_ = layout.vocab_start();
+  vocab_valid_ = std::clamp<int64_t>(cfg_.vocab_size - vocab_start_, 0, vocab_rows_);
+  auto bind = [&](const ParamSpec* s, const float*& p, float*& g) {
+    TRELLIS_CHECK(s, "the parameter layout lacks a tensor this chunk needs");
+    p = params + s->offset;
+    g = grads ? grads + s->offset : nullptr;
+  };
+  if (chunk_.embedding || (chunk_.head && cfg_.tied_head))
+    bind(layout.find(Slot::TokEmbed, -1), emb_, demb_);
+  if (chunk_.embedding && cfg_.positions == PositionKind::Learned)
+    bind(layout.find(Slot::PosEmbed, -1), pos_, dpos_);
+  if (chunk_.head) {
+    lnf_ = Norm(k_, cfg_, layout, Slot::FinalNorm, -1, params, grads);
+    if (cfg_.tied_head) {
+      head_w_ = emb_, dhead_w_ = demb_;
+    } else {
+      bind(layout.find(Slot::Head, -1), head_w_, dhead_w_);
+    }
+  }
+  for (int l : chunk_.layers) {
+    Block b;
+    b.ln1 = Norm(k_, cfg_, layout, Slot::AttnNorm, l, params, grads);
+    b.qkv = Linear(k_, layout, {Slot::Qkv, Slot::Q, Slot::K, Slot::V}, l, params, grads);
+    b.proj = Linear(k_, layout, {Slot::AttnOut}, l, params, grads);
+    b.ln2 = Norm(k_, cfg_, layout, Slot::MlpNorm, l, params, grads);
+    b.up = Linear(k_, layout, {Slot::MlpUp, Slot::Gate, Slot::Up}, l, params, grads);
+    b.down = Linear(k_, layout, {Slot::MlpDown}, l, params, grads);
+    const int64_t up_width = (cfg_.mlp == MlpKind::SwiGLU ? 2 : 1) * Fl_;
+    TRELLIS_CHECK(b.qkv.out() == (Hl_ + 2 * Hkvl_) * hd_ && b.up.out() == up_width &&
+                      b.proj.in() == Hl_ * hd_ && b.down.in() == Fl_,
+                  "block {}: the family's tensors do not match the configured widths", l);
+    blocks_.push_back(std::move(b));
+  }
+}
+
+ops::AttentionShape Transformer::attention_shape(const Context& ctx) const {
+  return {ctx.B, ctx.T, ctx.T, Hl_, Hkvl_, hd_, cfg_.causal};
+}
+
+void Transformer::prepare(Context& ctx, int64_t B, int64_t T) {
+  const int64_t BT = B * T, R = tp_.local_rows(BT), C = C_;
+  TRELLIS_REQUIRE(!tp_.sequence_parallel() || BT % tp_.size() == 0,
+                  "sequence parallelism needs batch x sequence rows ({}) divisible by tp={}", BT,
+                  tp_.size());
+  const int64_t full = tp_.sequence_parallel() ? BT : 0;           // gathered copies (SP only)
+  const int64_t stats = cfg_.norm == NormKind::LayerNorm ? R : 0;  // RMSNorm keeps no mean
+  const int64_t qkv = (Hl_ + 2 * Hkvl_) * hd_, att = Hl_ * hd_;
+  const int64_t up = (cfg_.mlp == MlpKind::SwiGLU ? 2 : 1) * Fl_;
+  ctx.B = B;
+  ctx.T = T;
+  ctx.tokens.resize(size_t(BT));
+  ctx.targets.resize(size_t(BT));
+  ctx.blocks.resize(chunk_.layers.size());
+  for (auto& a : ctx.blocks) {
+    fit(a.ln1, {R, C}), fit(a.ln1_mean, {stats}), fit(a.ln1_rstd, {R}), fit(a.ln1_full, {full, C});
+    fit(a.qkv, {BT, qkv}), fit(a.probs, {B, Hl_, T, T}), fit(a.att, {BT, att});
+    fit(a.res_mid, {R, C}), fit(a.ln2, {R, C}), fit(a.ln2_mean, {stats}), fit(a.ln2_rstd, {R});
+    fit(a.ln2_full, {full, C}), fit(a.up, {BT, up}), fit(a.act, {BT, Fl_});
+    fit(a.res_out, {R, C});
+  }
+  const int64_t head = chunk_.head ? 1 : 0, embedding = chunk_.embedding ? 1 : 0;
+  fit(ctx.lnf, {head * R, C}), fit(ctx.lnf_mean, {head * stats}), fit(ctx.lnf_rstd, {head * R});
+  fit(ctx.lnf_full, {head * full, C});
+  fit(ctx.logits, {head * BT, vocab_rows_}), fit(ctx.losses, {BT});
+  fit(ctx.embedded, {embedding * R, C});
+  fit(ctx.input, {(1 - embedding) * R, C}), fit(ctx.dinput, {(1 - embedding) * R, C});
+  fit(ctx.doutput, {(1 - head) * R, C});
+  grow(full_, BT * C), grow(dres_, R * C), grow(dln_, BT * C), grow(dfull_, BT * C);
+  grow(dqkv_, BT * qkv), grow(datt_, BT * att), grow(dup_, BT * up), grow(dact_, BT * Fl_);
+}
+
+void Transformer::embedding_forward(Context& ctx) {
+  const int64_t BT = ctx.B * ctx.T;
+  for (int32_t t : ctx.tokens)
+    TRELLIS_REQUIRE(t >= 0 && t < cfg_.vocab_size,
+                    "token id {} is outside the vocabulary (size {})", t, cfg_.vocab_size);
+  // Each rank looks up the tokens of its vocabulary slice; leaving the region sums the slices.
+  float* embedded = ctx.embedded.f32();
+  float* lookup = tp_.sequence_parallel() ? full_.f32() : embedded;
+  k_.embedding_forward(lookup, ctx.tokens.data(), emb_, vocab_start_, vocab_rows_, BT, C_);
+  tp_.leave(lookup, embedded, BT, C_);
+  if (pos_) k_.position_forward(embedded, pos_, tp_.first_row(BT), tp_.local_rows(BT), ctx.T, C_);
+}
+
+void Transformer::block_forward(Context& ctx, int l, const float* x) {
+  const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT), C = C_;
+  const bool sp = tp_.sequence_parallel();
+  const Block& p = blocks_[size_t(l)];
+  Context::BlockActs& a = ctx.blocks[size_t(l)];
+  // Attention: heads split across the group (q|k|v column-parallel, projection row-parallel).
+  p.ln1.forward(a.ln1.f32(), a.ln1_mean.f32(), a.ln1_rstd.f32(), x, R);
+  const float* in = tp_.enter(a.ln1.f32(), a.ln1_full.f32(), BT, C);
+  float* qkv = a.qkv.f32();
+  const int64_t W = p.qkv.out(), Q = Hl_ * hd_, KV = Hkvl_ * hd_;
+  p.qkv.forward(qkv, in, BT);
+  if (cfg_.positions == PositionKind::Rope)  // q and k heads are the first Hl + Hkvl of a row
+    k_.rope_forward(qkv, W, BT, 0, ctx.T, Hl_ + Hkvl_, hd_, cfg_.rope_theta);
+  k_.attention_forward(a.att.f32(), a.probs.f32(), qkv, W, qkv + Q, qkv + Q + KV, W,
+                       attention_shape(ctx));
+  float* partial = sp ? full_.f32() : a.res_mid.f32();
+  p.proj.forward(partial, a.att.f32(), BT, false);
+  tp_.leave(partial, a.res_mid.f32(), BT, C);
+  k_.add_bias(a.res_mid.f32(), p.proj.bias(), x, R, C);
+  // MLP: up (or gate|up) column-parallel, down row-parallel.
+  p.ln2.forward(a.ln2.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(), a.res_mid.f32(), R);
+  in = tp_.enter(a.ln2.f32(), a.ln2_full.f32(), BT, C);
+  p.up.forward(a.up.f32(), in, BT);
+  if (cfg_.mlp == MlpKind::SwiGLU)
+    k_.swiglu_forward(a.act.f32(), a.up.f32(), BT, Fl_);
+  else
+    k_.gelu_forward(a.act.f32(), a.up.f32(), BT * Fl_);
+  partial = sp ? full_.f32() : a.res_out.f32();
+  p.down.forward(partial, a.act.f32(), BT, false);
+  tp_.leave(partial, a.res_out.f32(), BT, C);
+  k_.add_bias(a.res_out.f32(), p.down.bias(), a.res_mid.f32(), R, C);
+}
+
+void Transformer::head_forward(Context& ctx, const float* x) {
+  const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT);
+  lnf_.forward(ctx.lnf.f32(), ctx.lnf_mean.f32(), ctx.lnf_rstd.f32(), x, R);
+  const float* in = tp_.enter(ctx.lnf.f32(), ctx.lnf_full.f32(), BT, C_);
+  // logits over this rank's vocabulary slice (padding rows are zero and masked in the loss).
+  k_.gemm(false, true, BT, vocab_rows_, C_, 1.0f, in, C_, head_w_, C_, 0.0f, ctx.logits.f32(),
+          vocab_rows_);
+}
+
+void Transformer::blocks_forward(Context& ctx) {
+  const float* x = ctx.input.f32();
+  if (chunk_.embedding) {
+    embedding_forward(ctx);
+    x = ctx.embedded.f32();
+  }
+  for (size_t i = 0; i < chunk_.layers.size(); ++i) {
+    block_forward(ctx, int(i), x);
+    x = ctx.blocks[i].res_out.f32();
+  }
+}
+
+double Transformer::forward(Context& ctx, float grad_scale) {
+  TRELLIS_REQUIRE(ctx.T <= cfg_.block_size, "sequence length {} exceeds the context length {}",
+                  ctx.T, cfg_.block_size);
+  blocks_forward(ctx);
+  if (!chunk_.head) return 0.0;
+  head_forward(ctx, ctx.blocks.back().res_out.f32());
+  for (int32_t t : ctx.targets)
+    TRELLIS_REQUIRE(t >= 0 && t < cfg_.vocab_size, "target id {} is outside the vocabulary", t);
+  return k_.cross_entropy(ctx.logits.f32(), ctx.losses.f32(), ctx.targets.data(), ctx.B * ctx.T,
+                          vocab_valid_, vocab_rows_, vocab_start_, grad_scale, tp_.row_combine());
+}
+
+void Transformer::block_backward(Context& ctx, int l, const float* x) {
+  const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT), C = C_;
+  const bool sp = tp_.sequence_parallel();
+  const Block& p = blocks_[size_t(l)];
+  Context::BlockActs& a = ctx.blocks[size_t(l)];
+  float *dres = dres_.f32(), *dln = dln_.f32(), *dfull = dfull_.f32();
+  float* dlocal = sp ? dfull : dln;  // where entering's backward leaves d(norm output)
+  // dres holds d(res_out) on entry and d(x) on exit: the residual path is the identity and each
+  // norm's backward adds its branch's contribution in place.
+  if (p.down.bias_grad()) k_.bias_backward(p.down.bias_grad(), dres, R, C, C);
+  const float* dy = tp_.leave_backward(dres, dfull, BT, C);
+  k_.zero(dact_.f32(), BT * Fl_);
+  p.down.backward(dact_.f32(), dy, a.act.f32(), BT, false);
+  k_.zero(dup_.f32(), BT * p.up.out());
+  if (cfg_.mlp == MlpKind::SwiGLU)
+    k_.swiglu_backward(dup_.f32(), a.up.f32(), dact_.f32(), BT, Fl_);
+  else
+    k_.gelu_backward(dup_.f32(), a.up.f32(), dact_.f32(), BT * Fl_);
+  k_.zero(dln, BT * C);
+  p.up.backward(dln, dup_.f32(), sp ? a.ln2_full.f32() : a.ln2.f32(), BT);
+  tp_.enter_backward(dln, dlocal, BT, C);
+  p.ln2.backward(dres, dlocal, a.res_mid.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(), R);
+
+  if (p.proj.bias_grad()) k_.bias_backward(p.proj.bias_grad(), dres, R, C, C);
+  dy = tp_.leave_backward(dres, dfull, BT, C);
+  k_.zero(datt_.f32(), BT * Hl_ * hd_);
+  p.proj.backward(datt_.f32(), dy, a.att.f32(), BT, false);
+  const int64_t W = p.qkv.out(), Q = Hl_ * hd_, KV = Hkvl_ * hd_;
+  float* dqkv = dqkv_.f32();
+  const float* qkv = a.qkv.f32();
+  k_.zero(dqkv, BT * W);
+  k_.attention_backward(dqkv, dqkv + Q, dqkv + Q + KV, datt_.f32(), qkv, W, qkv + Q, qkv + Q + KV,
+                        W, a.probs.f32(), attention_shape(ctx));
+  if (cfg_.positions == PositionKind::Rope)
+    k_.rope_backward(dqkv, W, BT, 0, ctx.T, Hl_ + Hkvl_, hd_, cfg_.rope_theta);
+  k_.zero(dln, BT * C);
+  p.qkv.backward(dln, dqkv, sp ? a.ln1_full.f32() : a.ln1.f32(), BT);
+  tp_.enter_backward(dln, dlocal, BT, C);
+  p.ln1.backward(dres, dlocal, x, a.ln1_mean.f32(), a.ln1_rstd.f32(), R);
+}
+
+void Transformer::reduce_replicated(std::initializer_list<std::pair<float*, int64_t>> grads) {
+  for (const auto& [ptr, n] : grads)
+    if (ptr) tp_.all_reduce(ptr, n);
+}
+
+void Transformer::backward(Context& ctx, bool last_micro_step,
+                           const std::function<void(int)>& on_block_done) {
+  TRELLIS_CHECK(blocks_[0].ln1.dweight() != nullptr,
+                "backward on a model without gradient buffers");
+  const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT), C = C_;
+  const bool reduce = tp_.sequence_parallel() && last_micro_step;
+  const bool notify = last_micro_step && on_block_done;
+  if (chunk_.head) {
+    head_backward(ctx, reduce);
+  } else {
+    std::copy_n(ctx.doutput.f32(), R * C, dres_.f32());
+  }
+  const int n = int(chunk_.layers.size());
+  for (int i = n - 1; i >= 0; --i) {
+    const float* x = i > 0 ? ctx.blocks[size_t(i - 1)].res_out.f32()
+                           : (chunk_.embedding ? ctx.embedded.f32() : ctx.input.f32());
+    block_backward(ctx, i, x);
+    if (reduce) {
+      const Block& b = blocks_[size_t(i)];
+      reduce_replicated({{b.ln1.dweight(), C},
+                         {b.ln1.dbias(), C},
+                         {b.proj.bias_grad(), C},
+                         {b.ln2.dweight(), C},
+                         {b.ln2.dbias(), C},
+                         {b.down.bias_grad(), C}});
+    }
+    if (notify) on_block_done(chunk_.layers[size_t(i)]);
+  }
+  if (!chunk_.embedding) {
+    std::copy_n(dres_.f32(), R * C, ctx.dinput.f32());
+    return;
+  }
+  if (dpos_) {
+    k_.position_backward(dpos_, dres_.f32(), tp_.first_row(BT), R, ctx.T, C);
+    if (reduce) reduce_replicated({{dpos_, int64_t(cfg_.block_size) * C}});
+  }
+  const float* dfull = tp_.leave_backward(dres_.f32(), dfull_.f32(), BT, C);
+  k_.embedding_backward(demb_, dfull, ctx.tokens.data(), vocab_start_, vocab_rows_, BT, C);
+  if (notify) on_block_done(-1);
+}
+
+void Transformer::head_backward(Context& ctx, bool reduce) {
+  const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT), C = C_;
+  const bool sp = tp_.sequence_parallel();
+  // ctx.logits already hold dlogits (fused into the loss).
+  const float* lnf_in = sp ? ctx.lnf_full.f32() : ctx.lnf.f32();
+  float* dln = dln_.f32();
+  k_.gemm(false, false, BT, C, vocab_rows_, 1.0f, ctx.logits.f32(), vocab_rows_, head_w_, C, 0.0f,
+          dln, C);
+  k_.gemm(true, false, vocab_rows_, C, BT, 1.0f, ctx.logits.f32(), vocab_rows_, lnf_in, C, 1.0f,
+          dhead_w_, C);
+  float* dlocal = sp ? dfull_.f32() : dln;
+  tp_.enter_backward(dln, dlocal, BT, C);
+  k_.zero(dres_.f32(), R * C);
+  lnf_.backward(dres_.f32(), dlocal, ctx.blocks.back().res_out.f32(), ctx.lnf_mean.f32(),
+                ctx.lnf_rstd.f32(), R);
+  if (reduce) reduce_replicated({{lnf_.dweight(), C}, {lnf_.dbias(), C}});
+}
+
+std::vector<float> Transformer::last_logits(Context& ctx) {
+  TRELLIS_CHECK(tp_.size() == 1 && chunk_.embedding && chunk_.head,
+                "sampling runs the whole model on a single rank");
+  blocks_forward(ctx);
+  const int64_t C = C_, V = cfg_.vocab_size, last = ctx.T - 1;
+  lnf_.forward(ctx.lnf.f32(), ctx.lnf_mean.f32(), ctx.lnf_rstd.f32(),
+               ctx.blocks.back().res_out.f32() + last * C, 1);
+  std::vector<float> logits(static_cast<size_t>(V));
+  k_.gemm(false, true, 1, V, C, 1.0f, ctx.lnf.f32(), C, head_w_, C, 0.0f, logits.data(), V);
+  return logits;
+}
+
+double flops_per_token(const ModelConfig& cfg, int64_t n_params, int64_t T) {
+  return 6.0 * double(n_params) + 12.0 * cfg.n_layer * double(cfg.n_embd) * double(T);
+}
+
+}  // namespace trellis

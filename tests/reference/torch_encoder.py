@@ -1,0 +1,160 @@
+"""PyTorch reference bidirectional Transformer encoder for checking trellis (torch ops only).
+
+* `load_model(checkpoint_dir, dtype)`: (params, cfg) from a trellis checkpoint
+  (model.safetensors + config.json); params are leaf tensors requiring grad.
+* `encoder_loss(params, cfg, idx, targets)`: forward pass -> mean cross-entropy loss.
+
+Model (fairseq/BART-style names, pre-LayerNorm, nn.Linear layout [out, in], y = x @ W^T + b):
+  h = embed_tokens.weight[idx] + embed_positions.weight[0..T-1]
+  per layer i (prefix layers.{i}.):
+    n = LN(h; self_attn_layer_norm)
+    q, k, v = self_attn.{q,k,v}_proj(n)  as H heads of hd = C / H
+    h = h + self_attn.out_proj(softmax(q k^T / sqrt(hd)) v)   (NO mask: bidirectional)
+    h = h + fc2(gelu_tanh(fc1(LN(h; final_layer_norm))))
+  logits = LN(h; layer_norm) @ embed_tokens.weight^T   (LM head tied to the embedding)
+LayerNorm eps = layer_norm_eps (1e-5); gelu_tanh = HF gelu_new; no dropout. The loss is the
+mean next-token cross-entropy over all B*T targets; with bidirectional attention this head
+can see its target, it only exists to test the encoder's forward and backward.
+"""
+
+import json
+import math
+import os
+
+import torch
+import torch.nn.functional as F
+
+from reference.torch_gpt import load_safetensors
+
+
+class EncoderConfig:
+    def __init__(self, c):
+        arch = c.get("architectures")
+        if arch is not None and arch != ["TrellisEncoder"]:
+            raise ValueError(f"architectures {arch}, expected ['TrellisEncoder']")
+        if c.get("model_type", "trellis-encoder") != "trellis-encoder":
+            raise ValueError(f"model_type {c.get('model_type')!r}, expected 'trellis-encoder'")
+        self.n_layer = int(c["num_hidden_layers"])
+        self.n_head = int(c["num_attention_heads"])
+        self.n_embd = int(c["hidden_size"])
+        self.ffn_hidden = int(c["intermediate_size"])
+        self.block_size = int(c["max_position_embeddings"])
+        self.vocab_size = int(c["vocab_size"])
+        self.eps = float(c.get("layer_norm_eps", 1e-5))
+        if not c.get("tie_word_embeddings", True):
+            raise ValueError("tie_word_embeddings false: this reference ties the LM head")
+        if c.get("hidden_act", "gelu_new") != "gelu_new":
+            raise ValueError(f"hidden_act {c.get('hidden_act')!r}, expected 'gelu_new'")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"hidden {self.n_embd} not divisible by {self.n_head} heads")
+        self.head_dim = self.n_embd // self.n_head
+
+    @classmethod
+    def from_json(cls, path):
+        with open(path) as f:
+            return cls(json.load(f))
+
+    def __repr__(self):
+        return (f"EncoderConfig(n_layer={self.n_layer}, n_head={self.n_head}, "
+                f"n_embd={self.n_embd}, ffn_hidden={self.ffn_hidden}, "
+                f"block_size={self.block_size}, vocab_size={self.vocab_size}, eps={self.eps})")
+
+
+def param_shapes(cfg):
+    """Expected {name: shape}."""
+    C, V, F_ = cfg.n_embd, cfg.vocab_size, cfg.ffn_hidden
+    s = {"embed_tokens.weight": (V, C), "embed_positions.weight": (cfg.block_size, C),
+         "layer_norm.weight": (C,), "layer_norm.bias": (C,)}
+    for i in range(cfg.n_layer):
+        p = f"layers.{i}."
+        s[p + "self_attn_layer_norm.weight"] = (C,)
+        s[p + "self_attn_layer_norm.bias"] = (C,)
+        for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            s[p + f"self_attn.{proj}.weight"] = (C, C)
+            s[p + f"self_attn.{proj}.bias"] = (C,)
+        s[p + "final_layer_norm.weight"] = (C,)
+        s[p + "final_layer_norm.bias"] = (C,)
+        s[p + "fc1.weight"] = (F_, C)
+        s[p + "fc1.bias"] = (F_,)
+        s[p + "fc2.weight"] = (C, F_)
+        s[p + "fc2.bias"] = (C,)
+    return s
+
+
+def load_model(checkpoint_dir, dtype=torch.float32, requires_grad=True):
+    """(params, cfg) from a trellis encoder checkpoint directory."""
+    cfg = EncoderConfig.from_json(os.path.join(checkpoint_dir, "config.json"))
+    arrays = load_safetensors(os.path.join(checkpoint_dir, "model.safetensors"))
+    expected = param_shapes(cfg)
+    missing = sorted(set(expected) - set(arrays))
+    extra = sorted(set(arrays) - set(expected))
+    if missing or extra:
+        raise ValueError(f"{checkpoint_dir}: missing tensors {missing}, unexpected {extra}")
+    params = {}
+    for name, shape in expected.items():
+        a = arrays[name]
+        if tuple(a.shape) != tuple(shape):
+            raise ValueError(f"{checkpoint_dir}: {name} has shape {a.shape}, expected {shape}")
+        params[name] = torch.tensor(a, dtype=dtype).requires_grad_(requires_grad)
+    return params, cfg
+
+
+def random_model(cfg, seed=0, dtype=torch.float32):
+    """Random parameters (N(0, 0.02) weights and biases, LN around 1/0) for self-checks."""
+    g = torch.Generator().manual_seed(seed)
+    params = {}
+    for name, shape in param_shapes(cfg).items():
+        t = torch.randn(shape, generator=g, dtype=torch.float64)
+        if "layer_norm.weight" in name:
+            t = 1.0 + 0.1 * t
+        elif "layer_norm.bias" in name:
+            t = 0.1 * t
+        else:
+            t = 0.02 * t
+        params[name] = t.to(dtype).requires_grad_(True)
+    return params
+
+
+# ---------------------------------------------------------------------------
+# forward
+# ---------------------------------------------------------------------------
+
+
+def _linear(x, params, prefix):
+    return x @ params[prefix + ".weight"].t() + params[prefix + ".bias"]
+
+
+def _ln(x, params, prefix, eps):
+    return F.layer_norm(x, (x.size(-1),), params[prefix + ".weight"], params[prefix + ".bias"],
+                        eps)
+
+
+def encoder_logits(params, cfg, idx):
+    """idx [B,T] int64 -> logits [B,T,V]."""
+    B, T = idx.shape
+    C, H, hd = cfg.n_embd, cfg.n_head, cfg.head_dim
+    if T > cfg.block_size:
+        raise ValueError(f"sequence length {T} exceeds max_position_embeddings {cfg.block_size}")
+    x = params["embed_tokens.weight"][idx] + params["embed_positions.weight"][torch.arange(T)]
+    scale = 1.0 / math.sqrt(hd)
+    for i in range(cfg.n_layer):
+        p = f"layers.{i}."
+        n = _ln(x, params, p + "self_attn_layer_norm", cfg.eps)
+        q = _linear(n, params, p + "self_attn.q_proj").view(B, T, H, hd).transpose(1, 2)
+        k = _linear(n, params, p + "self_attn.k_proj").view(B, T, H, hd).transpose(1, 2)
+        v = _linear(n, params, p + "self_attn.v_proj").view(B, T, H, hd).transpose(1, 2)
+        att = torch.softmax((q @ k.transpose(-2, -1)) * scale, dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(B, T, C)
+        x = x + _linear(y, params, p + "self_attn.out_proj")
+        n = _ln(x, params, p + "final_layer_norm", cfg.eps)
+        x = x + _linear(F.gelu(_linear(n, params, p + "fc1"), approximate="tanh"), params,
+                        p + "fc2")
+    x = _ln(x, params, "layer_norm", cfg.eps)
+    return x @ params["embed_tokens.weight"].t()
+
+
+def encoder_loss(params, cfg, idx, targets):
+    """Mean cross-entropy over all B*T targets."""
+    logits = encoder_logits(params, cfg, idx)
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+
