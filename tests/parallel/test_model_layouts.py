@@ -1,6 +1,7 @@
-"""The LLaMA-style decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU, untied head) and the
-bidirectional encoder under every kind of parallel layout equal the 1-process run: per-step losses
-over 20 steps, validation losses and final parameters to <= 1e-5 relative (fp32).
+"""The LLaMA-style decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU, untied head), the
+encoder-decoder (cross-attention, grouped-query) and the bidirectional encoder under every kind of
+parallel layout equal the 1-process run: per-step losses over 20 steps, validation losses and
+final parameters to <= 1e-5 relative (fp32).
 
 Every layout runs micro-batches of 2, and so does the baseline: a pipeline always accumulates, and
 accumulating over other micro-batches changes the summation order (test_pp_equivalence)."""
@@ -12,7 +13,7 @@ corpus = fresh_dir("corpus")
 write_text_corpus(os.path.join(corpus, "text.txt"), n_lines=800)
 data = os.path.join(TMP, "data")
 run(["prepare", "--input", corpus, "--out", data])
-common = ["--n-layer", 4, "--data", data, "--steps", 20, "--batch-size", 8,
+common = ["--data", data, "--steps", 20, "--batch-size", 8,
           "--micro-batch-size", 2, "--seq-len", 32, "--lr", 3e-3, "--warmup-steps", 4,
           "--val-every", 10, "--threads", 1, "--quiet", "--tensorboard", "false"]
 layouts = {
@@ -25,9 +26,13 @@ layouts = {
                               "--sequence-parallel"]),
 }
 # 4 query heads over 2 key/value heads: tp = 2 splits both.
+# 4 blocks each (encoder-decoder: 2 encoder + 2 decoder blocks, so pp2 x 2 virtual stages cuts
+# the list at the decoder's start and passes the encoder's output along).
 models = {
-    "llama": ["train", "--model", "llama-tiny", "--n-head", 4, "--n-kv-head", 2] + common,
-    "encoder": ["train", "--model", "encoder-tiny", "--n-head", 4] + common,
+    "llama": ["train", "--model", "llama-tiny", "--n-layer", 4, "--n-head", 4, "--n-kv-head", 2]
+    + common,
+    "encdec": ["train", "--model", "encdec-tiny", "--n-head", 4, "--n-kv-head", 2] + common,
+    "encoder": ["train", "--model", "encoder-tiny", "--n-layer", 4, "--n-head", 4] + common,
 }
 checks = {}
 for model, args in models.items():

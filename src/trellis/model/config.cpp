@@ -9,6 +9,7 @@ namespace trellis {
 
 void ModelConfig::validate() const {
   TRELLIS_REQUIRE(n_layer >= 1, "model: n_layer must be >= 1 (got {})", n_layer);
+  TRELLIS_REQUIRE(n_dec_layer >= 0, "model: n_dec_layer must be >= 0 (got {})", n_dec_layer);
   TRELLIS_REQUIRE(n_head >= 1 && n_embd >= 1, "model: n_head and n_embd must be >= 1");
   TRELLIS_REQUIRE(n_embd % n_head == 0, "model: n_head={} does not divide n_embd={}", n_head,
                   n_embd);
@@ -26,21 +27,24 @@ namespace {
 struct Preset {
   const char* name;
   const char* arch;
-  int n_layer, n_head, n_kv_head, n_embd, ffn_hidden, block_size;
+  int n_layer, n_dec_layer, n_head, n_kv_head, n_embd, ffn_hidden, block_size;
 };
-// ffn_hidden 0 = 4 * n_embd. llama-baby is about the size of baby (9.5M vs 10.7M parameters at
+// Columns: blocks, decoder blocks, heads, kv heads, width, MLP width, context; ffn_hidden 0 =
+// 4 * n_embd. llama-baby is about the size of baby (9.5M vs 10.7M parameters at
 // the byte vocabulary): grouped-query attention (6 heads over 2) and a SwiGLU MLP of 1024.
 constexpr Preset kPresets[] = {
-    {"tiny", "gpt2", 2, 2, 0, 32, 0, 64},
-    {"baby", "gpt2", 6, 6, 0, 384, 0, 256},
-    {"gpt2", "gpt2", 12, 12, 0, 768, 0, 1024},
-    {"gpt2-medium", "gpt2", 24, 16, 0, 1024, 0, 1024},
-    {"gpt2-large", "gpt2", 36, 20, 0, 1280, 0, 1024},
-    {"gpt2-xl", "gpt2", 48, 25, 0, 1600, 0, 1024},
-    {"llama-tiny", "llama", 2, 4, 2, 32, 64, 64},
-    {"llama-baby", "llama", 6, 6, 2, 384, 1024, 256},
-    {"encoder-tiny", "encoder", 2, 2, 0, 32, 0, 64},
-    {"encoder-baby", "encoder", 6, 6, 0, 384, 0, 256},
+    {"tiny", "gpt2", 2, 0, 2, 0, 32, 0, 64},
+    {"baby", "gpt2", 6, 0, 6, 0, 384, 0, 256},
+    {"gpt2", "gpt2", 12, 0, 12, 0, 768, 0, 1024},
+    {"gpt2-medium", "gpt2", 24, 0, 16, 0, 1024, 0, 1024},
+    {"gpt2-large", "gpt2", 36, 0, 20, 0, 1280, 0, 1024},
+    {"gpt2-xl", "gpt2", 48, 0, 25, 0, 1600, 0, 1024},
+    {"llama-tiny", "llama", 2, 0, 4, 2, 32, 64, 64},
+    {"llama-baby", "llama", 6, 0, 6, 2, 384, 1024, 256},
+    {"encoder-tiny", "encoder", 2, 0, 2, 0, 32, 0, 64},
+    {"encoder-baby", "encoder", 6, 0, 6, 0, 384, 0, 256},
+    {"encdec-tiny", "encdec", 2, 2, 2, 0, 32, 0, 64},
+    {"encdec-baby", "encdec", 3, 3, 6, 0, 384, 0, 256},
 };
 }  // namespace
 
@@ -49,6 +53,7 @@ ModelConfig model_preset(const std::string& name, ModelConfig c) {
     if (name != p.name) continue;
     c.arch = p.arch;
     c.n_layer = p.n_layer;
+    c.n_dec_layer = p.n_dec_layer;
     c.n_head = p.n_head;
     c.n_kv_head = p.n_kv_head;
     c.n_embd = p.n_embd;

@@ -12,8 +12,9 @@ enum class PositionKind : uint8_t { Learned, Rope };
 enum class MlpKind : uint8_t { Gelu, SwiGLU };
 
 struct ModelConfig {
-  std::string arch = "gpt2";  // the family: gpt2 | llama | encoder (model/families/)
-  int n_layer = 2;
+  std::string arch = "gpt2";  // the family: gpt2 | llama | encoder | encdec (model/families/)
+  int n_layer = 2;            // blocks (an encoder-decoder's encoder blocks)
+  int n_dec_layer = 0;        // an encoder-decoder's decoder blocks, after the encoder's; 0 = none
   int n_head = 2;
   int n_kv_head = 0;  // key/value heads (grouped-query attention); 0 = n_head
   int n_embd = 64;
@@ -38,12 +39,15 @@ struct ModelConfig {
   int head_size() const { return n_embd / n_head; }
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int ffn() const { return ffn_hidden > 0 ? ffn_hidden : 4 * n_embd; }
+  bool encoder_decoder() const { return n_dec_layer > 0; }
+  // The blocks a pipeline partitions: an encoder-decoder's encoder blocks, then its decoder's.
+  int total_layers() const { return n_layer + n_dec_layer; }
   // Throws an input error for impossible shapes.
   void validate() const;
 };
 
 // Presets: tiny, baby, gpt2, gpt2-medium, gpt2-large, gpt2-xl (GPT-2); llama-tiny, llama-baby;
-// encoder-tiny, encoder-baby. vocab_size is left as is.
+// encoder-tiny, encoder-baby; encdec-tiny, encdec-baby. vocab_size is left as is.
 ModelConfig model_preset(const std::string& name, ModelConfig base = {});
 std::vector<std::string> model_preset_names();
 

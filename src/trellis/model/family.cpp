@@ -6,10 +6,10 @@
 
 namespace trellis {
 
-extern const Family kGpt2Family, kLlamaFamily, kEncoderFamily;
+extern const Family kGpt2Family, kLlamaFamily, kEncoderFamily, kEncDecFamily;
 
 namespace {
-const Family* const kFamilies[] = {&kGpt2Family, &kLlamaFamily, &kEncoderFamily};
+const Family* const kFamilies[] = {&kGpt2Family, &kLlamaFamily, &kEncoderFamily, &kEncDecFamily};
 }
 
 const Family& family_of(const std::string& arch) {
@@ -25,11 +25,10 @@ const Family& family_of(const std::string& arch) {
 
 const Family& family_of_hf_config(const nlohmann::json& j, const std::string& path) {
   if (!j.contains("model_type")) return kGpt2Family;
-  const HfConfigReader r(j, path);
   for (const Family* f : kFamilies)
     if (j["model_type"] == f->model_type) return *f;
-  TRELLIS_REQUIRE(false, "{}: model_type {} is not one trellis trains (gpt2, llama, {})", path,
-                  j["model_type"].dump(), kEncoderFamily.model_type);
+  TRELLIS_REQUIRE(false, "{}: model_type {} is not one trellis trains (gpt2, llama, {}, {})", path,
+                  j["model_type"].dump(), kEncoderFamily.model_type, kEncDecFamily.model_type);
   return kGpt2Family;
 }
 

@@ -39,6 +39,8 @@ struct Family {
   void (*from_hf_config)(const HfConfigReader& r, ModelConfig& cfg);
   // Whether a config.json (its "model_type") is this family's.
   const char* model_type;
+  // Blocks [n_layer, n_layer + n_dec_layer) are decoder blocks over an encoder's output.
+  bool encoder_decoder = false;
 };
 
 const Family& family_of(const std::string& arch);

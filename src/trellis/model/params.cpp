@@ -1,5 +1,6 @@
 #include "trellis/model/params.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "trellis/core/error.h"
@@ -45,7 +46,7 @@ void ParamLayout::add(ParamSpec s) {
 
 StageSpec StageSpec::whole(const ModelConfig& cfg) {
   StageSpec s;
-  for (int l = 0; l < cfg.n_layer; ++l) s.layers.push_back(l);
+  for (int l = 0; l < cfg.total_layers(); ++l) s.layers.push_back(l);
   return s;
 }
 
@@ -60,9 +61,15 @@ ParamLayout::ParamLayout(const ModelConfig& cfg, int tp, int tp_rank, const Stag
   const int64_t multiple = int64_t(cfg.vocab_multiple) * tp;
   vocab_local_ = (cfg.vocab_size + multiple - 1) / multiple * multiple / tp;
   const Family& fam = family_of(cfg.arch);
+  TRELLIS_REQUIRE(cfg.encoder_decoder() == fam.encoder_decoder,
+                  "model: {} has {}decoder blocks after its encoder (n_dec_layer={})", cfg.arch,
+                  fam.encoder_decoder ? "" : "no ", cfg.n_dec_layer);
   ParamBuilder b(*this, false);
-  if (stage_.embedding) fam.embedding(b);
-  if (stage_.head && !stage_.embedding && cfg.tied_head) {
+  const bool decoder_start =
+      cfg.encoder_decoder() && std::count(stage_.layers.begin(), stage_.layers.end(), cfg.n_layer);
+  if (stage_.embedding) {
+    fam.embedding(b);
+  } else if ((stage_.head && cfg.tied_head) || decoder_start) {
     ParamBuilder copy(*this, true);
     fam.embedding(copy);
   }
@@ -144,13 +151,13 @@ void ParamBuilder::token_embedding(const std::string& name) {
   p.init_std = kInitStd;
   p.decay = true;
   p.export_rows = p.init_rows = cfg_.vocab_size;
-  p.tied = cfg_.tied_head;
+  p.tied = cfg_.tied_head || cfg_.encoder_decoder();  // reused by the head / decoder start
   p.layout = WeightLayout::OutIn;
   add(std::move(p), Parallel::Vocab);
 }
 
-void ParamBuilder::position_embedding(const std::string& name) {
-  ParamSpec p = named(name, Slot::PosEmbed, -1, {cfg_.block_size, cfg_.n_embd});
+void ParamBuilder::position_embedding(const std::string& name, Slot slot, int layer) {
+  ParamSpec p = named(name, slot, layer, {cfg_.block_size, cfg_.n_embd});
   p.init_std = kInitStd;
   p.decay = true;
   add(std::move(p), Parallel::None);

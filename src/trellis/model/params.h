@@ -14,23 +14,17 @@ namespace trellis {
 
 // What a tensor is to the model. A linear layer's weight may be one fused tensor (Qkv, MlpUp) or
 // several pieces that write consecutive output columns (Q, K, V; Gate, Up).
+// An encoder-decoder's first decoder block also holds the encoder's final norm (EncoderNorm) and
+// the decoder's positions (DecPosEmbed); its decoder blocks add cross-attention (Cross*).
+// clang-format off
 enum class Slot : uint8_t {
-  TokEmbed,
-  PosEmbed,
-  FinalNorm,
-  Head,
-  AttnNorm,
-  Qkv,
-  Q,
-  K,
-  V,
-  AttnOut,
-  MlpNorm,
-  MlpUp,
-  Gate,
-  Up,
-  MlpDown,
+  TokEmbed, PosEmbed, FinalNorm, Head,
+  AttnNorm, Qkv, Q, K, V, AttnOut,
+  CrossNorm, CrossQ, CrossK, CrossV, CrossOut,
+  MlpNorm, MlpUp, Gate, Up, MlpDown,
+  EncoderNorm, DecPosEmbed,
 };
+// clang-format on
 
 // Tensor parallelism (Megatron-LM): column-parallel layers split their outputs (each of `parts`
 // fused groups separately, so q|k|v heads stay whole), row-parallel layers their inputs, the
@@ -63,8 +57,8 @@ struct ParamSpec {
 };
 
 // The part of the model a pipeline rank holds: some blocks, maybe the embedding (first stage),
-// maybe the final norm and head (last stage; a tied head makes the last stage hold its own copy
-// of the token embedding).
+// maybe the final norm and head (last stage). A stage that uses the token embedding without owning
+// it (a tied head; an encoder-decoder's decoder start) holds its own copy.
 struct StageSpec {
   std::vector<int> layers;
   bool embedding = true, head = true;
@@ -117,8 +111,8 @@ class ParamBuilder {
   const ModelConfig& config() const { return cfg_; }
   // Vocabulary-parallel [padded vocab, C] token embedding (tied to the head if the config says).
   void token_embedding(const std::string& name);
-  // Learned positions [block_size, C].
-  void position_embedding(const std::string& name);
+  // Learned positions [block_size, C] (slot PosEmbed, or DecPosEmbed of block `layer`).
+  void position_embedding(const std::string& name, Slot slot = Slot::PosEmbed, int layer = -1);
   // prefix.weight (and prefix.bias for LayerNorm) of width C.
   void norm(Slot slot, int layer, const std::string& prefix);
   // prefix.weight [in, out] or [out, in], and prefix.bias [out] when the config has biases.

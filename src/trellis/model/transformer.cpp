@@ -32,15 +32,26 @@ Transformer::Transformer(const ParamLayout& layout, float* params, float* grads,
   vocab_rows_ = layout.vocab_local();
   vocab_start_ = layout.vocab_start();
   vocab_valid_ = std::clamp<int64_t>(cfg_.vocab_size - vocab_start_, 0, vocab_rows_);
+  if (cfg_.encoder_decoder()) {
+    const int first = chunk_.layers.front(), last = chunk_.layers.back(), dec = cfg_.n_layer;
+    decoder_start_ = first <= dec && dec <= last;
+    has_decoder_ = last >= dec;
+    carry_in_ = first > dec;
+    carry_out_ = last >= dec && !chunk_.head;
+  }
   auto bind = [&](const ParamSpec* s, const float*& p, float*& g) {
     TRELLIS_CHECK(s, "the parameter layout lacks a tensor this chunk needs");
     p = params + s->offset;
     g = grads ? grads + s->offset : nullptr;
   };
-  if (chunk_.embedding || (chunk_.head && cfg_.tied_head))
+  if (chunk_.embedding || (chunk_.head && cfg_.tied_head) || decoder_start_)
     bind(layout.find(Slot::TokEmbed, -1), emb_, demb_);
   if (chunk_.embedding && cfg_.positions == PositionKind::Learned)
     bind(layout.find(Slot::PosEmbed, -1), pos_, dpos_);
+  if (decoder_start_) {
+    enc_norm_ = Norm(k_, cfg_, layout, Slot::EncoderNorm, cfg_.n_layer, params, grads);
+    bind(layout.find(Slot::DecPosEmbed, cfg_.n_layer), dec_pos_, ddec_pos_);
+  }
   if (chunk_.head) {
     lnf_ = Norm(k_, cfg_, layout, Slot::FinalNorm, -1, params, grads);
     if (cfg_.tied_head) {
@@ -51,22 +62,33 @@ Transformer::Transformer(const ParamLayout& layout, float* params, float* grads,
   }
   for (int l : chunk_.layers) {
     Block b;
+    b.layer = l;
+    b.decoder = cfg_.encoder_decoder() && l >= cfg_.n_layer;
     b.ln1 = Norm(k_, cfg_, layout, Slot::AttnNorm, l, params, grads);
     b.qkv = Linear(k_, layout, {Slot::Qkv, Slot::Q, Slot::K, Slot::V}, l, params, grads);
     b.proj = Linear(k_, layout, {Slot::AttnOut}, l, params, grads);
+    if (b.decoder) {
+      b.lnx = Norm(k_, cfg_, layout, Slot::CrossNorm, l, params, grads);
+      b.xq = Linear(k_, layout, {Slot::CrossQ}, l, params, grads);
+      b.xkv = Linear(k_, layout, {Slot::CrossK, Slot::CrossV}, l, params, grads);
+      b.xproj = Linear(k_, layout, {Slot::CrossOut}, l, params, grads);
+    }
     b.ln2 = Norm(k_, cfg_, layout, Slot::MlpNorm, l, params, grads);
     b.up = Linear(k_, layout, {Slot::MlpUp, Slot::Gate, Slot::Up}, l, params, grads);
     b.down = Linear(k_, layout, {Slot::MlpDown}, l, params, grads);
     const int64_t up_width = (cfg_.mlp == MlpKind::SwiGLU ? 2 : 1) * Fl_;
     TRELLIS_CHECK(b.qkv.out() == (Hl_ + 2 * Hkvl_) * hd_ && b.up.out() == up_width &&
-                      b.proj.in() == Hl_ * hd_ && b.down.in() == Fl_,
+                      b.proj.in() == Hl_ * hd_ && b.down.in() == Fl_ &&
+                      (!b.decoder || (b.xq.out() == Hl_ * hd_ && b.xkv.out() == 2 * Hkvl_ * hd_)),
                   "block {}: the family's tensors do not match the configured widths", l);
     blocks_.push_back(std::move(b));
   }
 }
 
-ops::AttentionShape Transformer::attention_shape(const Context& ctx) const {
-  return {ctx.B, ctx.T, ctx.T, Hl_, Hkvl_, hd_, cfg_.causal};
+// Self-attention is causal in decoders: an encoder-decoder's encoder blocks see the whole source.
+ops::AttentionShape Transformer::attention_shape(const Context& ctx, const Block& b) const {
+  return {
+      ctx.B, ctx.T, ctx.T, Hl_, Hkvl_, hd_, cfg_.causal && (!cfg_.encoder_decoder() || b.decoder)};
 }
 
 void Transformer::prepare(Context& ctx, int64_t B, int64_t T) {
@@ -83,35 +105,88 @@ void Transformer::prepare(Context& ctx, int64_t B, int64_t T) {
   ctx.tokens.resize(size_t(BT));
   ctx.targets.resize(size_t(BT));
   ctx.blocks.resize(chunk_.layers.size());
-  for (auto& a : ctx.blocks) {
+  for (size_t i = 0; i < ctx.blocks.size(); ++i) {
+    Context::BlockActs& a = ctx.blocks[i];
     fit(a.ln1, {R, C}), fit(a.ln1_mean, {stats}), fit(a.ln1_rstd, {R}), fit(a.ln1_full, {full, C});
     fit(a.qkv, {BT, qkv}), fit(a.probs, {B, Hl_, T, T}), fit(a.att, {BT, att});
     fit(a.res_mid, {R, C}), fit(a.ln2, {R, C}), fit(a.ln2_mean, {stats}), fit(a.ln2_rstd, {R});
     fit(a.ln2_full, {full, C}), fit(a.up, {BT, up}), fit(a.act, {BT, Fl_});
     fit(a.res_out, {R, C});
+    const int64_t x = blocks_[i].decoder ? 1 : 0;  // cross-attention buffers
+    fit(a.lnx, {x * R, C}), fit(a.lnx_mean, {x * stats}), fit(a.lnx_rstd, {x * R});
+    fit(a.lnx_full, {x * full, C}), fit(a.xq, {x * BT, att}), fit(a.enc_full, {x * full, C});
+    fit(a.xkv, {x * BT, 2 * Hkvl_ * hd_}), fit(a.xprobs, {x * B, Hl_, T, T});
+    fit(a.xatt, {x * BT, att}), fit(a.res_x, {x * R, C});
   }
   const int64_t head = chunk_.head ? 1 : 0, embedding = chunk_.embedding ? 1 : 0;
+  const int64_t start = decoder_start_ ? 1 : 0;
+  fit(ctx.enc, {start * R, C}), fit(ctx.enc_mean, {start * stats}), fit(ctx.enc_rstd, {start * R});
+  fit(ctx.dec_embedded, {start * R, C});
   fit(ctx.lnf, {head * R, C}), fit(ctx.lnf_mean, {head * stats}), fit(ctx.lnf_rstd, {head * R});
   fit(ctx.lnf_full, {head * full, C});
   fit(ctx.logits, {head * BT, vocab_rows_}), fit(ctx.losses, {BT});
   fit(ctx.embedded, {embedding * R, C});
-  fit(ctx.input, {(1 - embedding) * R, C}), fit(ctx.dinput, {(1 - embedding) * R, C});
-  fit(ctx.doutput, {(1 - head) * R, C});
+  const int64_t in_rows = (1 - embedding) * (carry_in_ ? 2 : 1) * R;
+  fit(ctx.input, {in_rows, C}), fit(ctx.dinput, {in_rows, C});
+  fit(ctx.doutput, {(1 - head) * (carry_out_ ? 2 : 1) * R, C});
+  fit(ctx.carry, {(carry_out_ ? 2 : 0) * R, C});
   grow(full_, BT * C), grow(dres_, R * C), grow(dln_, BT * C), grow(dfull_, BT * C);
   grow(dqkv_, BT * qkv), grow(datt_, BT * att), grow(dup_, BT * up), grow(dact_, BT * Fl_);
+  if (has_decoder_)
+    grow(denc_, R * C), grow(denc_full_, BT * C), grow(dxq_, BT * att),
+        grow(dxkv_, BT * 2 * Hkvl_ * hd_);
 }
 
-void Transformer::embedding_forward(Context& ctx) {
+Tensor& Transformer::output(Context& ctx) const {
+  Tensor& hidden = ctx.blocks.back().res_out;
+  if (!carry_out_) return hidden;
+  const int64_t n = hidden.numel();
+  std::copy_n(hidden.f32(), n, ctx.carry.f32());
+  std::copy_n(encoder_output(ctx), n, ctx.carry.f32() + n);
+  return ctx.carry;
+}
+
+const float* Transformer::encoder_output(Context& ctx) const {
+  if (carry_in_) return ctx.input.f32() + ctx.input.numel() / 2;
+  return ctx.enc.f32();
+}
+
+void Transformer::embed(const int32_t* tokens, const float* pos, float* out, const Context& ctx) {
   const int64_t BT = ctx.B * ctx.T;
-  for (int32_t t : ctx.tokens)
-    TRELLIS_REQUIRE(t >= 0 && t < cfg_.vocab_size,
-                    "token id {} is outside the vocabulary (size {})", t, cfg_.vocab_size);
+  for (int64_t i = 0; i < BT; ++i)
+    TRELLIS_REQUIRE(tokens[i] >= 0 && tokens[i] < cfg_.vocab_size,
+                    "token id {} is outside the vocabulary (size {})", tokens[i], cfg_.vocab_size);
   // Each rank looks up the tokens of its vocabulary slice; leaving the region sums the slices.
-  float* embedded = ctx.embedded.f32();
-  float* lookup = tp_.sequence_parallel() ? full_.f32() : embedded;
-  k_.embedding_forward(lookup, ctx.tokens.data(), emb_, vocab_start_, vocab_rows_, BT, C_);
-  tp_.leave(lookup, embedded, BT, C_);
-  if (pos_) k_.position_forward(embedded, pos_, tp_.first_row(BT), tp_.local_rows(BT), ctx.T, C_);
+  float* lookup = tp_.sequence_parallel() ? full_.f32() : out;
+  k_.embedding_forward(lookup, tokens, emb_, vocab_start_, vocab_rows_, BT, C_);
+  tp_.leave(lookup, out, BT, C_);
+  if (pos) k_.position_forward(out, pos, tp_.first_row(BT), tp_.local_rows(BT), ctx.T, C_);
+}
+
+// Backward of embed from d(out) in dres_.
+void Transformer::embed_backward(const int32_t* tokens, float* dpos, const Context& ctx,
+                                 bool reduce) {
+  const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT), C = C_;
+  if (dpos) {
+    k_.position_backward(dpos, dres_.f32(), tp_.first_row(BT), R, ctx.T, C);
+    if (reduce) reduce_replicated({{dpos, int64_t(cfg_.block_size) * C}});
+  }
+  const float* dfull = tp_.leave_backward(dres_.f32(), dfull_.f32(), BT, C);
+  k_.embedding_backward(demb_, dfull, tokens, vocab_start_, vocab_rows_, BT, C);
+}
+
+// The encoder ends (its final norm makes the encoder output) and the decoder starts (its
+// embedding of the target tokens).
+void Transformer::decoder_start_forward(Context& ctx, const float* x_enc) {
+  const int64_t R = tp_.local_rows(ctx.B * ctx.T);
+  enc_norm_.forward(ctx.enc.f32(), ctx.enc_mean.f32(), ctx.enc_rstd.f32(), x_enc, R);
+  embed(ctx.tokens.data(), dec_pos_, ctx.dec_embedded.f32(), ctx);
+}
+
+const float* Transformer::block_input(Context& ctx, int i) const {
+  if (decoder_start_ && blocks_[size_t(i)].layer == cfg_.n_layer) return ctx.dec_embedded.f32();
+  if (i > 0) return ctx.blocks[size_t(i - 1)].res_out.f32();
+  return chunk_.embedding ? ctx.embedded.f32() : ctx.input.f32();
 }
 
 void Transformer::block_forward(Context& ctx, int l, const float* x) {
@@ -128,13 +203,15 @@ void Transformer::block_forward(Context& ctx, int l, const float* x) {
   if (cfg_.positions == PositionKind::Rope)  // q and k heads are the first Hl + Hkvl of a row
     k_.rope_forward(qkv, W, BT, 0, ctx.T, Hl_ + Hkvl_, hd_, cfg_.rope_theta);
   k_.attention_forward(a.att.f32(), a.probs.f32(), qkv, W, qkv + Q, qkv + Q + KV, W,
-                       attention_shape(ctx));
+                       attention_shape(ctx, p));
   float* partial = sp ? full_.f32() : a.res_mid.f32();
   p.proj.forward(partial, a.att.f32(), BT, false);
   tp_.leave(partial, a.res_mid.f32(), BT, C);
   k_.add_bias(a.res_mid.f32(), p.proj.bias(), x, R, C);
+  if (p.decoder) cross_forward(ctx, l);
   // MLP: up (or gate|up) column-parallel, down row-parallel.
-  p.ln2.forward(a.ln2.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(), a.res_mid.f32(), R);
+  const float* mid = p.decoder ? a.res_x.f32() : a.res_mid.f32();
+  p.ln2.forward(a.ln2.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(), mid, R);
   in = tp_.enter(a.ln2.f32(), a.ln2_full.f32(), BT, C);
   p.up.forward(a.up.f32(), in, BT);
   if (cfg_.mlp == MlpKind::SwiGLU)
@@ -144,7 +221,28 @@ void Transformer::block_forward(Context& ctx, int l, const float* x) {
   partial = sp ? full_.f32() : a.res_out.f32();
   p.down.forward(partial, a.act.f32(), BT, false);
   tp_.leave(partial, a.res_out.f32(), BT, C);
-  k_.add_bias(a.res_out.f32(), p.down.bias(), a.res_mid.f32(), R, C);
+  k_.add_bias(a.res_out.f32(), p.down.bias(), mid, R, C);
+}
+
+// Cross-attention: queries from the decoder (res_mid), keys and values from the encoder output.
+void Transformer::cross_forward(Context& ctx, int l) {
+  const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT), C = C_, KV = Hkvl_ * hd_;
+  const bool sp = tp_.sequence_parallel();
+  const Block& p = blocks_[size_t(l)];
+  Context::BlockActs& a = ctx.blocks[size_t(l)];
+  p.lnx.forward(a.lnx.f32(), a.lnx_mean.f32(), a.lnx_rstd.f32(), a.res_mid.f32(), R);
+  const float* in = tp_.enter(a.lnx.f32(), a.lnx_full.f32(), BT, C);
+  p.xq.forward(a.xq.f32(), in, BT);
+  const float* enc = tp_.enter(encoder_output(ctx), a.enc_full.f32(), BT, C);
+  p.xkv.forward(a.xkv.f32(), enc, BT);
+  ops::AttentionShape shape = attention_shape(ctx, p);
+  shape.causal = false;  // every target position sees the whole source
+  k_.attention_forward(a.xatt.f32(), a.xprobs.f32(), a.xq.f32(), Hl_ * hd_, a.xkv.f32(),
+                       a.xkv.f32() + KV, 2 * KV, shape);
+  float* partial = sp ? full_.f32() : a.res_x.f32();
+  p.xproj.forward(partial, a.xatt.f32(), BT, false);
+  tp_.leave(partial, a.res_x.f32(), BT, C);
+  k_.add_bias(a.res_x.f32(), p.xproj.bias(), a.res_mid.f32(), R, C);
 }
 
 void Transformer::head_forward(Context& ctx, const float* x) {
@@ -157,14 +255,15 @@ void Transformer::head_forward(Context& ctx, const float* x) {
 }
 
 void Transformer::blocks_forward(Context& ctx) {
-  const float* x = ctx.input.f32();
   if (chunk_.embedding) {
-    embedding_forward(ctx);
-    x = ctx.embedded.f32();
+    const bool src = cfg_.encoder_decoder() && !ctx.src_tokens.empty();
+    embed(src ? ctx.src_tokens.data() : ctx.tokens.data(), pos_, ctx.embedded.f32(), ctx);
   }
   for (size_t i = 0; i < chunk_.layers.size(); ++i) {
-    block_forward(ctx, int(i), x);
-    x = ctx.blocks[i].res_out.f32();
+    if (decoder_start_ && chunk_.layers[i] == cfg_.n_layer)
+      decoder_start_forward(ctx, i > 0 ? ctx.blocks[i - 1].res_out.f32()
+                                       : (chunk_.embedding ? ctx.embedded.f32() : ctx.input.f32()));
+    block_forward(ctx, int(i), block_input(ctx, int(i)));
   }
 }
 
@@ -201,7 +300,9 @@ void Transformer::block_backward(Context& ctx, int l, const float* x) {
   k_.zero(dln, BT * C);
   p.up.backward(dln, dup_.f32(), sp ? a.ln2_full.f32() : a.ln2.f32(), BT);
   tp_.enter_backward(dln, dlocal, BT, C);
-  p.ln2.backward(dres, dlocal, a.res_mid.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(), R);
+  p.ln2.backward(dres, dlocal, p.decoder ? a.res_x.f32() : a.res_mid.f32(), a.ln2_mean.f32(),
+                 a.ln2_rstd.f32(), R);
+  if (p.decoder) cross_backward(ctx, l);
 
   if (p.proj.bias_grad()) k_.bias_backward(p.proj.bias_grad(), dres, R, C, C);
   dy = tp_.leave_backward(dres, dfull, BT, C);
@@ -212,13 +313,46 @@ void Transformer::block_backward(Context& ctx, int l, const float* x) {
   const float* qkv = a.qkv.f32();
   k_.zero(dqkv, BT * W);
   k_.attention_backward(dqkv, dqkv + Q, dqkv + Q + KV, datt_.f32(), qkv, W, qkv + Q, qkv + Q + KV,
-                        W, a.probs.f32(), attention_shape(ctx));
+                        W, a.probs.f32(), attention_shape(ctx, p));
   if (cfg_.positions == PositionKind::Rope)
     k_.rope_backward(dqkv, W, BT, 0, ctx.T, Hl_ + Hkvl_, hd_, cfg_.rope_theta);
   k_.zero(dln, BT * C);
   p.qkv.backward(dln, dqkv, sp ? a.ln1_full.f32() : a.ln1.f32(), BT);
   tp_.enter_backward(dln, dlocal, BT, C);
   p.ln1.backward(dres, dlocal, x, a.ln1_mean.f32(), a.ln1_rstd.f32(), R);
+}
+
+// dres holds d(res_x) on entry and d(res_mid) on exit; the encoder output's gradient adds to denc_.
+void Transformer::cross_backward(Context& ctx, int l) {
+  const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT), C = C_, Q = Hl_ * hd_;
+  const int64_t KV = Hkvl_ * hd_;
+  const bool sp = tp_.sequence_parallel();
+  const Block& p = blocks_[size_t(l)];
+  Context::BlockActs& a = ctx.blocks[size_t(l)];
+  float *dres = dres_.f32(), *dln = dln_.f32(), *dfull = dfull_.f32();
+  if (p.xproj.bias_grad()) k_.bias_backward(p.xproj.bias_grad(), dres, R, C, C);
+  const float* dy = tp_.leave_backward(dres, dfull, BT, C);
+  k_.zero(datt_.f32(), BT * Q);
+  p.xproj.backward(datt_.f32(), dy, a.xatt.f32(), BT, false);
+  k_.zero(dxq_.f32(), BT * Q);
+  k_.zero(dxkv_.f32(), BT * 2 * KV);
+  ops::AttentionShape shape = attention_shape(ctx, p);
+  shape.causal = false;  // every target position sees the whole source
+  k_.attention_backward(dxq_.f32(), dxkv_.f32(), dxkv_.f32() + KV, datt_.f32(), a.xq.f32(), Q,
+                        a.xkv.f32(), a.xkv.f32() + KV, 2 * KV, a.xprobs.f32(), shape);
+  // Keys and values: gradient of the encoder output (summed over the decoder blocks).
+  float* denc_full = denc_full_.f32();
+  k_.zero(denc_full, BT * C);
+  p.xkv.backward(denc_full, dxkv_.f32(), sp ? a.enc_full.f32() : encoder_output(ctx), BT);
+  float* denc_local = sp ? dfull : denc_full;
+  tp_.enter_backward(denc_full, denc_local, BT, C);
+  k_.accumulate(denc_.f32(), denc_local, R * C);
+  // Queries: through the cross-attention norm into the residual.
+  k_.zero(dln, BT * C);
+  p.xq.backward(dln, dxq_.f32(), sp ? a.lnx_full.f32() : a.lnx.f32(), BT);
+  float* dlocal = sp ? dfull : dln;
+  tp_.enter_backward(dln, dlocal, BT, C);
+  p.lnx.backward(dres, dlocal, a.res_mid.f32(), a.lnx_mean.f32(), a.lnx_rstd.f32(), R);
 }
 
 void Transformer::reduce_replicated(std::initializer_list<std::pair<float*, int64_t>> grads) {
@@ -238,32 +372,46 @@ void Transformer::backward(Context& ctx, bool last_micro_step,
   } else {
     std::copy_n(ctx.doutput.f32(), R * C, dres_.f32());
   }
+  if (has_decoder_) {
+    if (carry_out_)
+      std::copy_n(ctx.doutput.f32() + R * C, R * C, denc_.f32());
+    else
+      k_.zero(denc_.f32(), R * C);
+  }
   const int n = int(chunk_.layers.size());
   for (int i = n - 1; i >= 0; --i) {
-    const float* x = i > 0 ? ctx.blocks[size_t(i - 1)].res_out.f32()
-                           : (chunk_.embedding ? ctx.embedded.f32() : ctx.input.f32());
-    block_backward(ctx, i, x);
-    if (reduce) {
-      const Block& b = blocks_[size_t(i)];
+    const Block& b = blocks_[size_t(i)];
+    block_backward(ctx, i, block_input(ctx, i));
+    if (reduce)
       reduce_replicated({{b.ln1.dweight(), C},
                          {b.ln1.dbias(), C},
                          {b.proj.bias_grad(), C},
+                         {b.lnx.dweight(), C},
+                         {b.lnx.dbias(), C},
+                         {b.xproj.bias_grad(), C},
                          {b.ln2.dweight(), C},
                          {b.ln2.dbias(), C},
                          {b.down.bias_grad(), C}});
+    if (decoder_start_ && b.layer == cfg_.n_layer) {
+      // dres is d(decoder embedding): into the shared embedding and the decoder positions. Then
+      // the encoder's side continues from d(encoder output) through its final norm.
+      embed_backward(ctx.tokens.data(), ddec_pos_, ctx, reduce);
+      k_.zero(dres_.f32(), R * C);
+      const float* x_enc = i > 0 ? ctx.blocks[size_t(i - 1)].res_out.f32()
+                                 : (chunk_.embedding ? ctx.embedded.f32() : ctx.input.f32());
+      enc_norm_.backward(dres_.f32(), denc_.f32(), x_enc, ctx.enc_mean.f32(), ctx.enc_rstd.f32(),
+                         R);
+      if (reduce) reduce_replicated({{enc_norm_.dweight(), C}, {enc_norm_.dbias(), C}});
     }
-    if (notify) on_block_done(chunk_.layers[size_t(i)]);
+    if (notify) on_block_done(b.layer);
   }
   if (!chunk_.embedding) {
     std::copy_n(dres_.f32(), R * C, ctx.dinput.f32());
+    if (carry_in_) std::copy_n(denc_.f32(), R * C, ctx.dinput.f32() + R * C);
     return;
   }
-  if (dpos_) {
-    k_.position_backward(dpos_, dres_.f32(), tp_.first_row(BT), R, ctx.T, C);
-    if (reduce) reduce_replicated({{dpos_, int64_t(cfg_.block_size) * C}});
-  }
-  const float* dfull = tp_.leave_backward(dres_.f32(), dfull_.f32(), BT, C);
-  k_.embedding_backward(demb_, dfull, ctx.tokens.data(), vocab_start_, vocab_rows_, BT, C);
+  const bool src = cfg_.encoder_decoder() && !ctx.src_tokens.empty();
+  embed_backward(src ? ctx.src_tokens.data() : ctx.tokens.data(), dpos_, ctx, reduce);
   if (notify) on_block_done(-1);
 }
 
@@ -298,7 +446,9 @@ std::vector<float> Transformer::last_logits(Context& ctx) {
 }
 
 double flops_per_token(const ModelConfig& cfg, int64_t n_params, int64_t T) {
-  return 6.0 * double(n_params) + 12.0 * cfg.n_layer * double(cfg.n_embd) * double(T);
+  // An encoder-decoder's decoder blocks attend twice (self and cross).
+  const double attention_blocks = cfg.total_layers() + cfg.n_dec_layer;
+  return 6.0 * double(n_params) + 12.0 * attention_blocks * double(cfg.n_embd) * double(T);
 }
 
 }  // namespace trellis

@@ -1,7 +1,10 @@
 #pragma once
 // A Transformer composed from its config: token (and learned position) embedding, blocks of
-// norm -> self-attention (MHA/GQA, causal or bidirectional, optional RoPE) -> norm -> MLP
-// (GELU/SwiGLU) with residuals, and a final norm with a (tied or untied) vocabulary head.
+// norm -> self-attention (MHA/GQA, causal or bidirectional, optional RoPE) -> [norm ->
+// cross-attention over the encoder's output] -> norm -> MLP (GELU/SwiGLU) with residuals, and a
+// final norm with a (tied or untied) vocabulary head. An encoder-decoder is one list of blocks:
+// the encoder's, then at the first decoder block the encoder's final norm and the decoder's
+// embedding, then the decoder's blocks.
 // Parameters and gradients are views into flat buffers (this rank's tensor-parallel slices); the
 // activations of one micro-batch live in a Context. Tensor parallelism enters only through the
 // TensorParallel operators around each column -> row-parallel pair; the model itself holds no
@@ -24,16 +27,23 @@ namespace trellis {
 struct Context {
   int64_t B = 0, T = 0;
   std::vector<int32_t> tokens, targets;  // [B*T]
-  Tensor embedded;                       // [local, C] input of block 0
+  // An encoder-decoder's source tokens [B*T] (empty: the encoder reads `tokens` too).
+  std::vector<int32_t> src_tokens;
+  Tensor embedded;  // [local, C] input of block 0
   struct BlockActs {
     Tensor ln1, ln1_mean, ln1_rstd, ln1_full, qkv, probs, att, res_mid;
+    // cross-attention (decoder blocks of an encoder-decoder)
+    Tensor lnx, lnx_mean, lnx_rstd, lnx_full, xq, enc_full, xkv, xprobs, xatt, res_x;
     Tensor ln2, ln2_mean, ln2_rstd, ln2_full, up, act, res_out;
   };
   std::vector<BlockActs> blocks;
+  // At the first decoder block: the encoder's output (its final norm) and the decoder's input.
+  Tensor enc, enc_mean, enc_rstd, dec_embedded;
   Tensor lnf, lnf_mean, lnf_rstd, lnf_full, logits, losses;
   // Pipeline stages after the first: the activation received from the previous stage, and the
   // gradient of it that backward produces; stages before the last: the received output gradient.
-  Tensor input, dinput, doutput;
+  // Between decoder stages these carry the encoder's output as well: [hidden rows; encoder rows].
+  Tensor input, dinput, doutput, carry;
 };
 
 class Transformer {
@@ -52,8 +62,9 @@ class Transformer {
   // ctx.targets: returns the summed loss of all B*T targets (0 before the last stage). When
   // grad_scale != 0 the head already turns logits into dlogits (grad_scale = 1/global tokens).
   double forward(Context& ctx, float grad_scale);
-  // The activation a stage hands to the next one ([local rows, C]).
-  Tensor& output(Context& ctx) const { return ctx.blocks.back().res_out; }
+  // The activation a stage hands to the next one ([local rows, C], and the encoder's output after
+  // it once the decoder has started).
+  Tensor& output(Context& ctx) const;
   bool has_embedding() const { return chunk_.embedding; }
   bool has_head() const { return chunk_.head; }
   // Backward of the micro-batch in ctx (after forward with grad_scale != 0; before the last stage
@@ -68,17 +79,28 @@ class Transformer {
 
  private:
   struct Block {
-    Norm ln1, ln2;
-    Linear qkv, proj, up, down;
+    int layer;
+    bool decoder;  // cross-attends to the encoder's output
+    Norm ln1, lnx, ln2;
+    Linear qkv, proj, xq, xkv, xproj, up, down;
   };
   // l in block_* is the position of the block within this chunk.
-  void embedding_forward(Context& ctx);
+  // out = token embedding of `tokens` (+ learned positions pos), this rank's rows.
+  void embed(const int32_t* tokens, const float* pos, float* out, const Context& ctx);
+  void embed_backward(const int32_t* tokens, float* dpos, const Context& ctx, bool reduce);
+  void decoder_start_forward(Context& ctx, const float* x_enc);
+  void cross_forward(Context& ctx, int l);
+  void cross_backward(Context& ctx, int l);
+  // The encoder's output as this chunk sees it ([local rows, C]).
+  const float* encoder_output(Context& ctx) const;
   void blocks_forward(Context& ctx);
   void block_forward(Context& ctx, int l, const float* x);
   void head_forward(Context& ctx, const float* x);
   void block_backward(Context& ctx, int l, const float* x);
+  // The input of block i of the chunk.
+  const float* block_input(Context& ctx, int i) const;
   void head_backward(Context& ctx, bool reduce);
-  ops::AttentionShape attention_shape(const Context& ctx) const;
+  ops::AttentionShape attention_shape(const Context& ctx, const Block& b) const;
   // Sequence parallelism leaves partial gradients in parameters replicated across the group.
   void reduce_replicated(std::initializer_list<std::pair<float*, int64_t>> grads);
 
@@ -88,12 +110,15 @@ class Transformer {
   TensorParallel& tp_;
   int64_t C_, Hl_, Hkvl_, hd_, Fl_;  // l = this rank's slice
   int64_t vocab_start_, vocab_rows_, vocab_valid_;
-  const float *emb_ = nullptr, *pos_ = nullptr, *head_w_ = nullptr;
-  float *demb_ = nullptr, *dpos_ = nullptr, *dhead_w_ = nullptr;
-  Norm lnf_;
+  const float *emb_ = nullptr, *pos_ = nullptr, *head_w_ = nullptr, *dec_pos_ = nullptr;
+  float *demb_ = nullptr, *dpos_ = nullptr, *dhead_w_ = nullptr, *ddec_pos_ = nullptr;
+  Norm lnf_, enc_norm_;
+  // Encoder-decoder: the chunk receives / sends the encoder's output along with its activation.
+  bool carry_in_ = false, carry_out_ = false, decoder_start_ = false, has_decoder_ = false;
   std::vector<Block> blocks_;
   // Scratch shared by all micro-batches (one forward or backward runs at a time).
   Tensor full_, dres_, dln_, dfull_, dqkv_, datt_, dup_, dact_;
+  Tensor denc_, denc_full_, dxq_, dxkv_;  // cross-attention
 };
 
 // Training FLOPs per token (forward + backward): 6 * params + attention's 12 * L * C * T.

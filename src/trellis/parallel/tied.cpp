@@ -4,7 +4,7 @@ namespace trellis {
 
 TiedWeights::TiedWeights(Communicator& pp_comm, const ParamLayout& layout, double timeout_s)
     : layout_(layout) {
-  if (pp_comm.size() == 1 || !layout.config().tied_head) return;
+  if (pp_comm.size() == 1) return;
   bool holds = false;
   for (const auto& s : layout.specs()) holds = holds || s.tied;
   // Stages without a tied tensor form a group of their own that is never used.

@@ -12,6 +12,7 @@ namespace trellis {
 ModelConfig TrainConfig::model_config(int vocab_size) const {
   ModelConfig m = model_preset(model);
   if (n_layer) m.n_layer = n_layer;
+  if (n_dec_layer) m.n_dec_layer = n_dec_layer;
   if (n_head) m.n_head = n_head;
   if (n_kv_head) m.n_kv_head = n_kv_head;
   if (n_embd) m.n_embd = n_embd;
@@ -82,9 +83,13 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
   return {
       make_key("model",
                "model preset: tiny, baby, gpt2, gpt2-medium, gpt2-large, gpt2-xl (GPT-2), "
-               "llama-tiny, llama-baby (LLaMA-style), encoder-tiny, encoder-baby (bidirectional)",
+               "llama-tiny, llama-baby (LLaMA-style), encoder-tiny, encoder-baby (bidirectional), "
+               "encdec-tiny, encdec-baby (encoder-decoder)",
                &c.model),
       make_key("n_layer", "override the preset's number of blocks (0 = preset)", &c.n_layer),
+      make_key("n_dec_layer",
+               "override the preset's decoder blocks (encoder-decoder models; 0 = preset)",
+               &c.n_dec_layer),
       make_key("n_head", "override the preset's attention heads (0 = preset)", &c.n_head),
       make_key("n_kv_head",
                "override the preset's key/value heads (grouped-query attention; 0 = preset)",

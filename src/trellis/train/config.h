@@ -15,8 +15,8 @@ namespace trellis {
 struct TrainConfig {
   // model
   std::string model = "baby";
-  int n_layer = 0, n_head = 0, n_kv_head = 0, n_embd = 0, ffn_hidden = 0;  // 0 = the preset's
-  int block_size = 0;
+  int n_layer = 0, n_dec_layer = 0, n_head = 0, n_kv_head = 0;  // 0 = the preset's value
+  int n_embd = 0, ffn_hidden = 0, block_size = 0;
   int vocab_multiple = 64;
   // data
   std::string data;  // directory with train*.bin / val*.bin; empty = embedded default corpus

@@ -219,7 +219,7 @@ Trainer::Trainer(TrainConfig cfg, Communicator& world)
 void Trainer::build_pipeline_chunks() {
   const int pp = mesh_.pp(), pp_rank = mesh_.pp_rank();
   const auto chunk_layers =
-      partition_layers(mc_.n_layer, pp * V_, parse_layer_split(cfg_.layer_split));
+      partition_layers(mc_.total_layers(), pp * V_, parse_layer_split(cfg_.layer_split));
   step_ops_ = build_schedule(schedule_, pp, pp_rank, int(accum_), V_);
   stage_.embedding = pp_rank == 0;
   stage_.head = pp_rank == pp - 1;
@@ -243,11 +243,11 @@ void Trainer::load_or_init() {
   }
   CheckpointData ck = load_checkpoint(resumed_from_, true);
   const ModelConfig& m = ck.model;
-  TRELLIS_REQUIRE(m.arch == mc_.arch && m.n_layer == mc_.n_layer && m.n_embd == mc_.n_embd &&
-                      m.n_head == mc_.n_head && m.kv_heads() == mc_.kv_heads() &&
-                      m.ffn() == mc_.ffn() && m.block_size == mc_.block_size &&
-                      m.vocab_size == mc_.vocab_size,
-                  "{}: checkpoint model shape differs from the configured model", resumed_from_);
+  TRELLIS_REQUIRE(
+      m.arch == mc_.arch && m.n_layer == mc_.n_layer && m.n_dec_layer == mc_.n_dec_layer &&
+          m.n_embd == mc_.n_embd && m.n_head == mc_.n_head && m.kv_heads() == mc_.kv_heads() &&
+          m.ffn() == mc_.ffn() && m.block_size == mc_.block_size && m.vocab_size == mc_.vocab_size,
+      "{}: checkpoint model shape differs from the configured model", resumed_from_);
   const ParamLayout saved(ck.model);
   copy_from_global(*layout_, saved, ck.params.data(), params_.data());
   const ShardRange& shard = dp_sync_->shard();
@@ -278,9 +278,10 @@ void Trainer::print_header() const {
   if (!lead_ || cfg_.quiet) return;
   const int pp = mesh_.pp();
   fmt::print(
-      "trellis: {} ({}) | {} layers, {} heads{}, width {}, context {}, vocab {} ({} padded) | "
+      "trellis: {} ({}) | {} layers{}, {} heads{}, width {}, context {}, vocab {} ({} padded) | "
       "{:.2f}M parameters\n",
-      cfg_.model, mc_.arch, mc_.n_layer, mc_.n_head,
+      cfg_.model, mc_.arch, mc_.n_layer,
+      mc_.encoder_decoder() ? fmt::format(" + {} decoder layers", mc_.n_dec_layer) : "", mc_.n_head,
       mc_.kv_heads() != mc_.n_head ? fmt::format(" ({} kv)", mc_.kv_heads()) : "", mc_.n_embd,
       mc_.block_size, mc_.vocab_size, mc_.padded_vocab(), double(ParamLayout(mc_).count()) / 1e6);
   fmt::print("trellis: data {} | {} train / {} val tokens | {} windows of {}\n", corpus_.source,

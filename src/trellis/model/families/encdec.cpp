@@ -1,0 +1,102 @@
+// Encoder-decoder (the original Transformer, pre-LayerNorm as in mBART; BART-style names,
+// nn.Linear weights [out, in]). One shared token embedding feeds the encoder, the decoder and the
+// tied output head. Blocks [0, n_layer) are the encoder's, [n_layer, n_layer + n_dec_layer) the
+// decoder's; the first decoder block also holds the encoder's final norm and the decoder's
+// positions, so a pipeline can cut anywhere in the list.
+#include <fmt/format.h>
+
+#include "trellis/model/family.h"
+
+namespace trellis {
+namespace {
+
+void configure(ModelConfig& c) {
+  c.norm = NormKind::LayerNorm;
+  c.norm_eps = 1e-5f;
+  c.positions = PositionKind::Learned;
+  c.mlp = MlpKind::Gelu;
+  c.bias = true;
+  c.tied_head = true;
+  c.causal = true;  // the decoder's self-attention; the encoder's is bidirectional
+}
+
+void embedding(ParamBuilder& b) {
+  b.token_embedding("model.shared.weight");
+  b.position_embedding("model.encoder.embed_positions.weight");
+}
+
+// Self-attention (and cross-attention) of one block: q, k, v, out projections.
+void attention(ParamBuilder& b, int l, const std::string& p, bool cross) {
+  const ModelConfig& c = b.config();
+  const int64_t C = c.n_embd, hd = c.head_size(), Q = c.n_head * hd, KV = c.kv_heads() * hd;
+  const auto col = Parallel::Column;
+  const auto L = WeightLayout::OutIn;
+  b.linear(cross ? Slot::CrossQ : Slot::Q, l, p + "q_proj", C, Q, col, L);
+  b.linear(cross ? Slot::CrossK : Slot::K, l, p + "k_proj", C, KV, col, L);
+  b.linear(cross ? Slot::CrossV : Slot::V, l, p + "v_proj", C, KV, col, L);
+  b.linear(cross ? Slot::CrossOut : Slot::AttnOut, l, p + "out_proj", Q, C, Parallel::Row, L, 1,
+           true);
+}
+
+void block(ParamBuilder& b, int l) {
+  const ModelConfig& c = b.config();
+  const bool decoder = l >= c.n_layer;
+  if (l == c.n_layer) {
+    b.norm(Slot::EncoderNorm, l, "model.encoder.layer_norm");
+    b.position_embedding("model.decoder.embed_positions.weight", Slot::DecPosEmbed, l);
+  }
+  const std::string p = decoder ? fmt::format("model.decoder.layers.{}.", l - c.n_layer)
+                                : fmt::format("model.encoder.layers.{}.", l);
+  b.norm(Slot::AttnNorm, l, p + "self_attn_layer_norm");
+  attention(b, l, p + "self_attn.", false);
+  if (decoder) {
+    b.norm(Slot::CrossNorm, l, p + "encoder_attn_layer_norm");
+    attention(b, l, p + "encoder_attn.", true);
+  }
+  b.norm(Slot::MlpNorm, l, p + "final_layer_norm");
+  const int64_t C = c.n_embd, F = c.ffn();
+  b.linear(Slot::MlpUp, l, p + "fc1", C, F, Parallel::Column, WeightLayout::OutIn);
+  b.linear(Slot::MlpDown, l, p + "fc2", F, C, Parallel::Row, WeightLayout::OutIn, 1, true);
+}
+
+void head(ParamBuilder& b) { b.norm(Slot::FinalNorm, -1, "model.decoder.layer_norm"); }
+
+nlohmann::json to_hf_config(const ModelConfig& m) {
+  nlohmann::json j;
+  j["model_type"] = "trellis-encoder-decoder";
+  j["architectures"] = {"TrellisEncoderDecoder"};
+  j["d_model"] = m.n_embd;
+  j["encoder_layers"] = m.n_layer;
+  j["decoder_layers"] = m.n_dec_layer;
+  j["encoder_attention_heads"] = j["decoder_attention_heads"] = m.n_head;
+  j["num_key_value_heads"] = m.kv_heads();
+  j["encoder_ffn_dim"] = j["decoder_ffn_dim"] = m.ffn();
+  j["max_position_embeddings"] = m.block_size;
+  j["vocab_size"] = m.vocab_size;
+  j["layer_norm_eps"] = m.norm_eps;
+  j["tie_word_embeddings"] = true;
+  j["activation_function"] = "gelu_new";
+  j["scale_embedding"] = false;
+  return j;
+}
+
+void from_hf_config(const HfConfigReader& r, ModelConfig& m) {
+  m.n_embd = r.get_int("d_model");
+  m.n_layer = r.get_int("encoder_layers");
+  m.n_dec_layer = r.get_int("decoder_layers");
+  m.n_head = r.get_int("encoder_attention_heads");
+  m.n_kv_head = r.has("num_key_value_heads") ? r.get_int("num_key_value_heads") : 0;
+  m.ffn_hidden = r.get_int("encoder_ffn_dim");
+  m.block_size = r.get_int("max_position_embeddings");
+  m.vocab_size = r.get_int("vocab_size");
+  if (r.has("layer_norm_eps")) m.norm_eps = float(r.get_number("layer_norm_eps"));
+}
+
+}  // namespace
+
+extern const Family kEncDecFamily = {
+    "encdec", configure,    embedding,      block,
+    head,     to_hf_config, from_hf_config, "trellis-encoder-decoder",
+    true};
+
+}  // namespace trellis
