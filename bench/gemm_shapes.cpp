@@ -1,6 +1,7 @@
-// GFLOP/s of ops::gemm on the GEMM shapes of a GPT-2 training step (row-major, as gpt.cpp calls
-// them), against a plain dnnl_sgemm call (oneDNN's own threading), interleaved rep by rep so
-// load from other processes hits both alike. gemm_shapes <BT> <C> <Vp> [reps=5]
+// GFLOP/s of ops::gemm on the GEMM shapes of a GPT-2 training step (row-major, as
+// model/modules.cpp and model/transformer.cpp call them), against a plain dnnl_sgemm call
+// (oneDNN's own threading), interleaved rep by rep so load from other processes hits both alike.
+//   gemm_shapes <BT> <C> <Vp> [reps=5]
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 

@@ -1,8 +1,11 @@
-// Per-phase breakdown of one training step (the op sequence of GPT::forward/backward and the
-// trainer's update), timed op by op. Mirrors src/trellis/model/gpt.cpp and train/trainer.cpp;
-// keep it in step when those change. It uses ops::zero for the gradients and the optimizer's
-// fused clip factor, as proposed for the trainer.
-//   step_profile <preset> <vocab> <B> <T> [steps=5] [threads=2]
+// Where one training step of the real model goes: builds a ParamLayout and Transformer for a
+// preset (any family), runs K steps of zero-grad, forward, backward and the optimizer (global-norm
+// clip + update, as the trainer does), and prints the time of each kernel grouped by op name, and
+// of each phase, as medians over the steps after the first (warm-up).
+// The per-op times come from the model's own kernel calls: before the model is built, a copy of
+// the CPU backend table whose entries time the real ones is installed with set_backend.
+//   step_profile [--model PRESET=baby] [--batch B=8] [--seq T=min(256, context)]
+//                [--threads N=2] [--steps K=5] [--vocab V=256]
 #include <omp.h>
 
 #include <algorithm>
@@ -10,176 +13,282 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <map>
+#include <cstring>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
+#include "trellis/core/error.h"
+#include "trellis/kernels/backend.h"
 #include "trellis/kernels/ops.h"
 #include "trellis/model/config.h"
 #include "trellis/model/params.h"
+#include "trellis/model/transformer.h"
 #include "trellis/optim/optimizer.h"
+#include "trellis/parallel/tensor_parallel.h"
 
 using namespace trellis;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-std::map<std::string, double> g_ms;
-std::vector<std::string> g_order;
-struct Timed {
-  std::string name;
-  Clock::time_point t0 = Clock::now();
-  explicit Timed(std::string n) : name(std::move(n)) {}
-  ~Timed() {
-    if (!g_ms.count(name)) g_order.push_back(name);
-    g_ms[name] += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+// The phase an op call is counted in.
+enum Phase { kForward, kBackward, kOther, kPhases };
+Phase g_phase = kOther;
+
+// One op's time in the current step.
+struct OpStat {
+  const char* name = "";
+  double ms[kPhases] = {};
+  int64_t calls = 0;
+};
+std::vector<OpStat*> g_ops;
+
+// Timed<&Backend::op>::call has the op's signature and times the wrapped entry. Function pointers
+// carry no state, so each op gets its own instantiation with static storage. Kernels are called
+// from one thread at a time (the model runs no kernel inside a parallel region).
+template <auto Field, class Fn = std::remove_cvref_t<decltype(std::declval<Backend&>().*Field)>>
+struct Timed;
+template <auto Field, class R, class... A>
+struct Timed<Field, R (*)(A...)> {
+  static inline R (*inner)(A...) = nullptr;
+  static inline OpStat stat;
+  static R call(A... a) {
+    struct Stop {
+      Clock::time_point t0 = Clock::now();
+      ~Stop() {
+        stat.ms[g_phase] += ms_since(t0);
+        ++stat.calls;
+      }
+    } stop;
+    return inner(std::forward<A>(a)...);
   }
 };
-#define T_(name, ...) \
-  do {                \
-    Timed _t(name);   \
-    __VA_ARGS__;      \
-  } while (0)
-void zero(std::vector<float>& v) { std::fill(v.begin(), v.end(), 0.0f); }
-}  // namespace
 
-int main(int argc, char** argv) {
-  const std::string preset = argc > 1 ? argv[1] : "baby";
-  ModelConfig cfg;
-  cfg.vocab_size = argc > 2 ? std::atoi(argv[2]) : 256;
-  cfg = model_preset(preset, cfg);
-  const int64_t B = argc > 3 ? std::atoll(argv[3]) : 8, T = argc > 4 ? std::atoll(argv[4]) : 256;
-  const int steps = argc > 5 ? std::atoi(argv[5]) : 5;
-  omp_set_num_threads(argc > 6 ? std::atoi(argv[6]) : 2);
-  const int64_t BT = B * T, C = cfg.n_embd, H = cfg.n_head, V = cfg.vocab_size,
-                Vp = cfg.padded_vocab(), L = cfg.n_layer;
+template <auto Field>
+void wrap(Backend& table, const char* name) {
+  using W = Timed<Field>;
+  W::inner = table.*Field;
+  W::stat.name = name;
+  g_ops.push_back(&W::stat);
+  table.*Field = &W::call;
+}
+
+// A copy of `base` whose every op is timed.
+Backend timed_table(const Backend& base) {
+  Backend t = base;
+#define TRELLIS_TIME(op) wrap<&Backend::op>(t, #op)
+  TRELLIS_TIME(gemm), TRELLIS_TIME(add_bias), TRELLIS_TIME(fill_rows);
+  TRELLIS_TIME(bias_backward), TRELLIS_TIME(layernorm_forward), TRELLIS_TIME(layernorm_backward);
+  TRELLIS_TIME(rmsnorm_forward), TRELLIS_TIME(rmsnorm_backward), TRELLIS_TIME(gelu_forward);
+  TRELLIS_TIME(gelu_backward), TRELLIS_TIME(swiglu_forward), TRELLIS_TIME(swiglu_backward);
+  TRELLIS_TIME(rope_forward), TRELLIS_TIME(rope_backward), TRELLIS_TIME(attention_forward);
+  TRELLIS_TIME(attention_backward), TRELLIS_TIME(embedding_forward);
+  TRELLIS_TIME(embedding_backward), TRELLIS_TIME(position_forward);
+  TRELLIS_TIME(position_backward), TRELLIS_TIME(cross_entropy), TRELLIS_TIME(accumulate);
+  TRELLIS_TIME(zero);
+#undef TRELLIS_TIME
+  // The device and one pointer per op: an op added to Backend must be added above too.
+  static_assert(sizeof(Backend) == (1 + 23) * sizeof(void*), "time every op of Backend");
+  return t;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+struct Args {
+  std::string model = "baby";
+  int64_t B = 8, T = 0;
+  int threads = 2, steps = 5, vocab = 256;
+};
+
+[[noreturn]] void usage(const char* why) {
+  std::fprintf(stderr,
+               "step_profile: %s\nusage: step_profile [--model PRESET=baby] [--batch B=8] "
+               "[--seq T=min(256, context)] [--threads N=2] [--steps K=5] [--vocab V=256]\n",
+               why);
+  std::exit(2);
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string key = argv[i];
+    if (key == "-h" || key == "--help") usage("per-op and per-phase time of a training step");
+    if (i + 1 >= argc) usage(("missing value for " + key).c_str());
+    const char* v = argv[++i];
+    if (key == "--model") {
+      a.model = v;
+      continue;
+    }
+    char* end = nullptr;
+    const long long n = std::strtoll(v, &end, 10);
+    if (*v == '\0' || *end != '\0' || n < 1) usage((key + " needs a positive integer").c_str());
+    if (key == "--batch") {
+      a.B = n;
+    } else if (key == "--seq") {
+      a.T = n;
+    } else if (key == "--threads") {
+      a.threads = int(n);
+    } else if (key == "--steps") {
+      a.steps = int(n);
+    } else if (key == "--vocab") {
+      a.vocab = int(n);
+    } else {
+      usage(("unknown option " + key).c_str());
+    }
+  }
+  return a;
+}
+
+int run(const Args& a) {
+  ModelConfig base;
+  base.vocab_size = a.vocab;
+  const ModelConfig cfg = model_preset(a.model, base);
+  const int64_t B = a.B, T = a.T > 0 ? a.T : std::min<int64_t>(256, cfg.block_size), BT = B * T;
+  omp_set_num_threads(a.threads);
+
+  // Install the timing table before the model takes backend(Device::CPU) in its constructor.
+  static const Backend timed = timed_table(backend(Device::CPU));
+  set_backend(Device::CPU, &timed);
+
   ParamLayout layout(cfg);
   const int64_t n = int64_t(layout.size());
   std::vector<float> params(static_cast<size_t>(n)), grads(static_cast<size_t>(n));
   init_params(layout, 1337, params.data());
+  TensorParallel tp(nullptr, false);
+  Transformer model(layout, params.data(), grads.data(), tp);
   OptimConfig oc;
   Optimizer opt(oc, layout, 0, size_t(n));
-  auto P = [&](const std::string& s) { return params.data() + layout.spec(s).offset; };
-  auto G = [&](const std::string& s) { return grads.data() + layout.spec(s).offset; };
-  std::vector<int32_t> tok(static_cast<size_t>(BT)), tgt(static_cast<size_t>(BT));
-  for (int64_t i = 0; i < BT; ++i)
-    tok[size_t(i)] = int32_t((i * 7919) % V), tgt[size_t(i)] = int32_t((i * 104729 + 3) % V);
-  struct A {
-    std::vector<float> ln1, m1, r1, qkv, probs, att, res_mid, ln2, m2, r2, fc, gelu, res_out;
+  Context ctx;
+  model.prepare(ctx, B, T);
+  for (int64_t i = 0; i < BT; ++i) {
+    ctx.tokens[size_t(i)] = int32_t((i * 7919) % cfg.vocab_size);
+    ctx.targets[size_t(i)] = int32_t((i * 104729 + 3) % cfg.vocab_size);
+  }
+
+  std::printf(
+      "step_profile: %s (%s) | %d+%d layers, width %d, %d heads (%d kv), ffn %d | %.2fM "
+      "parameters, vocab %d (%d padded) | batch %lld x %lld | %d threads | %d steps\n",
+      a.model.c_str(), cfg.arch.c_str(), cfg.n_layer, cfg.n_dec_layer, cfg.n_embd, cfg.n_head,
+      cfg.kv_heads(), cfg.ffn(), double(layout.count()) / 1e6, cfg.vocab_size, cfg.padded_vocab(),
+      static_cast<long long>(B), static_cast<long long>(T), a.threads, a.steps);
+
+  // Per step: each op's time by phase and calls; the phases' wall times.
+  enum { kZeroGrad, kFwd, kBwd, kNorm, kOptim, kStep, kWall };
+  struct StepRecord {
+    std::vector<OpStat> ops;
+    double wall[kWall] = {};
+    double op_ms[kPhases] = {};  // all ops of a phase
   };
-  std::vector<A> acts(static_cast<size_t>(L));
-  for (auto& a : acts) {
-    a.ln1.resize(BT * C), a.m1.resize(BT), a.r1.resize(BT), a.qkv.resize(BT * 3 * C);
-    a.probs.resize(B * H * T * T), a.att.resize(BT * C), a.res_mid.resize(BT * C);
-    a.ln2.resize(BT * C), a.m2.resize(BT), a.r2.resize(BT), a.fc.resize(BT * 4 * C);
-    a.gelu.resize(BT * 4 * C), a.res_out.resize(BT * C);
-  }
-  std::vector<float> emb(BT * C), lnf(BT * C), lnfm(BT), lnfr(BT), logits(BT * Vp), losses(BT);
-  std::vector<float> dres(BT * C), dln(BT * C), dqkv(BT * 3 * C), datt(BT * C), dfc(BT * 4 * C),
-      dgelu(BT * 4 * C);
-  std::vector<double> step_ms;
-  for (int s = 1; s <= steps; ++s) {
-    if (s == 2) g_ms.clear(), g_order.clear();  // first step is warm-up
-    const auto t0 = Clock::now();
-    T_("zero_grads", ops::zero(grads.data(), n));
-    T_("embedding_fwd",
-       ops::embedding_forward(emb.data(), tok.data(), P("wte.weight"), 0, Vp, BT, C);
-       ops::position_forward(emb.data(), P("wpe.weight"), 0, BT, T, C));
-    const float* x = emb.data();
-    for (int l = 0; l < L; ++l) {
-      const std::string h = "h." + std::to_string(l) + ".";
-      A& a = acts[size_t(l)];
-      T_("layernorm_fwd", ops::layernorm_forward(a.ln1.data(), a.m1.data(), a.r1.data(), x,
-                                                 P(h + "ln_1.weight"), P(h + "ln_1.bias"), BT, C));
-      T_("linear_fwd", ops::linear_forward(a.qkv.data(), a.ln1.data(), P(h + "attn.c_attn.weight"),
-                                           P(h + "attn.c_attn.bias"), BT, C, 3 * C));
-      T_("attention_fwd",
-         ops::attention_forward(a.att.data(), a.probs.data(), a.qkv.data(), B, T, C, H));
-      T_("linear_fwd",
-         ops::linear_forward(a.res_mid.data(), a.att.data(), P(h + "attn.c_proj.weight"),
-                             P(h + "attn.c_proj.bias"), BT, C, C));
-      T_("residual", ops::accumulate(a.res_mid.data(), x, BT * C));
-      T_("layernorm_fwd",
-         ops::layernorm_forward(a.ln2.data(), a.m2.data(), a.r2.data(), a.res_mid.data(),
-                                P(h + "ln_2.weight"), P(h + "ln_2.bias"), BT, C));
-      T_("linear_fwd", ops::linear_forward(a.fc.data(), a.ln2.data(), P(h + "mlp.c_fc.weight"),
-                                           P(h + "mlp.c_fc.bias"), BT, C, 4 * C));
-      T_("gelu_fwd", ops::gelu_forward(a.gelu.data(), a.fc.data(), BT * 4 * C));
-      T_("linear_fwd",
-         ops::linear_forward(a.res_out.data(), a.gelu.data(), P(h + "mlp.c_proj.weight"),
-                             P(h + "mlp.c_proj.bias"), BT, 4 * C, C));
-      T_("residual", ops::accumulate(a.res_out.data(), a.res_mid.data(), BT * C));
-      x = a.res_out.data();
+  std::vector<StepRecord> rec;
+  const float grad_scale = 1.0f / float(BT);
+  for (int s = 1; s <= a.steps; ++s) {
+    for (OpStat* o : g_ops) *o = OpStat{o->name, {}, 0};
+    StepRecord r;
+    const auto t_step = Clock::now();
+    auto t0 = Clock::now();
+    ops::zero(grads.data(), n);  // as the trainer does, outside the model
+    r.wall[kZeroGrad] = ms_since(t0);
+    g_phase = kForward, t0 = Clock::now();
+    const double loss = model.forward(ctx, grad_scale) / double(BT);
+    r.wall[kFwd] = ms_since(t0);
+    g_phase = kBackward, t0 = Clock::now();
+    model.backward(ctx, true);
+    r.wall[kBwd] = ms_since(t0);
+    g_phase = kOther, t0 = Clock::now();
+    const double norm = std::sqrt(ops::sum_squares(grads.data(), n));
+    r.wall[kNorm] = ms_since(t0);
+    t0 = Clock::now();
+    const float clip = oc.grad_clip;
+    const float grad_mul = clip > 0.0f && norm > clip ? float(clip / (norm + 1e-6)) : 1.0f;
+    opt.step(params.data(), grads.data(), learning_rate(oc, s, a.steps), s, grad_mul);
+    r.wall[kOptim] = ms_since(t0);
+    r.wall[kStep] = ms_since(t_step);
+    for (const OpStat* o : g_ops) {
+      r.ops.push_back(*o);
+      for (int ph = 0; ph < kPhases; ++ph) r.op_ms[ph] += o->ms[ph];
     }
-    T_("layernorm_fwd", ops::layernorm_forward(lnf.data(), lnfm.data(), lnfr.data(), x,
-                                               P("ln_f.weight"), P("ln_f.bias"), BT, C));
-    T_("logits_gemm", ops::gemm(false, true, BT, Vp, C, 1.0f, lnf.data(), C, P("wte.weight"), C,
-                                0.0f, logits.data(), Vp));
-    double loss = 0;
-    T_("cross_entropy", loss = ops::cross_entropy(logits.data(), losses.data(), tgt.data(), BT, V,
-                                                  Vp, 0, 1.0f / float(BT)));
-    // backward
-    T_("zero_scratch", zero(dln));
-    T_("logits_bwd_gemms", ops::gemm(false, false, BT, C, Vp, 1.0f, logits.data(), Vp,
-                                     P("wte.weight"), C, 0.0f, dln.data(), C);
-       ops::gemm(true, false, Vp, C, BT, 1.0f, logits.data(), Vp, lnf.data(), C, 1.0f,
-                 G("wte.weight"), C));
-    T_("zero_scratch", zero(dres));
-    T_("layernorm_bwd",
-       ops::layernorm_backward(dres.data(), G("ln_f.weight"), G("ln_f.bias"), dln.data(), x,
-                               P("ln_f.weight"), lnfm.data(), lnfr.data(), BT, C));
-    for (int l = int(L) - 1; l >= 0; --l) {
-      const std::string h = "h." + std::to_string(l) + ".";
-      A& a = acts[size_t(l)];
-      const float* xin = l == 0 ? emb.data() : acts[size_t(l - 1)].res_out.data();
-      T_("zero_scratch", zero(dgelu));
-      T_("linear_bwd", ops::linear_backward(dgelu.data(), G(h + "mlp.c_proj.weight"),
-                                            G(h + "mlp.c_proj.bias"), dres.data(), a.gelu.data(),
-                                            P(h + "mlp.c_proj.weight"), BT, 4 * C, C));
-      T_("zero_scratch", zero(dfc));
-      T_("gelu_bwd", ops::gelu_backward(dfc.data(), a.fc.data(), dgelu.data(), BT * 4 * C));
-      T_("zero_scratch", zero(dln));
-      T_("linear_bwd",
-         ops::linear_backward(dln.data(), G(h + "mlp.c_fc.weight"), G(h + "mlp.c_fc.bias"),
-                              dfc.data(), a.ln2.data(), P(h + "mlp.c_fc.weight"), BT, C, 4 * C));
-      T_("layernorm_bwd",
-         ops::layernorm_backward(dres.data(), G(h + "ln_2.weight"), G(h + "ln_2.bias"), dln.data(),
-                                 a.res_mid.data(), P(h + "ln_2.weight"), a.m2.data(), a.r2.data(),
-                                 BT, C));
-      T_("zero_scratch", zero(datt));
-      T_("linear_bwd",
-         ops::linear_backward(datt.data(), G(h + "attn.c_proj.weight"), G(h + "attn.c_proj.bias"),
-                              dres.data(), a.att.data(), P(h + "attn.c_proj.weight"), BT, C, C));
-      T_("zero_scratch", zero(dqkv));
-      T_("attention_bwd", ops::attention_backward(dqkv.data(), datt.data(), a.qkv.data(),
-                                                  a.probs.data(), B, T, C, H));
-      T_("zero_scratch", zero(dln));
-      T_("linear_bwd", ops::linear_backward(dln.data(), G(h + "attn.c_attn.weight"),
-                                            G(h + "attn.c_attn.bias"), dqkv.data(), a.ln1.data(),
-                                            P(h + "attn.c_attn.weight"), BT, C, 3 * C));
-      T_("layernorm_bwd",
-         ops::layernorm_backward(dres.data(), G(h + "ln_1.weight"), G(h + "ln_1.bias"), dln.data(),
-                                 xin, P(h + "ln_1.weight"), a.m1.data(), a.r1.data(), BT, C));
-    }
-    T_("embedding_bwd",
-       ops::embedding_backward(G("wte.weight"), dres.data(), tok.data(), 0, Vp, BT, C);
-       ops::position_backward(G("wpe.weight"), dres.data(), 0, BT, T, C));
-    double nsq = 0;
-    T_("sum_squares", nsq = ops::sum_squares(grads.data(), n));
-    const double norm = std::sqrt(nsq);
-    // As proposed for trainer.cpp: the clip factor rides along the optimizer sweep.
-    const float grad_mul = norm > 1.0 ? float(1.0 / (norm + 1e-6)) : 1.0f;
-    T_("optimizer", opt.step(params.data(), grads.data(), 1e-4f, s, grad_mul));
-    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-    if (s >= 2) step_ms.push_back(ms);
-    std::printf("step %d loss %.6f norm %.6f %.1f ms\n", s, loss / double(BT), norm, ms);
+    std::printf("step %d  loss %.6f  grad norm %.4f  %.1f ms\n", s, loss, norm, r.wall[kStep]);
+    rec.push_back(std::move(r));
   }
-  std::sort(step_ms.begin(), step_ms.end());
-  const double k = double(step_ms.size());
-  double tot = 0;
-  for (auto& [_, v] : g_ms) tot += v;
-  std::printf("%-18s %9s %6s\n", "phase", "ms/step", "%");
-  for (const auto& name : g_order)
-    std::printf("%-18s %9.1f %5.1f%%\n", name.c_str(), g_ms[name] / k, 100.0 * g_ms[name] / tot);
-  std::printf("%-18s %9.1f   (median step %.1f ms)\n", "total", tot / k,
-              step_ms[step_ms.size() / 2]);
+
+  // Medians over steps 2..K (step 1 alone if K = 1).
+  const size_t first = rec.size() > 1 ? 1 : 0;
+  auto med = [&](auto get) {
+    std::vector<double> v;
+    for (size_t i = first; i < rec.size(); ++i) v.push_back(get(rec[i]));
+    return median(std::move(v));
+  };
+  const double step_ms = med([](const StepRecord& r) { return r.wall[kStep]; });
+  const double pct = 100.0 / step_ms;
+  struct Row {
+    const char* name;
+    double calls, fwd, bwd, total;
+  };
+  std::vector<Row> rows;
+  for (size_t k = 0; k < g_ops.size(); ++k) {
+    auto op = [k](const StepRecord& r) -> const OpStat& { return r.ops[k]; };
+    Row row{g_ops[k]->name, med([&](const StepRecord& r) { return double(op(r).calls); }),
+            med([&](const StepRecord& r) { return op(r).ms[kForward]; }),
+            med([&](const StepRecord& r) { return op(r).ms[kBackward]; }),
+            med([&](const StepRecord& r) {
+              return op(r).ms[kForward] + op(r).ms[kBackward] + op(r).ms[kOther];
+            })};
+    if (row.calls > 0) rows.push_back(row);
+  }
+  std::sort(rows.begin(), rows.end(), [](const Row& x, const Row& y) { return x.total > y.total; });
+  std::printf("\nmedians of steps %zu..%zu (ms per step)\n", first + 1, rec.size());
+  std::printf("%-20s %7s %9s %9s %9s %7s\n", "op", "calls", "forward", "backward", "total",
+              "% step");
+  for (const Row& r : rows)
+    std::printf("%-20s %7.0f %9.2f %9.2f %9.2f %6.1f%%\n", r.name, r.calls, r.fwd, r.bwd, r.total,
+                r.total * pct);
+  const double fwd_ops = med([](const StepRecord& r) { return r.op_ms[kForward]; });
+  const double bwd_ops = med([](const StepRecord& r) { return r.op_ms[kBackward]; });
+  const double all_ops = med(
+      [](const StepRecord& r) { return r.op_ms[kForward] + r.op_ms[kBackward] + r.op_ms[kOther]; });
+  std::printf("%-20s %7s %9.2f %9.2f %9.2f %6.1f%%\n", "(all ops)", "", fwd_ops, bwd_ops, all_ops,
+              all_ops * pct);
+
+  // Phases; "outside ops" is the model's own time between kernel calls.
+  std::printf("\n%-36s %9s %7s %12s\n", "phase", "ms", "% step", "outside ops");
+  auto phase = [&](const char* name, auto get, int ops_phase = -1) {
+    const double ms = med(get);
+    std::printf("%-36s %9.2f %6.1f%%", name, ms, ms * pct);
+    if (ops_phase >= 0)
+      std::printf(" %12.2f", med([&](const StepRecord& r) { return get(r) - r.op_ms[ops_phase]; }));
+    std::printf("\n");
+  };
+  phase("zero_grad", [](const StepRecord& r) { return r.wall[kZeroGrad]; });
+  phase(
+      "forward", [](const StepRecord& r) { return r.wall[kFwd]; }, kForward);
+  phase(
+      "backward", [](const StepRecord& r) { return r.wall[kBwd]; }, kBackward);
+  phase("optimizer (grad norm + clip + update)",
+        [](const StepRecord& r) { return r.wall[kNorm] + r.wall[kOptim]; });
+  phase("  of which grad norm", [](const StepRecord& r) { return r.wall[kNorm]; });
+  std::printf("%-36s %9.2f  (%.0f tokens/s)\n", "step", step_ms, double(BT) * 1000.0 / step_ms);
+  set_backend(Device::CPU, nullptr);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(parse(argc, argv));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "step_profile: error: %s\n", e.what());
+    return 2;
+  }
 }

@@ -37,7 +37,17 @@ struct Backend {
   decltype(&ops::zero) zero;
 };
 
-// The kernels of a device; an input error if this build has none for it.
+// The kernels of a device: the installed table if there is one (set_backend), else the one this
+// build ships (CPU: the functions of kernels/ops.h); an input error if there is neither. Models
+// take it once, at construction.
 const Backend& backend(Device device);
+
+// Installs `table` as the kernels of `device` (null: back to the built-in ones) and returns the
+// table it replaces (null: the built-in ones), so a caller can put it back. This is how a tool
+// swaps the kernels without touching model code: a profiler installs entries that time the
+// built-in ones, and a CUDA build can register its table. Objects keep the table they took at
+// construction, so install before building a model. `table` is not copied and must outlive its
+// users; install at start-up, not while other threads run kernels.
+const Backend* set_backend(Device device, const Backend* table);
 
 }  // namespace trellis
