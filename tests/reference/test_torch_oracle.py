@@ -18,7 +18,8 @@ Checks (every tensor compared norm-wise: ||trellis - torch|| / ||torch|| <= 1e-5
   f. llama-tiny with grouped-query attention (4 heads over 2 kv heads, RoPE, RMSNorm,
      SwiGLU, untied head; reference reference/torch_llama.py): as a, byte tokenizer;
      first the reference's RoPE is pinned against HF's apply_rotary_pos_emb formula.
-  g. llama-tiny: 10 AdamW steps as in c.
+  g. llama-tiny: 10 AdamW steps as in c, from init seed 36 (a well-conditioned start, see
+     the precondition below).
   h. encoder-tiny (bidirectional, pre-LN, learned positions, tied head; reference
      reference/torch_encoder.py): as a, byte tokenizer.
   i. encoder-tiny: 10 AdamW steps as in c.
@@ -30,6 +31,10 @@ the key third of each GPT-2 attn.c_attn.bias and each encoder self_attn.k_proj.b
 a whole tensor is such a zero (the encoder's k_proj.bias), its gradient and its optimizer
 moments are checked to be zero up to rounding on both sides (norm <= 1e-5 of the
 matching q_proj.bias tensor) instead of a relative error of noise against noise.
+
+Precondition of the training cases (c, d, e, g, i; see COND_TOL): the reference is run in
+float32 and in float64, and the two must agree within TOL/2 on everything compared, so that the
+comparison with trellis measures trellis and not the rounding noise of ill-conditioned inputs.
 
 A case that compares nothing (no gradient, no parameter, no optimizer tensor) fails.
 
@@ -290,6 +295,108 @@ def read_metrics(path):
     return [steps[k] for k in sorted(steps)]
 
 
+# Precondition of every training case (c, d, e, g, i): its float32 arithmetic must determine
+# the result to well within TOL, which is not automatic. AdamW's first update of an element is
+# lr * g / (|g| + eps), about lr * sign(g), and its sensitivity to a rounding error d in g is
+# ~ d * eps / (|g| + eps)^2: an element whose gradient lies within float32 rounding of zero or
+# of the eps scale (eps = 1e-8; after clipping, query/key weight gradients at initialisation are
+# only ~1e-5) gets an update whose size or sign is set by rounding noise, up to ~lr, and later
+# steps carry it along. llama-tiny from --seed 5 has such an element (layer 0 v_proj.weight,
+# clipped gradient 1.3e-8 in a tensor whose largest is 1.3e-2): PyTorch float32 and float64
+# alone then differ by ~4e-4 after 10 steps, so a check at TOL would compare noise. Tiny
+# gradient elements as such are common and mostly harmless (in every seed tried some element,
+# mostly in lm_head, is below 1e-5 of its tensor's largest, well-conditioned seeds included),
+# and how much rounding each carries is not known ahead of time, so a fixed |g| / max|g|
+# threshold does not separate good inputs from bad ones; measuring does. Each training case
+# runs the reference twice, in float32 and in float64, on the same inputs and learning rates,
+# and requires the two to agree within COND_TOL on every quantity compared with trellis
+# (losses, gradient norms, final parameters, optimizer tensors): the reference's own rounding
+# may use at most half the tolerance, leaving at least half for trellis's own rounding. A case
+# failing this is reported as ill-conditioned inputs, naming the element whose step-1 update
+# float32 does not determine, not as a trellis error; choose other inputs then. For the llama
+# case as configured about one init seed in five passes (the median float32-vs-float64
+# difference over seeds 1..120 is ~1e-5); case g's seed, 36 (1.7e-6), is one of them, selected
+# by this check, which is why the check is part of the test.
+COND_TOL = TOL / 2
+
+
+class RefRun:
+    """The reference model and torch optimizer of a training case in one dtype."""
+
+    def __init__(self, fam, ckpt, dtype, optimizer, lr, wd, beta1, beta2, eps, momentum):
+        self.params, self.cfg = fam.load_model(ckpt, dtype=dtype)
+        self.dtype, self.fam = dtype, fam
+        self.plist = list(self.params.values())
+        ps = self.params.values()
+        groups = [{"params": [p for p in ps if p.dim() == 2], "weight_decay": wd},
+                  {"params": [p for p in ps if p.dim() != 2], "weight_decay": 0.0}]
+        if optimizer == "adamw":
+            self.opt = torch.optim.AdamW(groups, lr=lr, betas=(beta1, beta2), eps=eps)
+        else:
+            self.opt = torch.optim.SGD(groups, lr=lr, momentum=momentum, dampening=0.0,
+                                       nesterov=False)
+
+    def step(self, x, y, lr, clip):
+        """One optimizer step at learning rate lr: (loss, pre-clip gradient norm, clipped
+        gradients as float64 numpy arrays)."""
+        self.opt.zero_grad(set_to_none=True)
+        loss = self.fam.loss(self.params, self.cfg, x, y)
+        loss.backward()
+        if clip > 0:
+            norm = float(torch.nn.utils.clip_grad_norm_(self.plist, clip))
+        else:
+            norm = float(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in self.plist)))
+        grads = {n: p.grad.detach().double().numpy().copy() for n, p in self.params.items()}
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        self.opt.step()
+        return loss.item(), norm, grads
+
+    def compared(self, name):
+        """{label: float64 array} of what the test compares for parameter `name` (see
+        check_train): the parameter without a zero-gradient part, and its optimizer tensors
+        unless its whole gradient is exactly zero."""
+        p = self.params[name]
+        out = {}
+        z = self.fam.zero_grad(name, self.cfg)
+        arr = p.detach().double().numpy()
+        if z is None:
+            out[name] = arr
+        else:
+            keep = np.ones(arr.shape, dtype=bool)
+            keep[z[0]] = False
+            if keep.any():
+                out[name + z[3]] = arr[keep]
+        if whole_zero_grad(self.fam, name, self.cfg, tuple(p.shape)) is None:
+            for key, val in self.opt.state[p].items():
+                if torch.is_tensor(val) and val.dim() > 0:
+                    out[f"{key}.{name}"] = val.detach().double().numpy()
+        return out
+
+
+def step1_culprit(fam, cfg, a, b, grads):
+    """The element whose step-1 update differs most between the float32 and float64 references
+    (a, b: RefRun after step 1, same start), relative to its tensor's norm, with its float64
+    clipped step-1 gradient and the tensor's largest: a description."""
+    best = None
+    for name, pa in a.params.items():
+        da = pa.detach().double().numpy() - b.params[name].detach().double().numpy()
+        g = grads[name]
+        z = fam.zero_grad(name, cfg)
+        if z is not None:
+            da = da.copy()
+            da[z[0]] = 0.0  # the zero-gradient part is checked separately
+        norm = float(np.linalg.norm(b.params[name].detach().double().numpy()))
+        r = float(np.linalg.norm(da)) / max(norm, 1e-30)
+        if best is None or r > best[0]:
+            i = np.unravel_index(int(np.argmax(np.abs(da))), da.shape)
+            best = (r, name, i, float(abs(g[i])), float(np.abs(g).max()))
+    r, name, i, gi, gmax = best
+    return (f"after step 1 the references already differ by {r:.2g} in {name}, most at "
+            f"element {list(map(int, i))} whose clipped step-1 gradient is {gi:.2g} "
+            f"(tensor max {gmax:.2g})")
+
+
 def check_train(case, fam, datadir, steps, G, T, micro=0, optimizer="adamw", seed=5,
                 lr=1e-2, min_lr=1e-3, warmup=2, wd=0.1, clip=1.0, beta1=0.9, beta2=0.95,
                 eps=1e-8, momentum=0.9):
@@ -311,42 +418,40 @@ def check_train(case, fam, datadir, steps, G, T, micro=0, optimizer="adamw", see
         fail(f"{case}: metrics.jsonl has {len(metrics)} training steps, expected {steps}")
         return
 
-    params, cfg = fam.load_model(os.path.join(init, "step_00000000"), dtype=DTYPE)
-    names = list(params)
-    plist = [params[n] for n in names]
-    decay = [params[n] for n in names if params[n].dim() == 2]
-    no_decay = [params[n] for n in names if params[n].dim() != 2]
-    groups = [{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}]
-    if optimizer == "adamw":
-        opt = torch.optim.AdamW(groups, lr=lr, betas=(beta1, beta2), eps=eps)
-    else:
-        opt = torch.optim.SGD(groups, lr=lr, momentum=momentum, dampening=0.0, nesterov=False)
+    # the reference (DTYPE) and its twin in the other precision, for the precondition
+    ckpt = os.path.join(init, "step_00000000")
+    hyper = (optimizer, lr, wd, beta1, beta2, eps, momentum)
+    ref = RefRun(fam, ckpt, DTYPE, *hyper)
+    twin = RefRun(fam, ckpt, torch.float32 if DTYPE == torch.float64 else torch.float64, *hyper)
+    params, cfg, opt, names = ref.params, ref.cfg, ref.opt, list(ref.params)
 
     tokens = read_split(datadir, "train")
     W = (tokens.size - 1) // T
     worst_loss = worst_norm = 0.0
+    cond, cond_name = 0.0, ""  # worst float32-vs-float64 difference of the reference
+    culprit = ""
     clipped = 0
     for s in range(steps):
         m = metrics[s]
         ids = [(s * G + j) % W for j in range(G)]
         x, y = windows(tokens, T, ids)
-        opt.zero_grad(set_to_none=True)
-        loss = fam.loss(params, cfg, x, y)
-        loss.backward()
-        if clip > 0:
-            norm = float(torch.nn.utils.clip_grad_norm_(plist, clip))
-        else:
-            norm = float(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in plist)))
+        loss, norm, grads = ref.step(x, y, float(m["lr"]), clip)
+        t_loss, t_norm, t_grads = twin.step(x, y, float(m["lr"]), clip)
+        if s == 0:
+            culprit = step1_culprit(fam, cfg, ref, twin,
+                                    grads if ref.dtype == torch.float64 else t_grads)
+        for label, a, b in ((f"loss at step {s + 1}", loss, t_loss),
+                            (f"grad_norm at step {s + 1}", norm, t_norm)):
+            e = abs(a - b) / abs(b)
+            if e > cond:
+                cond, cond_name = e, label
         if norm > clip > 0:
             clipped += 1
-        for g in opt.param_groups:
-            g["lr"] = float(m["lr"])
-        opt.step()
 
-        e = abs(m["loss"] - loss.item()) / abs(loss.item())
+        e = abs(m["loss"] - loss) / abs(loss)
         worst_loss = max(worst_loss, e)
         if not e <= TOL:
-            fail(f"{case}: step {s + 1}: loss trellis {m['loss']!r} torch {loss.item()!r} "
+            fail(f"{case}: step {s + 1}: loss trellis {m['loss']!r} torch {loss!r} "
                  f"(rel {e:.3g})")
             ok = False
         if "grad_norm" in m:
@@ -360,6 +465,20 @@ def check_train(case, fam, datadir, steps, G, T, micro=0, optimizer="adamw", see
         fail(f"{case}: gradient clipping at {clip} never triggered; the test needs it to")
         ok = False
     t_clipped = sum(1 for m in metrics if m.get("grad_norm", 0.0) > clip) if clip > 0 else 0
+
+    # precondition: the reference reproduces itself across precisions (see COND_TOL)
+    for name in names:
+        a, b = ref.compared(name), twin.compared(name)
+        for label in a:
+            e = rel(a[label], b[label])
+            if e > cond:
+                cond, cond_name = e, label
+    if not cond <= COND_TOL:
+        fail(f"{case}: ill-conditioned inputs (precondition, not a trellis result): the "
+             f"reference in float32 and in float64 differs by {cond:.3g} > {COND_TOL:g} (TOL/2) "
+             f"on {cond_name} after {steps} steps, so a comparison at {TOL:g} would measure "
+             f"rounding noise; {culprit}; choose other inputs (seed, batch)")
+        ok = False
 
     final = load_safetensors(os.path.join(final_dir, "model.safetensors"))
     init_arrays = load_safetensors(os.path.join(init, "step_00000000", "model.safetensors"))
@@ -456,7 +575,8 @@ def check_train(case, fam, datadir, steps, G, T, micro=0, optimizer="adamw", see
           f"parameters, worst rel err {worst_p:.2e} ({worst_pn}), "
           f"{'no key bias' if worst_k is None else f'key-bias drift/query-bias drift {worst_k:.1e}'}"
           f"; {n_state} optimizer tensors, worst "
-          f"{worst_o:.2e} ({worst_on})", flush=True)
+          f"{worst_o:.2e} ({worst_on}); reference float32 vs float64 {cond:.1e} ({cond_name})",
+          flush=True)
 
 
 def main():
@@ -491,7 +611,7 @@ def main():
                                   optimizer="sgd", lr=0.05, min_lr=0.005, warmup=0, clip=1.5)),
         ("f", lambda: (check_rope("f (llama rope)", byte_dir),
                        check_grad("f (llama gqa byte grad)", LLAMA, byte_dir))),
-        ("g", lambda: check_train("g (llama adamw)", LLAMA, byte_dir, 10, 4, 32)),
+        ("g", lambda: check_train("g (llama adamw)", LLAMA, byte_dir, 10, 4, 32, seed=36)),
         ("h", lambda: check_grad("h (encoder byte grad)", ENCODER, byte_dir)),
         ("i", lambda: check_train("i (encoder adamw)", ENCODER, byte_dir, 10, 4, 32)),
     ]
