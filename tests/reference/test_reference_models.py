@@ -19,6 +19,18 @@ here against a second, independently written formulation:
           2. bidirectional: logits at position 0 change when the last token changes.
           3. k_proj.bias has an exactly zero gradient (float64 rounding only).
           4. gradcheck in float64 over every parameter.
+  encdec  1. a 2+2-layer model equals torch.nn.Transformer (norm_first, tanh GELU, no
+             dropout, causal tgt_mask, its encoder/decoder final norms) loaded with the same
+             weights, with the output head E^T applied to its output; source and decoder
+             input of different lengths.
+          2. GQA: 4 heads over 2 kv heads equals the 4-kv-head model whose k/v projections
+             (weights and biases) repeat kv head j // (H / Hkv), self and cross attention.
+          3. the decoder is causal in its own input (logits at t unchanged when decoder
+             tokens after t change) and sees the whole source (logits at 0 change when the
+             last source token changes); encdec_loss == seq2seq_loss with source = input.
+          4. every k_proj.bias (encoder self, decoder self, decoder cross) has an exactly
+             zero gradient (float64 rounding only; float32 within the oracle's 1e-5).
+          5. gradcheck in float64 over every parameter, MHA and GQA.
 
 Exit status 0 when all pass, 1 otherwise.
 """
@@ -34,7 +46,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from reference import torch_encoder, torch_llama  # noqa: E402
+from reference import torch_encdec, torch_encoder, torch_llama  # noqa: E402
 
 failures = []
 
@@ -273,10 +285,165 @@ def check_encoder():
           "encoder: gradcheck (float64, every parameter)")
 
 
+# ---------------------------------------------------------------------------
+# encoder-decoder
+# ---------------------------------------------------------------------------
+
+
+def encdec_cfg(V=11, C=16, H=2, n_kv_head=None, F_=64, L_enc=2, L_dec=2, block=8):
+    return torch_encdec.EncDecConfig({
+        "architectures": ["TrellisEncoderDecoder"], "model_type": "trellis-encoder-decoder",
+        "d_model": C, "encoder_layers": L_enc, "decoder_layers": L_dec,
+        "encoder_attention_heads": H, "decoder_attention_heads": H,
+        "num_key_value_heads": n_kv_head or H, "encoder_ffn_dim": F_, "decoder_ffn_dim": F_,
+        "max_position_embeddings": block, "vocab_size": V, "layer_norm_eps": 1e-5,
+        "tie_word_embeddings": True, "activation_function": "gelu_new",
+        "scale_embedding": False})
+
+
+def _load_mha(mha, params, p):
+    """torch.nn.MultiheadAttention <- {q,k,v,out}_proj under prefix p."""
+    mha.in_proj_weight.copy_(torch.cat([params[p + f"{x}_proj.weight"] for x in "qkv"]))
+    mha.in_proj_bias.copy_(torch.cat([params[p + f"{x}_proj.bias"] for x in "qkv"]))
+    mha.out_proj.weight.copy_(params[p + "out_proj.weight"])
+    mha.out_proj.bias.copy_(params[p + "out_proj.bias"])
+
+
+def _load_ln(ln, params, p):
+    ln.weight.copy_(params[p + ".weight"])
+    ln.bias.copy_(params[p + ".bias"])
+
+
+def _load_ffn(layer, params, p):
+    layer.linear1.weight.copy_(params[p + "fc1.weight"])
+    layer.linear1.bias.copy_(params[p + "fc1.bias"])
+    layer.linear2.weight.copy_(params[p + "fc2.weight"])
+    layer.linear2.bias.copy_(params[p + "fc2.bias"])
+
+
+def torch_nn_transformer(params, cfg):
+    """torch.nn.Transformer (pre-LN, tanh GELU, no dropout) holding the same weights."""
+    m = torch.nn.Transformer(
+        d_model=cfg.n_embd, nhead=cfg.n_head, num_encoder_layers=cfg.n_enc_layer,
+        num_decoder_layers=cfg.n_dec_layer, dim_feedforward=cfg.ffn_hidden, dropout=0.0,
+        activation=lambda t: F.gelu(t, approximate="tanh"), layer_norm_eps=cfg.eps,
+        batch_first=True, norm_first=True).to(torch.float64)
+    with torch.no_grad():
+        for i, layer in enumerate(m.encoder.layers):
+            p = f"model.encoder.layers.{i}."
+            _load_mha(layer.self_attn, params, p + "self_attn.")
+            _load_ln(layer.norm1, params, p + "self_attn_layer_norm")
+            _load_ln(layer.norm2, params, p + "final_layer_norm")
+            _load_ffn(layer, params, p)
+        _load_ln(m.encoder.norm, params, "model.encoder.layer_norm")
+        for j, layer in enumerate(m.decoder.layers):
+            p = f"model.decoder.layers.{j}."
+            _load_mha(layer.self_attn, params, p + "self_attn.")
+            _load_mha(layer.multihead_attn, params, p + "encoder_attn.")
+            _load_ln(layer.norm1, params, p + "self_attn_layer_norm")
+            _load_ln(layer.norm2, params, p + "encoder_attn_layer_norm")
+            _load_ln(layer.norm3, params, p + "final_layer_norm")
+            _load_ffn(layer, params, p)
+        _load_ln(m.decoder.norm, params, "model.decoder.layer_norm")
+    return m.eval()
+
+
+def check_encdec():
+    dt = torch.float64
+    cfg = encdec_cfg()
+    params = scaled(torch_encdec.random_model(cfg, seed=5, dtype=dt), 10.0)
+    g = torch.Generator().manual_seed(9)
+    src = torch.randint(cfg.vocab_size, (2, 7), generator=g)
+    tgt = torch.randint(cfg.vocab_size, (2, 5), generator=g)
+    E = params["model.shared.weight"]
+
+    # 1. torch.nn.Transformer
+    m = torch_nn_transformer(params, cfg)
+    with torch.no_grad():
+        S, T = src.shape[1], tgt.shape[1]
+        out = m(E[src] + params["model.encoder.embed_positions.weight"][:S],
+                E[tgt] + params["model.decoder.embed_positions.weight"][:T],
+                tgt_mask=torch.ones(T, T, dtype=torch.bool).triu(1))
+        want = out @ E.t()
+        got = torch_encdec.seq2seq_logits(params, cfg, src, tgt)
+    check(rel(got, want) < 1e-13, f"encdec: == torch.nn.Transformer(norm_first, tanh GELU), "
+          f"source 7 / target 5 tokens ({rel(got, want):.1e})")
+
+    # 2. GQA == MHA with repeated kv heads
+    gcfg = encdec_cfg(C=16, H=4, n_kv_head=2, F_=24)
+    hd, n_rep = gcfg.head_dim, gcfg.n_head // gcfg.n_kv_head
+    gp = scaled(torch_encdec.random_model(gcfg, seed=6, dtype=dt), 10.0)
+    mha = {}
+    for n, p in gp.items():
+        p = p.detach()
+        if n.endswith(("k_proj.weight", "v_proj.weight", "k_proj.bias", "v_proj.bias")):
+            p = p.view(gcfg.n_kv_head, 1, hd, -1).expand(-1, n_rep, -1, -1)
+            p = p.reshape(gcfg.n_head * hd, -1).squeeze(-1) if n.endswith("bias") else \
+                p.reshape(gcfg.n_head * hd, -1)
+        mha[n] = p
+    lg = torch_encdec.seq2seq_logits(gp, gcfg, src, tgt)
+    e = rel(lg, torch_encdec.seq2seq_logits(mha, encdec_cfg(C=16, H=4, F_=24), src, tgt))
+    check(e < 1e-13, f"encdec: GQA == MHA with kv head j // (H/Hkv) repeated, self and cross "
+          f"({e:.1e})")
+    check(rel(lg, torch_encdec.seq2seq_logits(
+        {n: (p.detach() * 1.01 if "encoder_attn.k_proj.weight" in n else p) for n, p in
+         gp.items()}, gcfg, src, tgt)) > 1e-4, "encdec: cross-attention keys reach the logits")
+
+    # 3. causal decoder, bidirectional source, window form
+    lg = torch_encdec.seq2seq_logits(params, cfg, src, tgt)
+    t2 = tgt.clone()
+    t2[:, 3:] = (t2[:, 3:] + 1) % cfg.vocab_size
+    lg2 = torch_encdec.seq2seq_logits(params, cfg, src, t2)
+    check(rel(lg2[:, :3], lg[:, :3]) < 1e-14 and rel(lg2[:, 3:], lg[:, 3:]) > 1e-3,
+          "encdec: decoder causal in its input (positions < 3 unchanged, later ones changed)")
+    s2 = src.clone()
+    s2[:, -1] = (s2[:, -1] + 1) % cfg.vocab_size
+    check(rel(torch_encdec.seq2seq_logits(params, cfg, s2, tgt)[:, 0], lg[:, 0]) > 1e-4,
+          "encdec: decoder position 0 sees the last source token")
+    xb, yb = batch(cfg)
+    check(torch.equal(torch_encdec.encdec_loss(params, cfg, xb, yb),
+                      torch_encdec.seq2seq_loss(params, cfg, xb, xb, yb)),
+          "encdec: encdec_loss(x, y) == seq2seq_loss(x, x, y)")
+
+    # 4. zero key-bias gradients
+    kb = [n for n in params if n.endswith("k_proj.bias")]
+    check(len(kb) == cfg.n_enc_layer + 2 * cfg.n_dec_layer, f"encdec: {len(kb)} key biases")
+    torch_encdec.encdec_loss(params, cfg, xb, yb).backward()
+    r64 = max(float(params[n].grad.norm() / params[n[:-len("k_proj.bias")] + "q_proj.bias"]
+                    .grad.norm()) for n in kb)
+    check(r64 < 1e-12, f"encdec: every k_proj.bias gradient is zero ({r64:.1e} of the "
+          f"q_proj.bias's, float64)")
+    p32 = {n: t.detach().float().requires_grad_(True) for n, t in params.items()}
+    torch_encdec.encdec_loss(p32, cfg, xb, yb).backward()
+    r32 = max(float(p32[n].grad.norm() / p32[n[:-len("k_proj.bias")] + "q_proj.bias"]
+                    .grad.norm()) for n in kb)
+    check(r32 < 1e-5, f"encdec: float32 k_proj.bias gradients are rounding noise ({r32:.1e} "
+          f"of the q_proj.bias's, the oracle allows 1e-5)")
+    e = rel(torch_encdec.encdec_logits(p32, cfg, xb), torch_encdec.encdec_logits(params, cfg, xb))
+    check(e < 1e-5, f"encdec: float32 forward within 1e-5 of float64 ({e:.1e})")
+
+    # 5. gradcheck
+    small = encdec_cfg(C=8, H=2, F_=16, block=5)
+    sp = scaled(torch_encdec.random_model(small, seed=7, dtype=dt), 10.0)
+    check(gradcheck(torch_encdec.encdec_loss, sp, small, *batch(small, T=5)),
+          "encdec: gradcheck (float64, every parameter)")
+    small = encdec_cfg(C=8, H=4, n_kv_head=2, F_=12, block=5)  # head size 2
+    sp = scaled(torch_encdec.random_model(small, seed=8, dtype=dt), 10.0)
+    sx, _ = batch(small, T=5, seed=3)
+    tx, ty = batch(small, T=4, seed=4)
+
+    def s2s(ps, c, x, y):
+        return torch_encdec.seq2seq_loss(ps, c, sx, x, y)
+
+    check(gradcheck(s2s, sp, small, tx, ty),
+          "encdec: gradcheck (float64, every parameter, GQA, source 5 / target 4 tokens)")
+
+
 def main():
     torch.set_num_threads(1)
     check_llama()
     check_encoder()
+    check_encdec()
     print(f"reference self-checks: {'all passed' if not failures else f'{len(failures)} failed'}")
     return 1 if failures else 0
 
