@@ -164,13 +164,9 @@ void Transformer::embed(const int32_t* tokens, const float* pos, float* out, con
 }
 
 // Backward of embed from d(out) in dres_.
-void Transformer::embed_backward(const int32_t* tokens, float* dpos, const Context& ctx,
-                                 bool reduce) {
+void Transformer::embed_backward(const int32_t* tokens, float* dpos, const Context& ctx) {
   const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT), C = C_;
-  if (dpos) {
-    k_.position_backward(dpos, dres_.f32(), tp_.first_row(BT), R, ctx.T, C);
-    if (reduce) reduce_replicated({{dpos, int64_t(cfg_.block_size) * C}});
-  }
+  if (dpos) k_.position_backward(dpos, dres_.f32(), tp_.first_row(BT), R, ctx.T, C);
   const float* dfull = tp_.leave_backward(dres_.f32(), dfull_.f32(), BT, C);
   k_.embedding_backward(demb_, dfull, tokens, vocab_start_, vocab_rows_, BT, C);
 }
@@ -355,20 +351,14 @@ void Transformer::cross_backward(Context& ctx, int l) {
   p.lnx.backward(dres, dlocal, a.res_mid.f32(), a.lnx_mean.f32(), a.lnx_rstd.f32(), R);
 }
 
-void Transformer::reduce_replicated(std::initializer_list<std::pair<float*, int64_t>> grads) {
-  for (const auto& [ptr, n] : grads)
-    if (ptr) tp_.all_reduce(ptr, n);
-}
-
 void Transformer::backward(Context& ctx, bool last_micro_step,
                            const std::function<void(int)>& on_block_done) {
   TRELLIS_CHECK(blocks_[0].ln1.dweight() != nullptr,
                 "backward on a model without gradient buffers");
   const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT), C = C_;
-  const bool reduce = tp_.sequence_parallel() && last_micro_step;
   const bool notify = last_micro_step && on_block_done;
   if (chunk_.head) {
-    head_backward(ctx, reduce);
+    head_backward(ctx);
   } else {
     std::copy_n(ctx.doutput.f32(), R * C, dres_.f32());
   }
@@ -382,26 +372,15 @@ void Transformer::backward(Context& ctx, bool last_micro_step,
   for (int i = n - 1; i >= 0; --i) {
     const Block& b = blocks_[size_t(i)];
     block_backward(ctx, i, block_input(ctx, i));
-    if (reduce)
-      reduce_replicated({{b.ln1.dweight(), C},
-                         {b.ln1.dbias(), C},
-                         {b.proj.bias_grad(), C},
-                         {b.lnx.dweight(), C},
-                         {b.lnx.dbias(), C},
-                         {b.xproj.bias_grad(), C},
-                         {b.ln2.dweight(), C},
-                         {b.ln2.dbias(), C},
-                         {b.down.bias_grad(), C}});
     if (decoder_start_ && b.layer == cfg_.n_layer) {
       // dres is d(decoder embedding): into the shared embedding and the decoder positions. Then
       // the encoder's side continues from d(encoder output) through its final norm.
-      embed_backward(ctx.tokens.data(), ddec_pos_, ctx, reduce);
+      embed_backward(ctx.tokens.data(), ddec_pos_, ctx);
       k_.zero(dres_.f32(), R * C);
       const float* x_enc = i > 0 ? ctx.blocks[size_t(i - 1)].res_out.f32()
                                  : (chunk_.embedding ? ctx.embedded.f32() : ctx.input.f32());
       enc_norm_.backward(dres_.f32(), denc_.f32(), x_enc, ctx.enc_mean.f32(), ctx.enc_rstd.f32(),
                          R);
-      if (reduce) reduce_replicated({{enc_norm_.dweight(), C}, {enc_norm_.dbias(), C}});
     }
     if (notify) on_block_done(b.layer);
   }
@@ -411,11 +390,11 @@ void Transformer::backward(Context& ctx, bool last_micro_step,
     return;
   }
   const bool src = cfg_.encoder_decoder() && !ctx.src_tokens.empty();
-  embed_backward(src ? ctx.src_tokens.data() : ctx.tokens.data(), dpos_, ctx, reduce);
+  embed_backward(src ? ctx.src_tokens.data() : ctx.tokens.data(), dpos_, ctx);
   if (notify) on_block_done(-1);
 }
 
-void Transformer::head_backward(Context& ctx, bool reduce) {
+void Transformer::head_backward(Context& ctx) {
   const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT), C = C_;
   const bool sp = tp_.sequence_parallel();
   // ctx.logits already hold dlogits (fused into the loss).
@@ -430,7 +409,6 @@ void Transformer::head_backward(Context& ctx, bool reduce) {
   k_.zero(dres_.f32(), R * C);
   lnf_.backward(dres_.f32(), dlocal, ctx.blocks.back().res_out.f32(), ctx.lnf_mean.f32(),
                 ctx.lnf_rstd.f32(), R);
-  if (reduce) reduce_replicated({{lnf_.dweight(), C}, {lnf_.dbias(), C}});
 }
 
 std::vector<float> Transformer::last_logits(Context& ctx) {

@@ -69,9 +69,9 @@ class Transformer {
   bool has_head() const { return chunk_.head; }
   // Backward of the micro-batch in ctx (after forward with grad_scale != 0; before the last stage
   // from ctx.doutput, after the first stage leaving d(input) in ctx.dinput); accumulates into the
-  // gradient buffer. last_micro_step: gradients are complete after this backward, so partial
-  // gradients of replicated parameters are combined across the tensor-parallel group and
-  // on_block_done(l) fires as block l's gradients become final (L-1 .. 0; -1 = embeddings).
+  // gradient buffer. On the last micro-step, on_block_done(l) fires as block l's gradients become
+  // final (last .. first; -1 = embeddings). Under sequence parallelism the gradients of replicated
+  // parameters are this rank's rows' share (TensorParallel::reduce_replicated_grads sums them).
   void backward(Context& ctx, bool last_micro_step,
                 const std::function<void(int)>& on_block_done = {});
   // Logits of the last position of sequence 0 (true vocabulary only), for sampling (tp = 1).
@@ -87,7 +87,7 @@ class Transformer {
   // l in block_* is the position of the block within this chunk.
   // out = token embedding of `tokens` (+ learned positions pos), this rank's rows.
   void embed(const int32_t* tokens, const float* pos, float* out, const Context& ctx);
-  void embed_backward(const int32_t* tokens, float* dpos, const Context& ctx, bool reduce);
+  void embed_backward(const int32_t* tokens, float* dpos, const Context& ctx);
   void decoder_start_forward(Context& ctx, const float* x_enc);
   void cross_forward(Context& ctx, int l);
   void cross_backward(Context& ctx, int l);
@@ -99,10 +99,8 @@ class Transformer {
   void block_backward(Context& ctx, int l, const float* x);
   // The input of block i of the chunk.
   const float* block_input(Context& ctx, int i) const;
-  void head_backward(Context& ctx, bool reduce);
+  void head_backward(Context& ctx);
   ops::AttentionShape attention_shape(const Context& ctx, const Block& b) const;
-  // Sequence parallelism leaves partial gradients in parameters replicated across the group.
-  void reduce_replicated(std::initializer_list<std::pair<float*, int64_t>> grads);
 
   const Backend& k_;
   ModelConfig cfg_;

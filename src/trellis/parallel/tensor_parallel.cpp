@@ -60,9 +60,20 @@ const float* TensorParallel::leave_backward(const float* dlocal, float* dfull, i
   return enter(dlocal, dfull, rows, C);
 }
 
-void TensorParallel::all_reduce(float* buf, int64_t n) {
+void TensorParallel::reduce_replicated_grads(const ParamLayout& layout, float* grads) {
+  if (!sp_ || size_ == 1) return;
   CommTimer timer(comm_s_);
-  if (comm_) comm_->all_reduce(buf, size_t(n));
+  packed_.clear();
+  for (const auto& s : layout.specs())
+    if (s.split_dim < 0)
+      packed_.insert(packed_.end(), grads + s.offset, grads + s.offset + s.numel());
+  comm_->all_reduce(packed_.data(), packed_.size());
+  const float* p = packed_.data();
+  for (const auto& s : layout.specs())
+    if (s.split_dim < 0) {
+      std::copy_n(p, s.numel(), grads + s.offset);
+      p += s.numel();
+    }
 }
 
 ops::RowCombine TensorParallel::row_combine() {

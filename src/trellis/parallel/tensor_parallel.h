@@ -6,8 +6,10 @@
 // sequence parallelism the outside regions hold a slice of the rows instead: entering all-gathers
 // (its backward reduce-scatters) and leaving reduce-scatters (its backward all-gathers).
 #include <cstdint>
+#include <vector>
 
 #include "trellis/kernels/ops.h"
+#include "trellis/model/params.h"
 
 namespace trellis {
 
@@ -37,8 +39,10 @@ class TensorParallel {
   // Backward of leave: returns the full [rows, C] gradient (`dfull` is storage under SP only).
   const float* leave_backward(const float* dlocal, float* dfull, int64_t rows, int64_t C);
 
-  // In-place sum over the group (gradients of replicated parameters under SP).
-  void all_reduce(float* buf, int64_t n);
+  // Under sequence parallelism each rank computed the gradients of the parameters replicated
+  // across the group (norms, row-parallel biases, positions) from its own rows only: sums them
+  // over the group, packed into one all-reduce. Without it they are complete already.
+  void reduce_replicated_grads(const ParamLayout& layout, float* grads);
   // Row statistics combine for the vocabulary-parallel cross-entropy.
   ops::RowCombine row_combine();
   // Seconds spent in tensor-parallel communication since the last call (for the step breakdown).
@@ -49,6 +53,7 @@ class TensorParallel {
   int size_ = 1, rank_ = 0;
   bool sp_ = false;
   double comm_s_ = 0.0;
+  std::vector<float> packed_;
 };
 
 }  // namespace trellis

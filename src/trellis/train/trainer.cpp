@@ -319,6 +319,8 @@ StepStats Trainer::forward_backward_step(int64_t step) {
   }
   tied_->reduce(grads_.data());
   st.comm_exposed = dp_sync_->reduce_gradients();
+  // After the data-parallel sync, which may still be writing buckets until it returns.
+  tp_->reduce_replicated_grads(*layout_, grads_.data());
   // The loss is known on the last stage only; the bubble is averaged over the stages.
   double pp_stats[2] = {ps.loss_sum, 1.0 - ps.compute_s / ps.total_s};
   st.peak_micro = ps.peak_contexts;  // activations alive at once, largest stage
