@@ -53,6 +53,17 @@ expect_error(train + ["--data", data, "--config", toml, "--out", fresh_dir("o5b"
 expect_error(train + ["--data", data, "--steps", "ten", "--out", fresh_dir("o6")], "steps", "ten")
 expect_error(train + ["--data", data, "--n-head", 5, "--out", fresh_dir("o7")], "n_head=5",
              "n_embd=32")
+# Model families: shapes each family cannot take.
+llama = ["train", "--model", "llama-tiny", "--steps", 1, "--batch-size", 2, "--seq-len", 16,
+         "--quiet", "--threads", 1, "--data", data]
+expect_error(llama + ["--n-kv-head", 3, "--out", fresh_dir("o7b")], "n_kv_head=3",
+             "does not divide n_head=4")
+expect_error(train + ["--data", data, "--n-kv-head", 1, "--out", fresh_dir("o7c")], "gpt2",
+             "grouped-query")
+expect_error(train + ["--data", data, "--n-dec-layer", 2, "--out", fresh_dir("o7d")],
+             "n_dec_layer=2")
+expect_error(train + ["--data", data, "--model", "llama-huge", "--out", fresh_dir("o7e")],
+             "llama-huge", "llama-baby")
 expect_error(train + ["--data", data, "--seq-len", 100, "--out", fresh_dir("o8")], "seq_len 100",
              "64")
 expect_error(train + ["--data", data, "--batch-size", 4, "--micro-batch-size", 3,

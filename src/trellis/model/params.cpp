@@ -61,9 +61,11 @@ ParamLayout::ParamLayout(const ModelConfig& cfg, int tp, int tp_rank, const Stag
   const int64_t multiple = int64_t(cfg.vocab_multiple) * tp;
   vocab_local_ = (cfg.vocab_size + multiple - 1) / multiple * multiple / tp;
   const Family& fam = family_of(cfg.arch);
-  TRELLIS_REQUIRE(cfg.encoder_decoder() == fam.encoder_decoder,
-                  "model: {} has {}decoder blocks after its encoder (n_dec_layer={})", cfg.arch,
-                  fam.encoder_decoder ? "" : "no ", cfg.n_dec_layer);
+  TRELLIS_REQUIRE(!cfg.encoder_decoder() || fam.encoder_decoder,
+                  "model: n_dec_layer={} is for encoder-decoder models (encdec), not {}",
+                  cfg.n_dec_layer, cfg.arch);
+  TRELLIS_REQUIRE(cfg.encoder_decoder() || !fam.encoder_decoder,
+                  "model: {} needs decoder blocks (n_dec_layer >= 1)", cfg.arch);
   ParamBuilder b(*this, false);
   const bool decoder_start =
       cfg.encoder_decoder() && std::count(stage_.layers.begin(), stage_.layers.end(), cfg.n_layer);
