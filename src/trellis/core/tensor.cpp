@@ -47,10 +47,20 @@ float* Tensor::f32() {
 
 const float* Tensor::f32() const { return const_cast<Tensor*>(this)->f32(); }
 
+void Tensor::reshape(std::vector<int64_t> shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  TRELLIS_CHECK(n == numel(), "reshape of {} elements to {}", numel(), n);
+  shape_ = std::move(shape);
+}
+
 void fit(Tensor& t, std::vector<int64_t> shape, DType dtype) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
-  if (t.owned() && t.dtype() == dtype && t.numel() == n) return;
+  if (t.owned() && t.dtype() == dtype && t.numel() == n) {
+    t.reshape(std::move(shape));
+    return;
+  }
   t = Tensor::zeros(std::move(shape), dtype);
 }
 

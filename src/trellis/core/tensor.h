@@ -35,6 +35,9 @@ class Tensor {
   bool owned() const { return storage_ != nullptr; }
   bool empty() const { return numel() == 0; }
 
+  // The same elements under another shape (same count).
+  void reshape(std::vector<int64_t> shape);
+
   void* data() { return data_; }
   const void* data() const { return data_; }
   float* f32();
