@@ -3,7 +3,7 @@ import json
 import os
 import xml.etree.ElementTree as ET
 
-from trellis_test import check, fresh_dir, metrics, run, write_text_corpus, SOURCE, TMP
+from trellis_test import read_safetensors, check, fresh_dir, metrics, run, write_text_corpus, SOURCE, TMP
 
 out, _ = run(["train", "--help"])
 for flag in ["--model", "--data", "--out", "--steps", "--batch-size", "--micro-batch-size",
@@ -33,7 +33,21 @@ out, _ = run(["train", "--model", "tiny", "--data", data, "--out", run_dir, "--s
 check(out.count("\nstep ") >= 3 and "tok/s" in out and "MFU" in out and "ETA" in out,
       "progress lines carry loss, tok/s, MFU and ETA")
 check("trellis: done" in out and "best val loss" in out, "the run ends with a summary line")
+check("GFLOP/s/core (measured fp32 FMA peak)" in out,
+      "MFU divides by the measured peak, and the summary says so")
 train, val = metrics(run_dir)
+# MFU = model FLOPs per second (6 x parameters + 12 x layers x width x seq_len per token) over
+# peak x threads; with the peak set by hand it can be recomputed from the run's own numbers.
+set_dir = fresh_dir("run_peak")
+out2, _ = run(["train", "--model", "tiny", "--data", data, "--out", set_dir, "--steps", 3,
+               "--batch-size", 4, "--seq-len", 32, "--threads", 2, "--val-every", 0,
+               "--peak-gflops-per-core", 40])
+check("of 40 GFLOP/s/core (peak_gflops_per_core)" in out2, "a peak set by the user is named")
+n_params = sum(t.size for t in read_safetensors(
+    os.path.join(set_dir, "step_00000003", "model.safetensors")).values())
+row = metrics(set_dir)[0][-1]
+want = row["tokens_per_s"] * (6 * n_params + 12 * 2 * 32 * 32) / (40e9 * 2)
+check(abs(row["mfu"] - want) <= 1e-9 * want, f"mfu is computed against that peak ({row['mfu']:.4f})")
 check(len(train) == 30 and all(k in train[0] for k in
       ["step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu"]), "metrics.jsonl fields per step")
 check([v["step"] for v in val] == [10, 20, 30], "validation every 10 steps")

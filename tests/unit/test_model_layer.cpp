@@ -2,6 +2,7 @@
 // slices that tile the global tensor exactly once, tied copies) and the kernel backend table.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <set>
 #include <string>
@@ -10,6 +11,7 @@
 #include "trellis/core/error.h"
 #include "trellis/core/tensor.h"
 #include "trellis/kernels/backend.h"
+#include "trellis/kernels/peak.h"
 #include "trellis/model/config.h"
 #include "trellis/model/params.h"
 
@@ -124,6 +126,26 @@ TEST(Backend, InstalledTableReplacesTheBuiltInOneUntilRemoved) {
   EXPECT_EQ(set_backend(Device::CPU, nullptr), &mine);
   EXPECT_EQ(&backend(Device::CPU), &cpu);
   EXPECT_THROW(backend(Device::CUDA), Error);
+}
+
+}  // namespace
+}  // namespace trellis
+
+namespace trellis {
+namespace {
+
+// The probe behind MFU: a positive, finite rate for fp32 on any x86-64-v3 machine; for bf16 a
+// rate exactly when the CPU has AVX512-BF16 dot products, 0 otherwise (never a crash).
+TEST(PeakProbe, MeasuresWhatTheCpuHas) {
+  const double fp32 = measure_peak_gflops_per_core(DType::F32, 0.01);
+  EXPECT_GT(fp32, 0.0);
+  EXPECT_TRUE(std::isfinite(fp32));
+  __builtin_cpu_init();
+  const double bf16 = measure_peak_gflops_per_core(DType::BF16, 0.01);
+  if (__builtin_cpu_supports("avx512bf16"))
+    EXPECT_GT(bf16, 0.0);
+  else
+    EXPECT_EQ(bf16, 0.0);
 }
 
 }  // namespace

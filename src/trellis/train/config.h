@@ -39,7 +39,7 @@ struct TrainConfig {
   int64_t log_every = 1;
   bool quiet = false;
   bool tensorboard = true;
-  double peak_gflops_per_core = 185.0;  // measured fp32 GEMM peak (bench/RESULTS.md), for MFU
+  double peak_gflops_per_core = 0.0;  // the per-core peak behind MFU; 0 = probe it at start
   // parallelism
   int dp = 0, tp = 1, pp = 1;     // dp = 0: world / (tp * pp)
   std::string schedule = "1f1b";  // pipeline schedule: gpipe | 1f1b | interleaved

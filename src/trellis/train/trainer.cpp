@@ -16,6 +16,7 @@
 #include "trellis/data/loader.h"
 #include "trellis/io/checkpoint.h"
 #include "trellis/kernels/ops.h"
+#include "trellis/kernels/peak.h"
 #include "trellis/model/transformer.h"
 #include "trellis/parallel/global_view.h"
 #include "trellis/parallel/mesh.h"
@@ -134,7 +135,7 @@ class Trainer {
   int64_t start_step_ = 0;
   std::string resumed_from_;
   int64_t val_windows_ = 0;
-  double step_flops_ = 0.0, peak_flops_ = 0.0;
+  double step_flops_ = 0.0, peak_flops_ = 0.0, peak_per_core_ = 0.0;
   int64_t mem_bytes_ = 0;
   Clock::time_point run_start_, loop_start_;
 };
@@ -208,7 +209,16 @@ Trainer::Trainer(TrainConfig cfg, Communicator& world)
     log_ = std::make_unique<MetricsLog>(cfg_.out, cfg_.tensorboard,
                                         resumed_from_.empty() ? -1 : start_step_);
   step_flops_ = flops_per_token(mc_, ParamLayout(mc_).count(), T_) * double(G_ * T_);
-  peak_flops_ = cfg_.peak_gflops_per_core * 1e9 * threads_ * world_.size();
+  // MFU divides by the peak of the cores in use: the user's figure, or a probe of the fp32 FMA
+  // rate (the largest over the ranks: oversubscribed ranks probe while others run).
+  peak_per_core_ = cfg_.peak_gflops_per_core;
+  TRELLIS_REQUIRE(peak_per_core_ >= 0.0, "peak_gflops_per_core must be >= 0 (got {})",
+                  peak_per_core_);
+  if (peak_per_core_ == 0.0) {
+    peak_per_core_ = measure_peak_gflops_per_core(DType::F32);
+    world_.all_reduce_max(&peak_per_core_, 1);
+  }
+  peak_flops_ = peak_per_core_ * 1e9 * threads_ * world_.size();
   mem_bytes_ =
       int64_t((params_.size() + grads_.size()) * sizeof(float) + optimizer_->state_bytes());
   print_header();
@@ -482,10 +492,11 @@ int Trainer::run() {
   const int64_t trained = std::max<int64_t>(0, end_step - start_step_);
   const double mean_tps = timed_steps ? tokens_per_s_sum / double(timed_steps) : 0.0;
   fmt::print(
-      "trellis: done | {} steps, {} tokens in {} | mean {:.0f} tok/s, MFU {:.1f}%{} | "
-      "checkpoint {} | metrics {}/metrics.jsonl{}\n",
+      "trellis: done | {} steps, {} tokens in {} | mean {:.0f} tok/s, MFU {:.1f}% of {:.0f} "
+      "GFLOP/s/core ({}){} | checkpoint {} | metrics {}/metrics.jsonl{}\n",
       trained, trained * G_ * T_, format_duration(seconds_since(run_start_)), mean_tps,
-      100.0 * mean_tps / double(G_ * T_) * step_flops_ / peak_flops_,
+      100.0 * mean_tps / double(G_ * T_) * step_flops_ / peak_flops_, peak_per_core_,
+      cfg_.peak_gflops_per_core > 0 ? "peak_gflops_per_core" : "measured fp32 FMA peak",
       std::isfinite(best_val) ? fmt::format(" | best val loss {:.4f}", best_val) : "",
       last_checkpoint.empty() ? "(none)" : last_checkpoint, cfg_.out,
       cfg_.tensorboard ? fmt::format(" | tensorboard --logdir {}/tb", cfg_.out) : "");
