@@ -17,10 +17,24 @@ Linear::Linear(const Backend& k, const ParamLayout& layout, std::vector<Slot> sl
     TRELLIS_CHECK(in_ == 0 || in_ == in, "{}: input width {} differs from its layer's {}", w->name,
                   in, in_);
     in_ = in;
-    pieces_.push_back({params + w->offset, grads ? grads + w->offset : nullptr,
-                       b ? params + b->offset : nullptr, b && grads ? grads + b->offset : nullptr,
-                       out_, cols, out_in});
+    const Piece piece{params + w->offset,
+                      grads ? grads + w->offset : nullptr,
+                      b ? params + b->offset : nullptr,
+                      b && grads ? grads + b->offset : nullptr,
+                      out_,
+                      cols,
+                      out_in};
     out_ += cols;
+    // [out, in] pieces stored back to back (q, k, v; gate, up) are one [out, in] matrix: one GEMM
+    // instead of several. Pieces with biases stay apart (each bias is its own tensor).
+    Piece* last = pieces_.empty() ? nullptr : &pieces_.back();
+    if (last && out_in && last->out_in && !last->b && !piece.b &&
+        piece.w == last->w + last->cols * in &&
+        (!grads || piece.dw == last->dw + last->cols * in)) {
+      last->cols += cols;
+      continue;
+    }
+    pieces_.push_back(piece);
   }
 }
 
