@@ -2,6 +2,8 @@
 
 #include <fmt/ranges.h>
 
+#include <string>
+
 #include "trellis/core/error.h"
 
 namespace trellis {
@@ -31,6 +33,8 @@ const Family& family_of_hf_config(const nlohmann::json& j, const std::string& pa
                   j["model_type"].dump(), kEncoderFamily.model_type, kEncDecFamily.model_type);
   return kGpt2Family;
 }
+
+double json_number(float v) { return std::stod(fmt::format("{}", v)); }
 
 int HfConfigReader::get_int(const char* key) const {
   TRELLIS_REQUIRE(has(key), "{}: missing key '{}'", path_, key);

@@ -24,6 +24,9 @@ class HfConfigReader {
   std::string path_;
 };
 
+// A float as the decimal a person wrote (1e-5, not 9.99999974e-06) for config.json.
+double json_number(float v);
+
 struct Family {
   const char* arch;
   // The architecture's fixed choices (norm, positions, MLP, biases, tied head, mask).

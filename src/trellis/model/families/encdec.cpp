@@ -73,7 +73,7 @@ nlohmann::json to_hf_config(const ModelConfig& m) {
   j["encoder_ffn_dim"] = j["decoder_ffn_dim"] = m.ffn();
   j["max_position_embeddings"] = m.block_size;
   j["vocab_size"] = m.vocab_size;
-  j["layer_norm_eps"] = m.norm_eps;
+  j["layer_norm_eps"] = json_number(m.norm_eps);
   j["tie_word_embeddings"] = true;
   j["activation_function"] = "gelu_new";
   j["scale_embedding"] = false;

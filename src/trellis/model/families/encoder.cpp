@@ -61,7 +61,7 @@ nlohmann::json to_hf_config(const ModelConfig& m) {
   j["num_hidden_layers"] = m.n_layer;
   j["max_position_embeddings"] = m.block_size;
   j["vocab_size"] = m.vocab_size;
-  j["layer_norm_eps"] = m.norm_eps;
+  j["layer_norm_eps"] = json_number(m.norm_eps);
   j["tie_word_embeddings"] = m.tied_head;
   j["hidden_act"] = "gelu_new";
   return j;

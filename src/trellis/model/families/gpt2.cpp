@@ -56,7 +56,7 @@ nlohmann::json to_hf_config(const ModelConfig& m) {
   j["n_layer"] = m.n_layer;
   j["n_head"] = m.n_head;
   j["n_inner"] = m.ffn_hidden > 0 ? nlohmann::json(m.ffn_hidden) : nlohmann::json(nullptr);
-  j["layer_norm_epsilon"] = m.norm_eps;
+  j["layer_norm_epsilon"] = json_number(m.norm_eps);
   j["activation_function"] = "gelu_new";
   j["resid_pdrop"] = 0.0;
   j["embd_pdrop"] = 0.0;

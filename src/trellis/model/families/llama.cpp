@@ -60,8 +60,8 @@ nlohmann::json to_hf_config(const ModelConfig& m) {
   j["num_attention_heads"] = m.n_head;
   j["num_key_value_heads"] = m.kv_heads();
   j["num_hidden_layers"] = m.n_layer;
-  j["rms_norm_eps"] = m.norm_eps;
-  j["rope_theta"] = m.rope_theta;
+  j["rms_norm_eps"] = json_number(m.norm_eps);
+  j["rope_theta"] = json_number(m.rope_theta);
   j["max_position_embeddings"] = m.block_size;
   j["vocab_size"] = m.vocab_size;
   j["tie_word_embeddings"] = m.tied_head;
