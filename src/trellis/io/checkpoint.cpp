@@ -16,7 +16,8 @@ namespace trellis {
 
 namespace {
 
-// Rows written for a parameter: wte keeps only the true vocabulary (padding is ours, not HF's).
+// Rows written for a parameter: embeddings and heads keep only the true vocabulary (padding is
+// ours, not HF's).
 int64_t export_rows(const ParamSpec& s) { return s.export_rows >= 0 ? s.export_rows : s.shape[0]; }
 
 std::vector<TensorRef> tensor_refs(const ParamLayout& layout, const float* flat,
@@ -50,7 +51,7 @@ void read_tensors(const SafetensorsFile& f, const std::string& path, const Param
 }
 
 // Hugging Face config.json of the model's family, plus a "trellis" section with what HF's config
-// does not say (tokenizer, vocabulary padding, the family's block choices).
+// does not say (tokenizer, vocabulary padding; the family, for people: model_type decides).
 nlohmann::json hf_config(const ModelConfig& m, const TokenizerInfo& tok) {
   nlohmann::json j = family_of(m.arch).to_hf_config(m);
   if (tok.kind == "gpt2") j["bos_token_id"] = j["eos_token_id"] = 50256;
@@ -144,6 +145,7 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
   }
   try {
     ck.model.validate();
+    ParamLayout check(ck.model);  // the family's own shape rules
   } catch (const Error& e) {
     TRELLIS_REQUIRE(false, "{}: {}", cfg_path, e.what());
   }

@@ -19,7 +19,8 @@ void bias_backward(float* dbias, const float* dout, int64_t rows, int64_t C, int
 // out[i, 0:C) = values[0:C) for rows i of stride ld (a bias before a GEMM with beta = 1).
 void fill_rows(float* out, int64_t ld, const float* values, int64_t rows, int64_t C);
 
-// out[BT,OC] = inp[BT,IC] @ w[IC,OC] + bias[OC] (HF Conv1D layout; bias may be null).
+// out[BT,OC] = inp[BT,IC] @ w[IC,OC] + bias[OC] (HF Conv1D layout; bias may be null). The model
+// uses model/modules.h's Linear (either layout, fused pieces); these serve tests and benchmarks.
 void linear_forward(float* out, const float* inp, const float* w, const float* bias, int64_t BT,
                     int64_t IC, int64_t OC);
 void linear_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,

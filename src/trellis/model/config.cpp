@@ -13,8 +13,12 @@ void ModelConfig::validate() const {
   TRELLIS_REQUIRE(n_head >= 1 && n_embd >= 1, "model: n_head and n_embd must be >= 1");
   TRELLIS_REQUIRE(n_embd % n_head == 0, "model: n_head={} does not divide n_embd={}", n_head,
                   n_embd);
-  TRELLIS_REQUIRE(n_kv_head >= 0 && n_head % kv_heads() == 0,
-                  "model: n_kv_head={} does not divide n_head={}", kv_heads(), n_head);
+  TRELLIS_REQUIRE(n_kv_head >= 0, "model: n_kv_head must be >= 0 (got {})", n_kv_head);
+  TRELLIS_REQUIRE(n_head % kv_heads() == 0, "model: n_kv_head={} does not divide n_head={}",
+                  kv_heads(), n_head);
+  TRELLIS_REQUIRE(norm_eps > 0.0f, "model: the norm epsilon must be > 0 (got {})", norm_eps);
+  TRELLIS_REQUIRE(positions != PositionKind::Rope || rope_theta > 0.0f,
+                  "model: rope_theta must be > 0 (got {})", rope_theta);
   TRELLIS_REQUIRE(positions != PositionKind::Rope || head_size() % 2 == 0,
                   "model: rotary positions need an even head size (got {})", head_size());
   TRELLIS_REQUIRE(ffn_hidden >= 0, "model: ffn_hidden must be >= 0 (got {})", ffn_hidden);

@@ -36,6 +36,11 @@ const Family& family_of_hf_config(const nlohmann::json& j, const std::string& pa
 
 double json_number(float v) { return std::stod(fmt::format("{}", v)); }
 
+void HfConfigReader::expect(const char* key, const nlohmann::json& value, const char* why) const {
+  TRELLIS_REQUIRE(!has(key) || j_.at(key) == value, "{}: {} is {}; trellis supports {} ({})", path_,
+                  key, j_.at(key).dump(), value.dump(), why);
+}
+
 int HfConfigReader::get_int(const char* key) const {
   TRELLIS_REQUIRE(has(key), "{}: missing key '{}'", path_, key);
   TRELLIS_REQUIRE(j_.at(key).is_number_integer(), "{}: key '{}' must be an integer", path_, key);

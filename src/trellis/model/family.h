@@ -18,6 +18,8 @@ class HfConfigReader {
   int get_int(const char* key) const;
   double get_number(const char* key) const;
   bool get_bool(const char* key) const;
+  // Refuses a present key whose value is not one trellis implements (e.g. another activation).
+  void expect(const char* key, const nlohmann::json& value, const char* why) const;
 
  private:
   const nlohmann::json& j_;
@@ -31,8 +33,8 @@ struct Family {
   const char* arch;
   // The architecture's fixed choices (norm, positions, MLP, biases, tied head, mask).
   void (*configure)(ModelConfig& cfg);
-  // Token (and position) embeddings; with a tied head a later stage declares the token embedding
-  // again as its copy.
+  // Token (and position) embeddings; a later stage that uses the token embedding (a tied head, a
+  // decoder's start) declares it again as its copy.
   void (*embedding)(ParamBuilder& b);
   void (*block)(ParamBuilder& b, int layer);
   // Final norm and, when untied, the output projection.

@@ -48,7 +48,7 @@ struct ParamSpec {
   float init_value = 0.0f;
   int64_t init_rows = -1;  // rows drawn from the RNG; the rest (padding) stay zero
   bool decay = false;      // weight decay applies (2-D weights only)
-  bool tied = false;       // the head reuses this tensor (tied embedding)
+  bool tied = false;       // used in more than one place (tied head, encoder-decoder's decoder)
   bool tied_copy = false;  // a later pipeline stage's copy of a tied tensor owned by stage 0
   size_t offset = 0;       // into the flat buffer
   size_t numel() const;

@@ -1,7 +1,8 @@
 #pragma once
-// Tied weights across pipeline stages: with a tied head, the first stage owns the token embedding
-// and the last stage holds a copy (declared by the model's parameter layout). Their gradients are
-// summed after backward so both copies take the same step.
+// Tied weights across pipeline stages: the first stage owns the token embedding; a stage that also
+// uses it (the last one with a tied head, an encoder-decoder's decoder start) holds a copy,
+// declared by the model's parameter layout. Their gradients are summed after backward so all
+// copies take the same step.
 #include <memory>
 
 #include "trellis/comm/communicator.h"

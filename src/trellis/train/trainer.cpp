@@ -17,6 +17,7 @@
 #include "trellis/io/checkpoint.h"
 #include "trellis/kernels/ops.h"
 #include "trellis/kernels/peak.h"
+#include "trellis/model/family.h"
 #include "trellis/model/transformer.h"
 #include "trellis/parallel/global_view.h"
 #include "trellis/parallel/mesh.h"
@@ -208,7 +209,9 @@ Trainer::Trainer(TrainConfig cfg, Communicator& world)
   if (lead_)
     log_ = std::make_unique<MetricsLog>(cfg_.out, cfg_.tensorboard,
                                         resumed_from_.empty() ? -1 : start_step_);
-  step_flops_ = flops_per_token(mc_, ParamLayout(mc_).count(), T_) * double(G_ * T_);
+  // An untied input embedding is a lookup: its parameters do no multiply-adds.
+  const int64_t lookup = mc_.tied_head ? 0 : int64_t(mc_.vocab_size) * mc_.n_embd;
+  step_flops_ = flops_per_token(mc_, ParamLayout(mc_).count() - lookup, T_) * double(G_ * T_);
   // MFU divides by the peak of the cores in use: the user's figure, or a probe of the fp32 FMA
   // rate (the largest over the ranks: oversubscribed ranks probe while others run).
   peak_per_core_ = cfg_.peak_gflops_per_core;
@@ -252,12 +255,14 @@ void Trainer::load_or_init() {
     return;
   }
   CheckpointData ck = load_checkpoint(resumed_from_, true);
-  const ModelConfig& m = ck.model;
-  TRELLIS_REQUIRE(
-      m.arch == mc_.arch && m.n_layer == mc_.n_layer && m.n_dec_layer == mc_.n_dec_layer &&
-          m.n_embd == mc_.n_embd && m.n_head == mc_.n_head && m.kv_heads() == mc_.kv_heads() &&
-          m.ffn() == mc_.ffn() && m.block_size == mc_.block_size && m.vocab_size == mc_.vocab_size,
-      "{}: checkpoint model shape differs from the configured model", resumed_from_);
+  // The same model iff the same config.json: every size and block choice (a tied head, biases,
+  // eps, theta), so no configured tensor can be missing from the checkpoint.
+  const nlohmann::json saved_cfg = family_of(ck.model.arch).to_hf_config(ck.model);
+  const nlohmann::json want_cfg = family_of(mc_.arch).to_hf_config(mc_);
+  for (const auto& [key, value] : want_cfg.items())
+    TRELLIS_REQUIRE(saved_cfg.contains(key) && saved_cfg[key] == value,
+                    "{}: the checkpoint's {} is {}, the configured model's {}", resumed_from_, key,
+                    saved_cfg.contains(key) ? saved_cfg[key].dump() : "missing", value.dump());
   const ParamLayout saved(ck.model);
   copy_from_global(*layout_, saved, ck.params.data(), params_.data());
   const ShardRange& shard = dp_sync_->shard();
@@ -305,6 +310,13 @@ void Trainer::print_header() const {
              : "",
       cfg_.zero, threads_, G_, T_, per_rank_, accum_, b_,
       resumed_from_.empty() ? "" : " | resumed from " + resumed_from_);
+  // Next-token targets are inputs an encoder sees (bidirectionally, or through cross-attention).
+  if (!mc_.causal || mc_.encoder_decoder())
+    fmt::print(
+        "trellis: note: the {} model sees the next tokens it is asked to predict in these windows: "
+        "this trains its computation for checks, not a useful model (task heads come with "
+        "classification and translation)\n",
+        mc_.arch);
   std::fflush(stdout);
 }
 

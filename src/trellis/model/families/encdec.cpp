@@ -90,6 +90,11 @@ void from_hf_config(const HfConfigReader& r, ModelConfig& m) {
   m.block_size = r.get_int("max_position_embeddings");
   m.vocab_size = r.get_int("vocab_size");
   if (r.has("layer_norm_eps")) m.norm_eps = float(r.get_number("layer_norm_eps"));
+  r.expect("decoder_attention_heads", m.n_head, "as many heads as the encoder");
+  r.expect("decoder_ffn_dim", m.ffn_hidden, "the encoder's MLP width");
+  r.expect("activation_function", "gelu_new", "the tanh GELU");
+  r.expect("scale_embedding", false, "unscaled embeddings");
+  r.expect("tie_word_embeddings", true, "one shared embedding");
 }
 
 }  // namespace

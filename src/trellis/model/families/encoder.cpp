@@ -77,6 +77,7 @@ void from_hf_config(const HfConfigReader& r, ModelConfig& m) {
   m.vocab_size = r.get_int("vocab_size");
   if (r.has("layer_norm_eps")) m.norm_eps = float(r.get_number("layer_norm_eps"));
   if (r.has("tie_word_embeddings")) m.tied_head = r.get_bool("tie_word_embeddings");
+  r.expect("hidden_act", "gelu_new", "the tanh GELU");
 }
 
 }  // namespace

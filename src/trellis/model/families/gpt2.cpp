@@ -75,6 +75,7 @@ void from_hf_config(const HfConfigReader& r, ModelConfig& m) {
   if (r.has("n_inner")) m.ffn_hidden = r.get_int("n_inner");
   if (r.has("layer_norm_epsilon")) m.norm_eps = float(r.get_number("layer_norm_epsilon"));
   if (r.has("tie_word_embeddings")) m.tied_head = r.get_bool("tie_word_embeddings");
+  r.expect("activation_function", "gelu_new", "GPT-2's tanh GELU");
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 // rotary positions, grouped-query attention, SwiGLU MLP, no biases, untied head.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "trellis/model/family.h"
 
 namespace trellis {
@@ -84,6 +86,10 @@ void from_hf_config(const HfConfigReader& r, ModelConfig& m) {
   if (r.has("rope_theta")) m.rope_theta = float(r.get_number("rope_theta"));
   if (r.has("tie_word_embeddings")) m.tied_head = r.get_bool("tie_word_embeddings");
   if (r.has("attention_bias")) m.bias = r.get_bool("attention_bias");
+  r.expect("mlp_bias", m.bias, "biases on every linear layer or on none");
+  r.expect("hidden_act", "silu", "the SwiGLU MLP");
+  r.expect("head_dim", m.n_embd / std::max(1, m.n_head), "hidden_size / num_attention_heads");
+  r.expect("rope_scaling", nullptr, "plain rotary positions");
 }
 
 }  // namespace
