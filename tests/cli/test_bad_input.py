@@ -106,3 +106,22 @@ with open(os.path.join(broken, "vocab.bpe"), "w") as f:
     f.write("#version: 0.2\n")
 expect_error(["prepare", "--input", corpus, "--out", fresh_dir("p2"), "--tokenizer", "gpt2",
               "--tokenizer-dir", broken], "encoder.json")
+
+# A checkpoint of another model is refused on resume, naming the differing config.json key (a
+# tied head would otherwise leave lm_head at zero), and config.json values trellis cannot
+# represent are refused naming the file and key.
+ck_out = fresh_dir("o_llama_ck")
+run(llama + ["--out", ck_out, "--tensorboard=false"])
+ck_cfg = os.path.join(ck_out, "step_00000001", "config.json")
+with open(ck_cfg) as f:
+    text = f.read()
+with open(ck_cfg, "w") as f:
+    f.write(text.replace('"tie_word_embeddings": false', '"tie_word_embeddings": true'))
+expect_error(llama + ["--out", ck_out, "--steps", 2, "--resume"], "tie_word_embeddings",
+             "step_00000001")
+with open(ck_cfg, "w") as f:
+    f.write(text.replace('"hidden_act": "silu"', '"hidden_act": "gelu"'))
+expect_error(["sample", "--checkpoint", os.path.join(ck_out, "step_00000001"), "--prompt", "a"],
+             "config.json", "hidden_act")
+expect_error(llama + ["--n-kv-head", -2, "--out", fresh_dir("o_kv")], "n_kv_head must be >= 0",
+             "-2")
