@@ -192,8 +192,8 @@ void ParamBuilder::linear(Slot slot, int layer, const std::string& prefix, int64
   ParamSpec w = named(prefix + ".weight", slot, layer,
                       out_in ? std::vector<int64_t>{out, in} : std::vector<int64_t>{in, out});
   // GPT-2 scales the residual projections by 1/sqrt(2 * n_layer).
-  // (All blocks on the residual path count: an encoder-decoder's decoder adds to the encoder's.)
-  w.init_std = residual_out ? kInitStd / std::sqrt(2.0f * float(cfg_.total_layers())) : kInitStd;
+  // n_layer counts an encoder-decoder's encoder blocks only; its decoder blocks are scaled alike.
+  w.init_std = residual_out ? kInitStd / std::sqrt(2.0f * float(cfg_.n_layer)) : kInitStd;
   w.decay = true;
   w.layout = layout;
   w.parts = parts;
