@@ -125,3 +125,5 @@ expect_error(["sample", "--checkpoint", os.path.join(ck_out, "step_00000001"), "
              "config.json", "hidden_act")
 expect_error(llama + ["--n-kv-head", -2, "--out", fresh_dir("o_kv")], "n_kv_head must be >= 0",
              "-2")
+expect_error(llama + ["--norm", "batchnorm", "--out", fresh_dir("o_norm")], "norm", "rmsnorm",
+             "batchnorm")

@@ -33,13 +33,19 @@ models = {
     + common,
     "encdec": ["train", "--model", "encdec-tiny", "--n-head", 4, "--n-kv-head", 2] + common,
     "encoder": ["train", "--model", "encoder-tiny", "--n-layer", 4, "--n-head", 4] + common,
+    # every block choice flipped on the gpt2 family: fused c_fc holds gate|up (2 parts per rank)
+    "gpt2_flipped": ["train", "--model", "tiny", "--seed", 3, "--n-layer", 4, "--n-head", 4, "--norm",
+                     "rmsnorm", "--positions", "rope", "--mlp", "swiglu", "--bias", "false",
+                     "--tied-head", "false"] + common,
 }
+short = {"encoder": ("dp2", "pp2_interleaved"),  # these share code paths with the decoders;
+         "gpt2_flipped": ("dp2", "tp2", "pp2_interleaved")}  # keep CI short
 checks = {}
 for model, args in models.items():
     checks[model] = LayoutCheck(args, n_embd=32, steps=20, name=f"{model}_baseline")
     for name, (ranks, extra) in layouts.items():
-        if model == "encoder" and name in ("dp2", "pp2_interleaved"):
-            continue  # the encoder shares these code paths with the decoders; keep CI short
+        if name in short.get(model, ()):
+            continue
         checks[model].check(f"{model}_{name}", ranks, extra)
 
 # tp must divide the key/value heads as well as the query heads.

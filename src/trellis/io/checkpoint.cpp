@@ -59,7 +59,8 @@ nlohmann::json hf_config(const ModelConfig& m, const TokenizerInfo& tok) {
   j["trellis"] = {{"arch", m.arch},
                   {"tokenizer", tok.kind},
                   {"tokenizer_dir", tok.dir},
-                  {"vocab_multiple", m.vocab_multiple}};
+                  {"vocab_multiple", m.vocab_multiple},
+                  {"blocks", block_choices(m)}};
   return j;
 }
 
@@ -139,6 +140,15 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
     ck.tokenizer.kind = json_get<std::string>(t, "tokenizer", cfg_path);
     ck.tokenizer.dir = json_get<std::string>(t, "tokenizer_dir", cfg_path);
     ck.model.vocab_multiple = json_get<int>(t, "vocab_multiple", cfg_path);
+    if (t.contains("blocks")) {
+      set_block_choices(t["blocks"], ck.model, cfg_path + " trellis.blocks");
+      // trellis wrote both parts: they must still describe the same model.
+      const nlohmann::json described = fam.to_hf_config(ck.model);
+      for (const auto& [key, value] : described.items())
+        TRELLIS_REQUIRE(!cfg.contains(key) || cfg[key] == value,
+                        "{}: {} is {}, but its trellis section describes {}", cfg_path, key,
+                        cfg[key].dump(), value.dump());
+    }
   } else {
     // A plain Hugging Face checkpoint.
     ck.tokenizer.kind = ck.model.vocab_size == 50257 ? "gpt2" : "byte";

@@ -71,6 +71,37 @@ ModelConfig model_preset(const std::string& name, ModelConfig c) {
   return c;
 }
 
+nlohmann::json block_choices(const ModelConfig& c) {
+  return {{"norm", c.norm == NormKind::RMSNorm ? "rmsnorm" : "layernorm"},
+          {"positions", c.positions == PositionKind::Rope ? "rope" : "learned"},
+          {"mlp", c.mlp == MlpKind::SwiGLU ? "swiglu" : "gelu"},
+          {"bias", c.bias},
+          {"tied_head", c.tied_head}};
+}
+
+void set_block_choices(const nlohmann::json& j, ModelConfig& c, const std::string& where) {
+  auto text = [&](const char* key, const char* a, const char* b) -> int {
+    if (!j.contains(key) || j[key] == "") return -1;
+    TRELLIS_REQUIRE(j[key] == a || j[key] == b, "{}: {} must be {} or {} (got {})", where, key, a,
+                    b, j[key].dump());
+    return j[key] == a ? 0 : 1;
+  };
+  auto flag = [&](const char* key, bool& out) {
+    if (!j.contains(key) || j[key] == "") return;
+    TRELLIS_REQUIRE(j[key].is_boolean() || j[key] == "true" || j[key] == "false",
+                    "{}: {} must be true or false (got {})", where, key, j[key].dump());
+    out = j[key] == true || j[key] == "true";
+  };
+  if (const int v = text("norm", "layernorm", "rmsnorm"); v >= 0)
+    c.norm = v ? NormKind::RMSNorm : NormKind::LayerNorm;
+  if (const int v = text("positions", "learned", "rope"); v >= 0)
+    c.positions = v ? PositionKind::Rope : PositionKind::Learned;
+  if (const int v = text("mlp", "gelu", "swiglu"); v >= 0)
+    c.mlp = v ? MlpKind::SwiGLU : MlpKind::Gelu;
+  flag("bias", c.bias);
+  flag("tied_head", c.tied_head);
+}
+
 std::vector<std::string> model_preset_names() {
   std::vector<std::string> names;
   for (const Preset& p : kPresets) names.push_back(p.name);

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "nlohmann/json.hpp"
+
 namespace trellis {
 
 enum class NormKind : uint8_t { LayerNorm, RMSNorm };
@@ -45,6 +47,11 @@ struct ModelConfig {
   // Throws an input error for impossible shapes.
   void validate() const;
 };
+
+// The block choices as {"norm", "positions", "mlp", "bias", "tied_head"} (config.json's "trellis"
+// section: Hugging Face configs cannot say e.g. RMSNorm for GPT-2), and back.
+nlohmann::json block_choices(const ModelConfig& cfg);
+void set_block_choices(const nlohmann::json& j, ModelConfig& cfg, const std::string& where);
 
 // Presets: tiny, baby, gpt2, gpt2-medium, gpt2-large, gpt2-xl (GPT-2); llama-tiny, llama-baby;
 // encoder-tiny, encoder-baby; encdec-tiny, encdec-baby. vocab_size is left as is.

@@ -20,6 +20,12 @@ ModelConfig TrainConfig::model_config(int vocab_size) const {
   if (block_size) m.block_size = block_size;
   m.vocab_size = vocab_size;
   m.vocab_multiple = vocab_multiple;
+  set_block_choices({{"norm", norm},
+                     {"positions", positions},
+                     {"mlp", mlp},
+                     {"bias", bias},
+                     {"tied_head", tied_head}},
+                    m, "model");
   m.validate();
   return m;
 }
@@ -96,6 +102,14 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
                &c.n_kv_head),
       make_key("n_embd", "override the preset's width (0 = preset)", &c.n_embd),
       make_key("ffn_hidden", "override the preset's MLP width (0 = preset)", &c.ffn_hidden),
+      make_key("norm", "layernorm or rmsnorm (empty = the family's)", &c.norm),
+      make_key("positions", "learned or rope (empty = the family's)", &c.positions),
+      make_key("mlp", "gelu or swiglu (empty = the family's)", &c.mlp),
+      make_key("bias", "linear layers with biases: true or false (empty = the family's)", &c.bias),
+      make_key("tied_head",
+               "output head tied to the token embedding: true or false (empty = the "
+               "family's)",
+               &c.tied_head),
       make_key("block_size", "override the preset's context length (0 = preset)", &c.block_size),
       make_key("vocab_multiple", "pad the embedding rows to a multiple of this (speed only)",
                &c.vocab_multiple),

@@ -17,6 +17,9 @@ struct TrainConfig {
   std::string model = "baby";
   int n_layer = 0, n_dec_layer = 0, n_head = 0, n_kv_head = 0;  // 0 = the preset's value
   int n_embd = 0, ffn_hidden = 0, block_size = 0;
+  // Block choices; empty = the family's (norm: layernorm|rmsnorm, positions: learned|rope,
+  // mlp: gelu|swiglu, bias and tied_head: true|false).
+  std::string norm, positions, mlp, bias, tied_head;
   int vocab_multiple = 64;
   // data
   std::string data;  // directory with train*.bin / val*.bin; empty = embedded default corpus

@@ -257,8 +257,10 @@ void Trainer::load_or_init() {
   CheckpointData ck = load_checkpoint(resumed_from_, true);
   // The same model iff the same config.json: every size and block choice (a tied head, biases,
   // eps, theta), so no configured tensor can be missing from the checkpoint.
-  const nlohmann::json saved_cfg = family_of(ck.model.arch).to_hf_config(ck.model);
-  const nlohmann::json want_cfg = family_of(mc_.arch).to_hf_config(mc_);
+  nlohmann::json saved_cfg = family_of(ck.model.arch).to_hf_config(ck.model);
+  nlohmann::json want_cfg = family_of(mc_.arch).to_hf_config(mc_);
+  saved_cfg.update(block_choices(ck.model));
+  want_cfg.update(block_choices(mc_));
   for (const auto& [key, value] : want_cfg.items())
     TRELLIS_REQUIRE(saved_cfg.contains(key) && saved_cfg[key] == value,
                     "{}: the checkpoint's {} is {}, the configured model's {}", resumed_from_, key,

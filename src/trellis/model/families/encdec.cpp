@@ -5,6 +5,7 @@
 // positions, so a pipeline can cut anywhere in the list.
 #include <fmt/format.h>
 
+#include "trellis/core/error.h"
 #include "trellis/model/family.h"
 
 namespace trellis {
@@ -21,6 +22,10 @@ void configure(ModelConfig& c) {
 }
 
 void embedding(ParamBuilder& b) {
+  const ModelConfig& c = b.config();
+  TRELLIS_REQUIRE(c.positions == PositionKind::Learned && c.mlp == MlpKind::Gelu && c.tied_head,
+                  "model: encdec has learned positions, a GELU MLP and a head tied to its shared "
+                  "embedding (norm and bias can change)");
   b.token_embedding("model.shared.weight");
   b.position_embedding("model.encoder.embed_positions.weight");
 }
