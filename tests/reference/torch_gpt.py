@@ -164,11 +164,10 @@ def is_decayed(name, tensor):
     return tensor.dim() == 2
 
 
-def load_model(checkpoint_dir, dtype=torch.float32, requires_grad=True):
-    """(params, cfg) from a trellis checkpoint directory (model.safetensors + config.json)."""
-    cfg = GPTConfig.from_json(os.path.join(checkpoint_dir, "config.json"))
+def load_params(checkpoint_dir, expected, dtype=torch.float32, requires_grad=True):
+    """{name: tensor} from checkpoint_dir/model.safetensors, which must hold exactly the tensors
+    of `expected` ({name: shape}) with those shapes (every reference model loads through this)."""
     arrays = load_safetensors(os.path.join(checkpoint_dir, "model.safetensors"))
-    expected = param_shapes(cfg)
     missing = sorted(set(expected) - set(arrays))
     extra = sorted(set(arrays) - set(expected))
     if missing or extra:
@@ -178,10 +177,14 @@ def load_model(checkpoint_dir, dtype=torch.float32, requires_grad=True):
         a = arrays[name]
         if tuple(a.shape) != tuple(shape):
             raise ValueError(f"{checkpoint_dir}: {name} has shape {a.shape}, expected {shape}")
-        t = torch.tensor(a, dtype=dtype)
-        t.requires_grad_(requires_grad)
-        params[name] = t
-    return params, cfg
+        params[name] = torch.tensor(a, dtype=dtype).requires_grad_(requires_grad)
+    return params
+
+
+def load_model(checkpoint_dir, dtype=torch.float32, requires_grad=True):
+    """(params, cfg) from a trellis checkpoint directory (model.safetensors + config.json)."""
+    cfg = GPTConfig.from_json(os.path.join(checkpoint_dir, "config.json"))
+    return load_params(checkpoint_dir, param_shapes(cfg), dtype, requires_grad), cfg
 
 
 def random_model(cfg, seed=0, dtype=torch.float32, device="cpu"):

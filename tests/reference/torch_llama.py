@@ -29,7 +29,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from reference.torch_gpt import load_safetensors
+from reference.torch_gpt import load_params
 
 
 class LlamaConfig:
@@ -96,19 +96,7 @@ def param_shapes(cfg):
 def load_model(checkpoint_dir, dtype=torch.float32, requires_grad=True):
     """(params, cfg) from a trellis llama checkpoint directory."""
     cfg = LlamaConfig.from_json(os.path.join(checkpoint_dir, "config.json"))
-    arrays = load_safetensors(os.path.join(checkpoint_dir, "model.safetensors"))
-    expected = param_shapes(cfg)
-    missing = sorted(set(expected) - set(arrays))
-    extra = sorted(set(arrays) - set(expected))
-    if missing or extra:
-        raise ValueError(f"{checkpoint_dir}: missing tensors {missing}, unexpected {extra}")
-    params = {}
-    for name, shape in expected.items():
-        a = arrays[name]
-        if tuple(a.shape) != tuple(shape):
-            raise ValueError(f"{checkpoint_dir}: {name} has shape {a.shape}, expected {shape}")
-        params[name] = torch.tensor(a, dtype=dtype).requires_grad_(requires_grad)
-    return params, cfg
+    return load_params(checkpoint_dir, param_shapes(cfg), dtype, requires_grad), cfg
 
 
 def random_model(cfg, seed=0, dtype=torch.float32):
