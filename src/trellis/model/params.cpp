@@ -206,6 +206,30 @@ void ParamBuilder::linear(Slot slot, int layer, const std::string& prefix, int64
   add(std::move(b), how);
 }
 
+void ParamBuilder::attention(int l, const std::string& p, const std::string& out_name, bool cross) {
+  const int64_t C = cfg_.n_embd, hd = cfg_.head_size(), Q = cfg_.n_head * hd;
+  const int64_t KV = cfg_.kv_heads() * hd;
+  const auto col = Parallel::Column;
+  const auto L = WeightLayout::OutIn;
+  linear(cross ? Slot::CrossQ : Slot::Q, l, p + "q_proj", C, Q, col, L);
+  linear(cross ? Slot::CrossK : Slot::K, l, p + "k_proj", C, KV, col, L);
+  linear(cross ? Slot::CrossV : Slot::V, l, p + "v_proj", C, KV, col, L);
+  linear(cross ? Slot::CrossOut : Slot::AttnOut, l, p + out_name, Q, C, Parallel::Row, L, 1, true);
+}
+
+void ParamBuilder::mlp(int l, const std::string& gate, const std::string& up,
+                       const std::string& down) {
+  const int64_t C = cfg_.n_embd, F = cfg_.ffn();
+  const auto L = WeightLayout::OutIn;
+  if (cfg_.mlp == MlpKind::SwiGLU) {
+    linear(Slot::Gate, l, gate, C, F, Parallel::Column, L);
+    linear(Slot::Up, l, up, C, F, Parallel::Column, L);
+  } else {
+    linear(Slot::MlpUp, l, up, C, F, Parallel::Column, L);
+  }
+  linear(Slot::MlpDown, l, down, F, C, Parallel::Row, L, 1, true);
+}
+
 void init_params(const ParamLayout& layout, uint64_t seed, float* params) {
   for (const auto& s : layout.specs()) {
     float* p = params + s.offset;

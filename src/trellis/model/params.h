@@ -118,6 +118,12 @@ class ParamBuilder {
   // prefix.weight [in, out] or [out, in], and prefix.bias [out] when the config has biases.
   void linear(Slot slot, int layer, const std::string& prefix, int64_t in, int64_t out,
               Parallel how, WeightLayout layout, int parts = 1, bool residual_out = false);
+  // Separate q, k, v (column-parallel, grouped-query widths) and output (row-parallel)
+  // projections in nn.Linear layout: prefix + "{q,k,v}_proj" and prefix + out_name.
+  void attention(int layer, const std::string& prefix, const std::string& out_name,
+                 bool cross = false);
+  // The MLP in nn.Linear layout: `up` alone (GELU) or `gate` and `up` (SwiGLU), then `down`.
+  void mlp(int layer, const std::string& gate, const std::string& up, const std::string& down);
   // Untied vocabulary-parallel output projection [padded vocab, C] (nn.Linear layout).
   void head(const std::string& name);
 

@@ -30,19 +30,6 @@ void embedding(ParamBuilder& b) {
   b.position_embedding("model.encoder.embed_positions.weight");
 }
 
-// Self-attention (and cross-attention) of one block: q, k, v, out projections.
-void attention(ParamBuilder& b, int l, const std::string& p, bool cross) {
-  const ModelConfig& c = b.config();
-  const int64_t C = c.n_embd, hd = c.head_size(), Q = c.n_head * hd, KV = c.kv_heads() * hd;
-  const auto col = Parallel::Column;
-  const auto L = WeightLayout::OutIn;
-  b.linear(cross ? Slot::CrossQ : Slot::Q, l, p + "q_proj", C, Q, col, L);
-  b.linear(cross ? Slot::CrossK : Slot::K, l, p + "k_proj", C, KV, col, L);
-  b.linear(cross ? Slot::CrossV : Slot::V, l, p + "v_proj", C, KV, col, L);
-  b.linear(cross ? Slot::CrossOut : Slot::AttnOut, l, p + "out_proj", Q, C, Parallel::Row, L, 1,
-           true);
-}
-
 void block(ParamBuilder& b, int l) {
   const ModelConfig& c = b.config();
   const bool decoder = l >= c.n_layer;
@@ -53,15 +40,13 @@ void block(ParamBuilder& b, int l) {
   const std::string p = decoder ? fmt::format("model.decoder.layers.{}.", l - c.n_layer)
                                 : fmt::format("model.encoder.layers.{}.", l);
   b.norm(Slot::AttnNorm, l, p + "self_attn_layer_norm");
-  attention(b, l, p + "self_attn.", false);
+  b.attention(l, p + "self_attn.", "out_proj");
   if (decoder) {
     b.norm(Slot::CrossNorm, l, p + "encoder_attn_layer_norm");
-    attention(b, l, p + "encoder_attn.", true);
+    b.attention(l, p + "encoder_attn.", "out_proj", true);
   }
   b.norm(Slot::MlpNorm, l, p + "final_layer_norm");
-  const int64_t C = c.n_embd, F = c.ffn();
-  b.linear(Slot::MlpUp, l, p + "fc1", C, F, Parallel::Column, WeightLayout::OutIn);
-  b.linear(Slot::MlpDown, l, p + "fc2", F, C, Parallel::Row, WeightLayout::OutIn, 1, true);
+  b.mlp(l, p + "fc_gate", p + "fc1", p + "fc2");
 }
 
 void head(ParamBuilder& b) { b.norm(Slot::FinalNorm, -1, "model.decoder.layer_norm"); }

@@ -24,25 +24,11 @@ void embedding(ParamBuilder& b) {
 }
 
 void block(ParamBuilder& b, int l) {
-  const ModelConfig& c = b.config();
   const std::string p = fmt::format("layers.{}.", l);
-  const int64_t C = c.n_embd, hd = c.head_size(), Q = c.n_head * hd, KV = c.kv_heads() * hd;
-  const int64_t F = c.ffn();
-  const auto col = Parallel::Column, row = Parallel::Row;
-  const auto L = WeightLayout::OutIn;
   b.norm(Slot::AttnNorm, l, p + "self_attn_layer_norm");
-  b.linear(Slot::Q, l, p + "self_attn.q_proj", C, Q, col, L);
-  b.linear(Slot::K, l, p + "self_attn.k_proj", C, KV, col, L);
-  b.linear(Slot::V, l, p + "self_attn.v_proj", C, KV, col, L);
-  b.linear(Slot::AttnOut, l, p + "self_attn.out_proj", Q, C, row, L, 1, true);
+  b.attention(l, p + "self_attn.", "out_proj");
   b.norm(Slot::MlpNorm, l, p + "final_layer_norm");
-  if (c.mlp == MlpKind::SwiGLU) {
-    b.linear(Slot::Gate, l, p + "fc_gate", C, F, col, L);
-    b.linear(Slot::Up, l, p + "fc1", C, F, col, L);
-  } else {
-    b.linear(Slot::MlpUp, l, p + "fc1", C, F, col, L);
-  }
-  b.linear(Slot::MlpDown, l, p + "fc2", F, C, row, L, 1, true);
+  b.mlp(l, p + "fc_gate", p + "fc1", p + "fc2");
 }
 
 void head(ParamBuilder& b) {
