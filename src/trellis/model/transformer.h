@@ -65,8 +65,6 @@ class Transformer {
   // The activation a stage hands to the next one ([local rows, C], and the encoder's output after
   // it once the decoder has started).
   Tensor& output(Context& ctx) const;
-  bool has_embedding() const { return chunk_.embedding; }
-  bool has_head() const { return chunk_.head; }
   // Backward of the micro-batch in ctx (after forward with grad_scale != 0; before the last stage
   // from ctx.doutput, after the first stage leaving d(input) in ctx.dinput); accumulates into the
   // gradient buffer. On the last micro-step, on_block_done(l) fires as block l's gradients become
