@@ -80,7 +80,7 @@ Command add_sample_command(CLI::App& app) {
               const size_t T = std::min(ids.size(), size_t(ck.model.block_size));
               model.prepare(ctx, 1, int64_t(T));
               std::copy(ids.end() - long(T), ids.end(), ctx.tokens.begin());
-              const int next = sample_token(model.last_logits(ctx), *a, uint64_t(i));
+              const int next = sample_token(model.logits_at(ctx, {ctx.T - 1}), *a, uint64_t(i));
               ids.push_back(next);
               // Tokens decode to bytes, so streaming them one by one reassembles any UTF-8.
               const std::string piece = tok->decode({next});

@@ -29,6 +29,9 @@ struct CheckpointData {
   std::vector<float> params;  // flat, ParamLayout(model)
   OptimizerState optimizer;   // may be empty (model-only checkpoints)
   nlohmann::json state;       // step, seed, config, ...
+  // What a task model needs to read its inputs and name its outputs (config.json's trellis.task:
+  // task, classes, special_token, feature_dim, seq_len); null for a language model.
+  nlohmann::json task;
 };
 
 std::string checkpoint_dir_name(int64_t step);
@@ -36,6 +39,10 @@ std::string checkpoint_dir_name(int64_t step);
 std::string save_checkpoint(const std::string& out_dir, int64_t step, const CheckpointData& ck);
 // Newest OUT/step_* that holds a state.json; empty if none.
 std::string find_latest_checkpoint(const std::string& out_dir);
+// The model a config.json describes: its family's Hugging Face keys (model_type picks the
+// family), plus vocabulary padding and block choices from the "trellis" section of the configs
+// trellis writes. Input errors name the file and key.
+ModelConfig read_model_config(const std::string& config_path);
 // Loads and validates (names, shapes, config). with_optimizer: also optimizer.safetensors and
 // state.json.
 CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer);

@@ -106,7 +106,7 @@ using RowCombine = std::function<void(double* buf, int64_t n, bool is_max)>;
 // [vocab_start, vocab_start + ld); only the first `valid` columns are real vocabulary (the rest is
 // padding and never enters the loss). Writes per-row losses; returns their sum (double, in row
 // order). When grad_scale != 0, overwrites logits with dlogits = grad_scale * (softmax - onehot),
-// zero on padding columns.
+// zero on padding columns. A negative target marks a padding row: loss 0, dlogits 0.
 double cross_entropy(float* logits, float* losses, const int32_t* targets, int64_t BT,
                      int64_t valid, int64_t ld, int64_t vocab_start, float grad_scale,
                      const RowCombine& combine = {});

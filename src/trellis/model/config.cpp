@@ -23,8 +23,21 @@ void ModelConfig::validate() const {
                   "model: rotary positions need an even head size (got {})", head_size());
   TRELLIS_REQUIRE(ffn_hidden >= 0, "model: ffn_hidden must be >= 0 (got {})", ffn_hidden);
   TRELLIS_REQUIRE(block_size >= 1, "model: block_size must be >= 1 (got {})", block_size);
-  TRELLIS_REQUIRE(vocab_size >= 2, "model: vocab_size must be >= 2 (got {})", vocab_size);
+  TRELLIS_REQUIRE(vocab_size >= 2 || input_features > 0, "model: vocab_size must be >= 2 (got {})",
+                  vocab_size);
   TRELLIS_REQUIRE(vocab_multiple >= 1, "model: vocab_multiple must be >= 1");
+  TRELLIS_REQUIRE(num_classes != 1 && num_classes >= 0,
+                  "model: a classifier needs at least 2 classes (got {})", num_classes);
+  TRELLIS_REQUIRE(input_features >= 0, "model: input_features must be >= 0");
+  TRELLIS_REQUIRE(input_features == 0 || (arch == "encoder" && num_classes > 0),
+                  "model: feature inputs (input_features={}) need an encoder classifier, not {}",
+                  input_features, arch);
+  TRELLIS_REQUIRE(mlp != MlpKind::None || arch == "encoder",
+                  "model: mlp = none (attention-only blocks) is for the encoder, not {}", arch);
+}
+
+const char* pooling_name(Pooling p) {
+  return p == Pooling::Cls ? "cls" : p == Pooling::Last ? "last" : "mean";
 }
 
 namespace {
@@ -49,6 +62,11 @@ constexpr Preset kPresets[] = {
     {"encoder-baby", "encoder", 6, 0, 6, 0, 384, 0, 256},
     {"encdec-tiny", "encdec", 2, 2, 2, 0, 32, 0, 64},
     {"encdec-baby", "encdec", 3, 3, 6, 0, 384, 0, 256},
+    // Translation: small ones for a CPU, and the original paper's base model (Vaswani et al.
+    // 2017: 6 + 6 layers, width 512, 8 heads, MLP 2048; pre-LN and learned positions here).
+    {"seq2seq-tiny", "encdec", 2, 2, 4, 0, 64, 0, 128},
+    {"seq2seq-baby", "encdec", 3, 3, 8, 0, 256, 1024, 128},
+    {"transformer-base", "encdec", 6, 6, 8, 0, 512, 2048, 512},
 };
 }  // namespace
 
@@ -72,19 +90,38 @@ ModelConfig model_preset(const std::string& name, ModelConfig c) {
 }
 
 nlohmann::json block_choices(const ModelConfig& c) {
-  return {{"norm", c.norm == NormKind::RMSNorm ? "rmsnorm" : "layernorm"},
-          {"positions", c.positions == PositionKind::Rope ? "rope" : "learned"},
-          {"mlp", c.mlp == MlpKind::SwiGLU ? "swiglu" : "gelu"},
-          {"bias", c.bias},
-          {"tied_head", c.tied_head}};
+  nlohmann::json j = {
+      {"norm", c.norm == NormKind::RMSNorm ? "rmsnorm" : "layernorm"},
+      {"positions", c.positions == PositionKind::Rope ? "rope" : "learned"},
+      {"mlp", c.mlp == MlpKind::SwiGLU ? "swiglu" : c.mlp == MlpKind::None ? "none" : "gelu"},
+      {"bias", c.bias},
+      {"tied_head", c.tied_head}};
+  if (c.num_classes > 0) {
+    j["num_classes"] = c.num_classes;
+    j["pooling"] = pooling_name(c.pooling);
+    j["input_features"] = c.input_features;
+  }
+  return j;
 }
 
 void set_block_choices(const nlohmann::json& j, ModelConfig& c, const std::string& where) {
-  auto text = [&](const char* key, const char* a, const char* b) -> int {
+  // The index of j[key] among the choices; -1 when absent or empty.
+  auto text = [&](const char* key, std::initializer_list<const char*> choices) -> int {
     if (!j.contains(key) || j[key] == "") return -1;
-    TRELLIS_REQUIRE(j[key] == a || j[key] == b, "{}: {} must be {} or {} (got {})", where, key, a,
-                    b, j[key].dump());
-    return j[key] == a ? 0 : 1;
+    int i = 0;
+    for (const char* c : choices) {
+      if (j[key] == c) return i;
+      ++i;
+    }
+    TRELLIS_REQUIRE(false, "{}: {} must be {} (got {})", where, key, fmt::join(choices, " or "),
+                    j[key].dump());
+    return -1;
+  };
+  auto number = [&](const char* key, int& out) {
+    if (!j.contains(key)) return;
+    TRELLIS_REQUIRE(j[key].is_number_integer(), "{}: {} must be an integer (got {})", where, key,
+                    j[key].dump());
+    out = j[key].get<int>();
   };
   auto flag = [&](const char* key, bool& out) {
     if (!j.contains(key) || j[key] == "") return;
@@ -92,14 +129,16 @@ void set_block_choices(const nlohmann::json& j, ModelConfig& c, const std::strin
                     "{}: {} must be true or false (got {})", where, key, j[key].dump());
     out = j[key] == true || j[key] == "true";
   };
-  if (const int v = text("norm", "layernorm", "rmsnorm"); v >= 0)
+  if (const int v = text("norm", {"layernorm", "rmsnorm"}); v >= 0)
     c.norm = v ? NormKind::RMSNorm : NormKind::LayerNorm;
-  if (const int v = text("positions", "learned", "rope"); v >= 0)
+  if (const int v = text("positions", {"learned", "rope"}); v >= 0)
     c.positions = v ? PositionKind::Rope : PositionKind::Learned;
-  if (const int v = text("mlp", "gelu", "swiglu"); v >= 0)
-    c.mlp = v ? MlpKind::SwiGLU : MlpKind::Gelu;
+  if (const int v = text("mlp", {"gelu", "swiglu", "none"}); v >= 0) c.mlp = MlpKind(v);
   flag("bias", c.bias);
   flag("tied_head", c.tied_head);
+  number("num_classes", c.num_classes);
+  number("input_features", c.input_features);
+  if (const int v = text("pooling", {"mean", "cls", "last"}); v >= 0) c.pooling = Pooling(v);
 }
 
 std::vector<std::string> model_preset_names() {

@@ -11,7 +11,9 @@ namespace trellis {
 
 enum class NormKind : uint8_t { LayerNorm, RMSNorm };
 enum class PositionKind : uint8_t { Learned, Rope };
-enum class MlpKind : uint8_t { Gelu, SwiGLU };
+enum class MlpKind : uint8_t { Gelu, SwiGLU, None };  // None: attention-only blocks (encoder)
+// How a classifier reduces the final hidden states of a sequence to one vector.
+enum class Pooling : uint8_t { Mean, Cls, Last };
 
 struct ModelConfig {
   std::string arch = "gpt2";  // the family: gpt2 | llama | encoder | encdec (model/families/)
@@ -35,6 +37,15 @@ struct ModelConfig {
   bool tied_head = true;  // the output projection is the token embedding
   bool causal = true;     // decoder (causal) or encoder (bidirectional) self-attention
 
+  // The task head. 0 classes: the language-model head over the vocabulary; more: a classifier
+  // over the pooled final hidden states (mean or first token of the real positions, or the last
+  // real one as GPT2ForSequenceClassification does).
+  int num_classes = 0;
+  Pooling pooling = Pooling::Mean;
+  // > 0: inputs are vectors of this many features (image patches) that a linear layer projects,
+  // where text uses the token embedding (encoder only).
+  int input_features = 0;
+
   int padded_vocab() const {
     return (vocab_size + vocab_multiple - 1) / vocab_multiple * vocab_multiple;
   }
@@ -42,19 +53,25 @@ struct ModelConfig {
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int ffn() const { return ffn_hidden > 0 ? ffn_hidden : 4 * n_embd; }
   bool encoder_decoder() const { return n_dec_layer > 0; }
+  bool lm_head() const { return num_classes == 0; }
+  // The vocabulary head is the token embedding (a classifier has no vocabulary head).
+  bool tied_lm_head() const { return tied_head && lm_head(); }
   // The blocks a pipeline partitions: an encoder-decoder's encoder blocks, then its decoder's.
   int total_layers() const { return n_layer + n_dec_layer; }
   // Throws an input error for impossible shapes.
   void validate() const;
 };
 
-// The block choices as {"norm", "positions", "mlp", "bias", "tied_head"} (config.json's "trellis"
-// section: Hugging Face configs cannot say e.g. RMSNorm for GPT-2), and back.
+// The block choices as {"norm", "positions", "mlp", "bias", "tied_head"} and, for a classifier,
+// {"num_classes", "pooling", "input_features"} (config.json's "trellis" section: Hugging Face
+// configs cannot say e.g. RMSNorm for GPT-2), and back.
 nlohmann::json block_choices(const ModelConfig& cfg);
 void set_block_choices(const nlohmann::json& j, ModelConfig& cfg, const std::string& where);
 
 // Presets: tiny, baby, gpt2, gpt2-medium, gpt2-large, gpt2-xl (GPT-2); llama-tiny, llama-baby;
-// encoder-tiny, encoder-baby; encdec-tiny, encdec-baby. vocab_size is left as is.
+// encoder-tiny, encoder-baby; encdec-tiny, encdec-baby, seq2seq-tiny, seq2seq-baby,
+// transformer-base. vocab_size is left as is.
+const char* pooling_name(Pooling p);
 ModelConfig model_preset(const std::string& name, ModelConfig base = {});
 std::vector<std::string> model_preset_names();
 

@@ -71,7 +71,7 @@ ParamLayout::ParamLayout(const ModelConfig& cfg, int tp, int tp_rank, const Stag
       cfg.encoder_decoder() && std::count(stage_.layers.begin(), stage_.layers.end(), cfg.n_layer);
   if (stage_.embedding) {
     fam.embedding(b);
-  } else if ((stage_.head && cfg.tied_head) || decoder_start) {
+  } else if ((stage_.head && cfg.tied_lm_head()) || decoder_start) {
     ParamBuilder copy(*this, true);
     fam.embedding(copy);
   }
@@ -153,7 +153,7 @@ void ParamBuilder::token_embedding(const std::string& name) {
   p.init_std = kInitStd;
   p.decay = true;
   p.export_rows = p.init_rows = cfg_.vocab_size;
-  p.tied = cfg_.tied_head || cfg_.encoder_decoder();  // reused by the head / decoder start
+  p.tied = cfg_.tied_lm_head() || cfg_.encoder_decoder();  // reused by the head / decoder start
   p.layout = WeightLayout::OutIn;
   add(std::move(p), Parallel::Vocab);
 }
@@ -173,6 +173,38 @@ void ParamBuilder::head(const std::string& name) {
   p.export_rows = p.init_rows = cfg_.vocab_size;
   p.layout = WeightLayout::OutIn;
   add(std::move(p), Parallel::Vocab);
+}
+
+void ParamBuilder::task_head(const std::string& lm_name, const std::string& classifier_weight,
+                             const std::string& classifier_bias) {
+  if (cfg_.num_classes > 0)
+    classifier(classifier_weight, classifier_bias);
+  else if (!cfg_.tied_head)
+    head(lm_name);
+}
+
+void ParamBuilder::classifier(const std::string& weight_name, const std::string& bias_name) {
+  ParamSpec w = named(weight_name, Slot::Classifier, -1, {cfg_.num_classes, cfg_.n_embd});
+  w.init_std = kInitStd;
+  w.decay = true;
+  w.layout = WeightLayout::OutIn;
+  add(std::move(w), Parallel::None);
+  if (bias_name.empty()) return;
+  ParamSpec b = named(bias_name, Slot::Classifier, -1, {cfg_.num_classes});
+  b.bias = true;
+  add(std::move(b), Parallel::None);
+}
+
+void ParamBuilder::feature_embedding(const std::string& prefix) {
+  ParamSpec w = named(prefix + ".weight", Slot::FeatureEmbed, -1,
+                      {cfg_.n_embd, cfg_.input_features});
+  w.init_std = kInitStd;
+  w.decay = true;
+  w.layout = WeightLayout::OutIn;
+  add(std::move(w), Parallel::None);
+  ParamSpec b = named(prefix + ".bias", Slot::FeatureEmbed, -1, {cfg_.n_embd});
+  b.bias = true;
+  add(std::move(b), Parallel::None);
 }
 
 void ParamBuilder::norm(Slot slot, int layer, const std::string& prefix) {

@@ -14,6 +14,8 @@ namespace trellis {
 
 // What a tensor is to the model. A linear layer's weight may be one fused tensor (Qkv, MlpUp) or
 // several pieces that write consecutive output columns (Q, K, V; Gate, Up).
+// A classifier's head is Classifier; an encoder reading feature vectors (image patches) projects
+// them with FeatureEmbed where text has TokEmbed.
 // An encoder-decoder's first decoder block also holds the encoder's final norm (EncoderNorm) and
 // the decoder's positions (DecPosEmbed); its decoder blocks add cross-attention (Cross*).
 // clang-format off
@@ -23,6 +25,7 @@ enum class Slot : uint8_t {
   CrossNorm, CrossQ, CrossK, CrossV, CrossOut,
   MlpNorm, MlpUp, Gate, Up, MlpDown,
   EncoderNorm, DecPosEmbed,
+  FeatureEmbed, Classifier,
 };
 // clang-format on
 
@@ -126,6 +129,15 @@ class ParamBuilder {
   void mlp(int layer, const std::string& gate, const std::string& up, const std::string& down);
   // Untied vocabulary-parallel output projection [padded vocab, C] (nn.Linear layout).
   void head(const std::string& name);
+  // The head of the task: the classifier when the config has classes, else the untied
+  // vocabulary head `lm_name` (a tied head needs no tensor of its own).
+  void task_head(const std::string& lm_name, const std::string& classifier_weight,
+                 const std::string& classifier_bias);
+  // The classifier [num_classes, C] (nn.Linear layout; bias when bias_name is not empty),
+  // replicated on every tensor-parallel rank.
+  void classifier(const std::string& weight_name, const std::string& bias_name);
+  // The projection of feature vectors [C, input_features] with its bias (prefix.weight/.bias).
+  void feature_embedding(const std::string& prefix);
 
  private:
   void add(ParamSpec s, Parallel how);

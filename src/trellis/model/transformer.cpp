@@ -44,7 +44,13 @@ Transformer::Transformer(const ParamLayout& layout, float* params, float* grads,
     p = params + s->offset;
     g = grads ? grads + s->offset : nullptr;
   };
-  if (chunk_.embedding || (chunk_.head && cfg_.tied_head) || decoder_start_)
+  TRELLIS_REQUIRE(cfg_.lm_head() || !tp.sequence_parallel(),
+                  "sequence parallelism is not supported for classifiers (their pooling spans the "
+                  "sequence); use tensor parallelism without it");
+  const bool feature_input = chunk_.embedding && cfg_.input_features > 0;
+  if (feature_input) features_ = Linear(k_, layout, {Slot::FeatureEmbed}, -1, params, grads);
+  if ((chunk_.embedding && !feature_input) || (chunk_.head && cfg_.tied_lm_head()) ||
+      decoder_start_)
     bind(layout.find(Slot::TokEmbed, -1), emb_, demb_);
   if (chunk_.embedding && cfg_.positions == PositionKind::Learned)
     bind(layout.find(Slot::PosEmbed, -1), pos_, dpos_);
@@ -54,7 +60,9 @@ Transformer::Transformer(const ParamLayout& layout, float* params, float* grads,
   }
   if (chunk_.head) {
     lnf_ = Norm(k_, cfg_, layout, Slot::FinalNorm, -1, params, grads);
-    if (cfg_.tied_head) {
+    if (!cfg_.lm_head()) {
+      classifier_ = Linear(k_, layout, {Slot::Classifier}, -1, params, grads);
+    } else if (cfg_.tied_head) {
       head_w_ = emb_, dhead_w_ = demb_;
     } else {
       bind(layout.find(Slot::Head, -1), head_w_, dhead_w_);
@@ -73,12 +81,15 @@ Transformer::Transformer(const ParamLayout& layout, float* params, float* grads,
       b.xkv = Linear(k_, layout, {Slot::CrossK, Slot::CrossV}, l, params, grads);
       b.xproj = Linear(k_, layout, {Slot::CrossOut}, l, params, grads);
     }
-    b.ln2 = Norm(k_, cfg_, layout, Slot::MlpNorm, l, params, grads);
-    b.up = Linear(k_, layout, {Slot::MlpUp, Slot::Gate, Slot::Up}, l, params, grads);
-    b.down = Linear(k_, layout, {Slot::MlpDown}, l, params, grads);
+    if (cfg_.mlp != MlpKind::None) {
+      b.ln2 = Norm(k_, cfg_, layout, Slot::MlpNorm, l, params, grads);
+      b.up = Linear(k_, layout, {Slot::MlpUp, Slot::Gate, Slot::Up}, l, params, grads);
+      b.down = Linear(k_, layout, {Slot::MlpDown}, l, params, grads);
+    }
     const int64_t up_width = (cfg_.mlp == MlpKind::SwiGLU ? 2 : 1) * Fl_;
-    TRELLIS_CHECK(b.qkv.out() == (Hl_ + 2 * Hkvl_) * hd_ && b.up.out() == up_width &&
-                      b.proj.in() == Hl_ * hd_ && b.down.in() == Fl_ &&
+    const bool mlp = cfg_.mlp != MlpKind::None;
+    TRELLIS_CHECK(b.qkv.out() == (Hl_ + 2 * Hkvl_) * hd_ && b.proj.in() == Hl_ * hd_ &&
+                      (!mlp || (b.up.out() == up_width && b.down.in() == Fl_)) &&
                       (!b.decoder || (b.xq.out() == Hl_ * hd_ && b.xkv.out() == 2 * Hkvl_ * hd_)),
                   "block {}: the family's tensors do not match the configured widths", l);
     blocks_.push_back(std::move(b));
@@ -86,9 +97,18 @@ Transformer::Transformer(const ParamLayout& layout, float* params, float* grads,
 }
 
 // Self-attention is causal in decoders: an encoder-decoder's encoder blocks see the whole source.
+// Padding keys are masked (ctx.lengths counts the source's: a decoder's own padding comes after
+// its real tokens, which the causal mask already hides from them).
 ops::AttentionShape Transformer::attention_shape(const Context& ctx, const Block& b) const {
-  return {
-      ctx.B, ctx.T, ctx.T, Hl_, Hkvl_, hd_, cfg_.causal && (!cfg_.encoder_decoder() || b.decoder)};
+  const int32_t* key_len = ctx.lengths.empty() || b.decoder ? nullptr : ctx.lengths.data();
+  return {ctx.B,
+          ctx.T,
+          ctx.T,
+          Hl_,
+          Hkvl_,
+          hd_,
+          cfg_.causal && (!cfg_.encoder_decoder() || b.decoder),
+          key_len};
 }
 
 void Transformer::prepare(Context& ctx, int64_t B, int64_t T) {
@@ -99,7 +119,8 @@ void Transformer::prepare(Context& ctx, int64_t B, int64_t T) {
   const int64_t full = tp_.sequence_parallel() ? BT : 0;           // gathered copies (SP only)
   const int64_t stats = cfg_.norm == NormKind::LayerNorm ? R : 0;  // RMSNorm keeps no mean
   const int64_t qkv = (Hl_ + 2 * Hkvl_) * hd_, att = Hl_ * hd_;
-  const int64_t up = (cfg_.mlp == MlpKind::SwiGLU ? 2 : 1) * Fl_;
+  const int64_t mlp = cfg_.mlp == MlpKind::None ? 0 : 1;
+  const int64_t up = (cfg_.mlp == MlpKind::SwiGLU ? 2 : 1) * Fl_ * mlp, act = Fl_ * mlp;
   ctx.B = B;
   ctx.T = T;
   ctx.tokens.resize(size_t(BT));
@@ -110,7 +131,7 @@ void Transformer::prepare(Context& ctx, int64_t B, int64_t T) {
     fit(a.ln1, {R, C}), fit(a.ln1_mean, {stats}), fit(a.ln1_rstd, {R}), fit(a.ln1_full, {full, C});
     fit(a.qkv, {BT, qkv}), fit(a.probs, {B, Hl_, T, T}), fit(a.att, {BT, att});
     fit(a.res_mid, {R, C}), fit(a.ln2, {R, C}), fit(a.ln2_mean, {stats}), fit(a.ln2_rstd, {R});
-    fit(a.ln2_full, {full, C}), fit(a.up, {BT, up}), fit(a.act, {BT, Fl_});
+    fit(a.ln2_full, {full, C}), fit(a.up, {BT, up}), fit(a.act, {BT, act});
     fit(a.res_out, {R, C});
     const int64_t x = blocks_[i].decoder ? 1 : 0;  // cross-attention buffers
     fit(a.lnx, {x * R, C}), fit(a.lnx_mean, {x * stats}), fit(a.lnx_rstd, {x * R});
@@ -124,14 +145,18 @@ void Transformer::prepare(Context& ctx, int64_t B, int64_t T) {
   fit(ctx.dec_embedded, {start * R, C});
   fit(ctx.lnf, {head * R, C}), fit(ctx.lnf_mean, {head * stats}), fit(ctx.lnf_rstd, {head * R});
   fit(ctx.lnf_full, {head * full, C});
-  fit(ctx.logits, {head * BT, vocab_rows_}), fit(ctx.losses, {BT});
+  const int64_t lm = cfg_.lm_head() ? head : 0, K = cfg_.num_classes;
+  fit(ctx.logits, {lm * BT, vocab_rows_}), fit(ctx.losses, {BT});
+  fit(ctx.pooled, {(head - lm) * B, C}), fit(ctx.class_logits, {(head - lm) * B, K});
+  ctx.predictions.assign(size_t((head - lm) * B), -1);
+  if (cfg_.input_features > 0) ctx.features.resize(size_t(embedding * BT * cfg_.input_features));
   fit(ctx.embedded, {embedding * R, C});
   const int64_t in_rows = (1 - embedding) * (carry_in_ ? 2 : 1) * R;
   fit(ctx.input, {in_rows, C}), fit(ctx.dinput, {in_rows, C});
   fit(ctx.doutput, {(1 - head) * (carry_out_ ? 2 : 1) * R, C});
   fit(ctx.carry, {(carry_out_ ? 2 : 0) * R, C});
   grow(full_, BT * C), grow(dres_, R * C), grow(dln_, BT * C), grow(dfull_, BT * C);
-  grow(dqkv_, BT * qkv), grow(datt_, BT * att), grow(dup_, BT * up), grow(dact_, BT * Fl_);
+  grow(dqkv_, BT * qkv), grow(datt_, BT * att), grow(dup_, BT * up), grow(dact_, BT * act);
   if (has_decoder_)
     grow(denc_, R * C), grow(denc_full_, BT * C), grow(dxq_, BT * att),
         grow(dxkv_, BT * 2 * Hkvl_ * hd_);
@@ -153,6 +178,12 @@ const float* Transformer::encoder_output(Context& ctx) const {
 
 void Transformer::embed(const int32_t* tokens, const float* pos, float* out, const Context& ctx) {
   const int64_t BT = ctx.B * ctx.T;
+  if (!features_.empty()) {  // replicated: each rank projects its own rows
+    const int64_t F = cfg_.input_features;
+    features_.forward(out, ctx.features.data() + tp_.first_row(BT) * F, tp_.local_rows(BT));
+    if (pos) k_.position_forward(out, pos, tp_.first_row(BT), tp_.local_rows(BT), ctx.T, C_);
+    return;
+  }
   for (int64_t i = 0; i < BT; ++i)
     TRELLIS_REQUIRE(tokens[i] >= 0 && tokens[i] < cfg_.vocab_size,
                     "token id {} is outside the vocabulary (size {})", tokens[i], cfg_.vocab_size);
@@ -167,6 +198,11 @@ void Transformer::embed(const int32_t* tokens, const float* pos, float* out, con
 void Transformer::embed_backward(const int32_t* tokens, float* dpos, const Context& ctx) {
   const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT), C = C_;
   if (dpos) k_.position_backward(dpos, dres_.f32(), tp_.first_row(BT), R, ctx.T, C);
+  if (!features_.empty()) {
+    features_.backward(nullptr, dres_.f32(),
+                       ctx.features.data() + tp_.first_row(BT) * cfg_.input_features, R);
+    return;
+  }
   const float* dfull = tp_.leave_backward(dres_.f32(), dfull_.f32(), BT, C);
   k_.embedding_backward(demb_, dfull, tokens, vocab_start_, vocab_rows_, BT, C);
 }
@@ -207,6 +243,10 @@ void Transformer::block_forward(Context& ctx, int l, const float* x) {
   if (p.decoder) cross_forward(ctx, l);
   // MLP: up (or gate|up) column-parallel, down row-parallel.
   const float* mid = p.decoder ? a.res_x.f32() : a.res_mid.f32();
+  if (p.up.empty()) {  // attention-only block
+    std::copy_n(mid, R * C, a.res_out.f32());
+    return;
+  }
   p.ln2.forward(a.ln2.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(), mid, R);
   in = tp_.enter(a.ln2.f32(), a.ln2_full.f32(), BT, C);
   p.up.forward(a.up.f32(), in, BT);
@@ -232,7 +272,8 @@ void Transformer::cross_forward(Context& ctx, int l) {
   const float* enc = tp_.enter(encoder_output(ctx), a.enc_full.f32(), BT, C);
   p.xkv.forward(a.xkv.f32(), enc, BT);
   ops::AttentionShape shape = attention_shape(ctx, p);
-  shape.causal = false;  // every target position sees the whole source
+  shape.causal = false;  // every target position sees the whole (real) source
+  shape.key_len = ctx.lengths.empty() ? nullptr : ctx.lengths.data();
   k_.attention_forward(a.xatt.f32(), a.xprobs.f32(), a.xq.f32(), Hl_ * hd_, a.xkv.f32(),
                        a.xkv.f32() + KV, 2 * KV, shape);
   float* partial = sp ? full_.f32() : a.res_x.f32();
@@ -266,24 +307,26 @@ void Transformer::blocks_forward(Context& ctx) {
 double Transformer::forward(Context& ctx, float grad_scale) {
   TRELLIS_REQUIRE(ctx.T <= cfg_.block_size, "sequence length {} exceeds the context length {}",
                   ctx.T, cfg_.block_size);
+  for (int32_t n : ctx.lengths)
+    TRELLIS_REQUIRE(n >= 1 && n <= ctx.T, "sequence length {} is outside [1, {}]", n, ctx.T);
   blocks_forward(ctx);
   if (!chunk_.head) return 0.0;
+  if (!cfg_.lm_head()) return classifier_forward(ctx, grad_scale);
   head_forward(ctx, ctx.blocks.back().res_out.f32());
-  for (int32_t t : ctx.targets)
-    TRELLIS_REQUIRE(t >= 0 && t < cfg_.vocab_size, "target id {} is outside the vocabulary", t);
+  for (int32_t t : ctx.targets)  // -1: padding, not counted
+    TRELLIS_REQUIRE(t >= -1 && t < cfg_.vocab_size, "target id {} is outside the vocabulary", t);
   return k_.cross_entropy(ctx.logits.f32(), ctx.losses.f32(), ctx.targets.data(), ctx.B * ctx.T,
                           vocab_valid_, vocab_rows_, vocab_start_, grad_scale, tp_.row_combine());
 }
 
-void Transformer::block_backward(Context& ctx, int l, const float* x) {
+// dres holds d(res_out) on entry and d(mid) on exit (mid: the MLP's residual input).
+void Transformer::mlp_backward(Context& ctx, int l) {
   const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT), C = C_;
   const bool sp = tp_.sequence_parallel();
   const Block& p = blocks_[size_t(l)];
   Context::BlockActs& a = ctx.blocks[size_t(l)];
   float *dres = dres_.f32(), *dln = dln_.f32(), *dfull = dfull_.f32();
   float* dlocal = sp ? dfull : dln;  // where entering's backward leaves d(norm output)
-  // dres holds d(res_out) on entry and d(x) on exit: the residual path is the identity and each
-  // norm's backward adds its branch's contribution in place.
   if (p.down.bias_grad()) k_.bias_backward(p.down.bias_grad(), dres, R, C, C);
   const float* dy = tp_.leave_backward(dres, dfull, BT, C);
   k_.zero(dact_.f32(), BT * Fl_);
@@ -298,10 +341,22 @@ void Transformer::block_backward(Context& ctx, int l, const float* x) {
   tp_.enter_backward(dln, dlocal, BT, C);
   p.ln2.backward(dres, dlocal, p.decoder ? a.res_x.f32() : a.res_mid.f32(), a.ln2_mean.f32(),
                  a.ln2_rstd.f32(), R);
+}
+
+void Transformer::block_backward(Context& ctx, int l, const float* x) {
+  const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT), C = C_;
+  const bool sp = tp_.sequence_parallel();
+  const Block& p = blocks_[size_t(l)];
+  Context::BlockActs& a = ctx.blocks[size_t(l)];
+  float *dres = dres_.f32(), *dln = dln_.f32(), *dfull = dfull_.f32();
+  float* dlocal = sp ? dfull : dln;  // where entering's backward leaves d(norm output)
+  // dres holds d(res_out) on entry and d(x) on exit: the residual path is the identity and each
+  // norm's backward adds its branch's contribution in place.
+  if (!p.up.empty()) mlp_backward(ctx, l);
   if (p.decoder) cross_backward(ctx, l);
 
   if (p.proj.bias_grad()) k_.bias_backward(p.proj.bias_grad(), dres, R, C, C);
-  dy = tp_.leave_backward(dres, dfull, BT, C);
+  const float* dy = tp_.leave_backward(dres, dfull, BT, C);
   k_.zero(datt_.f32(), BT * Hl_ * hd_);
   p.proj.backward(datt_.f32(), dy, a.att.f32(), BT, false);
   const int64_t W = p.qkv.out(), Q = Hl_ * hd_, KV = Hkvl_ * hd_;
@@ -333,7 +388,8 @@ void Transformer::cross_backward(Context& ctx, int l) {
   k_.zero(dxq_.f32(), BT * Q);
   k_.zero(dxkv_.f32(), BT * 2 * KV);
   ops::AttentionShape shape = attention_shape(ctx, p);
-  shape.causal = false;  // every target position sees the whole source
+  shape.causal = false;  // every target position sees the whole (real) source
+  shape.key_len = ctx.lengths.empty() ? nullptr : ctx.lengths.data();
   k_.attention_backward(dxq_.f32(), dxkv_.f32(), dxkv_.f32() + KV, datt_.f32(), a.xq.f32(), Q,
                         a.xkv.f32(), a.xkv.f32() + KV, 2 * KV, a.xprobs.f32(), shape);
   // Keys and values: gradient of the encoder output (summed over the decoder blocks).
@@ -394,7 +450,70 @@ void Transformer::backward(Context& ctx, bool last_micro_step,
   if (notify) on_block_done(-1);
 }
 
+int64_t Transformer::length(const Context& ctx, int64_t b) const {
+  return ctx.lengths.empty() ? ctx.T : ctx.lengths[size_t(b)];
+}
+
+float Transformer::pool_weight(const Context& ctx, int64_t b, int64_t t) const {
+  const int64_t n = length(ctx, b);
+  switch (cfg_.pooling) {
+    case Pooling::Mean:
+      return t < n ? 1.0f / float(n) : 0.0f;
+    case Pooling::Cls:
+      return t == 0 ? 1.0f : 0.0f;
+    case Pooling::Last:
+      return t == n - 1 ? 1.0f : 0.0f;
+  }
+  return 0.0f;
+}
+
+// Final norm, pooling over each sequence's real positions, the classifier, and cross-entropy over
+// the classes. The head is replicated: every tensor-parallel rank holds all rows (no sequence
+// parallelism) and computes the same values.
+double Transformer::classifier_forward(Context& ctx, float grad_scale) {
+  const int64_t B = ctx.B, T = ctx.T, C = C_, K = cfg_.num_classes;
+  lnf_.forward(ctx.lnf.f32(), ctx.lnf_mean.f32(), ctx.lnf_rstd.f32(),
+               ctx.blocks.back().res_out.f32(), B * T);
+  float* pooled = ctx.pooled.f32();
+  std::fill_n(pooled, B * C, 0.0f);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      if (const float w = pool_weight(ctx, b, t); w != 0.0f)
+        for (int64_t c = 0; c < C; ++c) pooled[b * C + c] += w * ctx.lnf.f32()[(b * T + t) * C + c];
+  float* logits = ctx.class_logits.f32();
+  classifier_.forward(logits, pooled, B);
+  for (int64_t b = 0; b < B; ++b) {
+    TRELLIS_REQUIRE(ctx.labels[size_t(b)] >= -1 && ctx.labels[size_t(b)] < K,
+                    "label {} is outside the {} classes", ctx.labels[size_t(b)], K);
+    ctx.predictions[size_t(b)] = int32_t(std::max_element(logits + b * K, logits + b * K + K) -
+                                         (logits + b * K));
+  }
+  std::vector<float> losses(static_cast<size_t>(B));
+  const double sum =
+      k_.cross_entropy(logits, losses.data(), ctx.labels.data(), B, K, K, 0, grad_scale, {});
+  float* out = ctx.losses.f32();
+  std::fill_n(out, B * T, 0.0f);
+  for (int64_t b = 0; b < B; ++b) out[b * T] = losses[size_t(b)];
+  return sum;
+}
+
+void Transformer::classifier_backward(Context& ctx) {
+  const int64_t B = ctx.B, T = ctx.T, C = C_;
+  std::vector<float> dpooled(size_t(B * C), 0.0f);
+  classifier_.backward(dpooled.data(), ctx.class_logits.f32(), ctx.pooled.f32(), B);
+  float* dln = dln_.f32();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const float w = pool_weight(ctx, b, t);
+      for (int64_t c = 0; c < C; ++c) dln[(b * T + t) * C + c] = w * dpooled[size_t(b * C + c)];
+    }
+  k_.zero(dres_.f32(), B * T * C);
+  lnf_.backward(dres_.f32(), dln, ctx.blocks.back().res_out.f32(), ctx.lnf_mean.f32(),
+                ctx.lnf_rstd.f32(), B * T);
+}
+
 void Transformer::head_backward(Context& ctx) {
+  if (!cfg_.lm_head()) return classifier_backward(ctx);
   const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT), C = C_;
   const bool sp = tp_.sequence_parallel();
   // ctx.logits already hold dlogits (fused into the loss).
@@ -411,15 +530,17 @@ void Transformer::head_backward(Context& ctx) {
                 ctx.lnf_rstd.f32(), R);
 }
 
-std::vector<float> Transformer::last_logits(Context& ctx) {
-  TRELLIS_CHECK(tp_.size() == 1 && chunk_.embedding && chunk_.head,
-                "sampling runs the whole model on a single rank");
+std::vector<float> Transformer::logits_at(Context& ctx, const std::vector<int64_t>& rows) {
+  TRELLIS_CHECK(tp_.size() == 1 && chunk_.embedding && chunk_.head && cfg_.lm_head(),
+                "decoding runs the whole language model on a single rank");
   blocks_forward(ctx);
-  const int64_t C = C_, V = cfg_.vocab_size, last = ctx.T - 1;
-  lnf_.forward(ctx.lnf.f32(), ctx.lnf_mean.f32(), ctx.lnf_rstd.f32(),
-               ctx.blocks.back().res_out.f32() + last * C, 1);
-  std::vector<float> logits(static_cast<size_t>(V));
-  k_.gemm(false, true, 1, V, C, 1.0f, ctx.lnf.f32(), C, head_w_, C, 0.0f, logits.data(), V);
+  const int64_t C = C_, V = cfg_.vocab_size, n = int64_t(rows.size());
+  const float* hidden = ctx.blocks.back().res_out.f32();
+  std::vector<float> picked(size_t(n * C)), logits(size_t(n * V));
+  for (int64_t i = 0; i < n; ++i)
+    std::copy_n(hidden + rows[size_t(i)] * C, C, picked.data() + i * C);
+  lnf_.forward(ctx.lnf.f32(), ctx.lnf_mean.f32(), ctx.lnf_rstd.f32(), picked.data(), n);
+  k_.gemm(false, true, n, V, C, 1.0f, ctx.lnf.f32(), C, head_w_, C, 0.0f, logits.data(), V);
   return logits;
 }
 

@@ -29,6 +29,11 @@ struct Context {
   std::vector<int32_t> tokens, targets;  // [B*T]
   // An encoder-decoder's source tokens [B*T] (empty: the encoder reads `tokens` too).
   std::vector<int32_t> src_tokens;
+  // Sequences padded to T: the real positions of each (of the source, for an encoder-decoder)
+  // [B]; empty = all T. Padding is masked out of attention and pooling; its targets are -1.
+  std::vector<int32_t> lengths;
+  std::vector<int32_t> labels;  // a classifier's class of each sequence [B] (-1: not counted)
+  std::vector<float> features;  // feature inputs [B*T, input_features] (instead of tokens)
   Tensor embedded;  // [local, C] input of block 0
   struct BlockActs {
     Tensor ln1, ln1_mean, ln1_rstd, ln1_full, qkv, probs, att, res_mid;
@@ -40,6 +45,10 @@ struct Context {
   // At the first decoder block: the encoder's output (its final norm) and the decoder's input.
   Tensor enc, enc_mean, enc_rstd, dec_embedded;
   Tensor lnf, lnf_mean, lnf_rstd, lnf_full, logits, losses;
+  // A classifier's pooled final states [B, C], class logits [B, K] (dlogits after a training
+  // forward) and predicted classes [B].
+  Tensor pooled, class_logits;
+  std::vector<int32_t> predictions;
   // Pipeline stages after the first: the activation received from the previous stage, and the
   // gradient of it that backward produces; stages before the last: the received output gradient.
   // Between decoder stages these carry the encoder's output as well: [hidden rows; encoder rows].
@@ -58,9 +67,11 @@ class Transformer {
   // Sizes ctx's buffers for micro-batches of B sequences of T tokens.
   void prepare(Context& ctx, int64_t B, int64_t T);
 
-  // Forward over ctx.tokens (or ctx.input after the first stage) and, on the last stage,
-  // ctx.targets: returns the summed loss of all B*T targets (0 before the last stage). When
-  // grad_scale != 0 the head already turns logits into dlogits (grad_scale = 1/global tokens).
+  // Forward over ctx.tokens (or ctx.features, or ctx.input after the first stage) and, on the
+  // last stage, ctx.targets (a classifier: ctx.labels): returns the summed loss of all B*T
+  // targets (0 before the last stage); a classifier writes sequence b's loss at losses[b*T] and
+  // zeros elsewhere, so the first rows*T losses are those of the first rows sequences. When
+  // grad_scale != 0 the head already turns logits into dlogits (grad_scale = 1/global targets).
   double forward(Context& ctx, float grad_scale);
   // The activation a stage hands to the next one ([local rows, C], and the encoder's output after
   // it once the decoder has started).
@@ -72,15 +83,16 @@ class Transformer {
   // parameters are this rank's rows' share (TensorParallel::reduce_replicated_grads sums them).
   void backward(Context& ctx, bool last_micro_step,
                 const std::function<void(int)>& on_block_done = {});
-  // Logits of the last position of sequence 0 (true vocabulary only), for sampling (tp = 1).
-  std::vector<float> last_logits(Context& ctx);
+  // Vocabulary logits (true vocabulary only) at rows b*T + t of the batch, [rows.size(), vocab],
+  // for sampling and decoding (the whole model on one rank).
+  std::vector<float> logits_at(Context& ctx, const std::vector<int64_t>& rows);
 
  private:
   struct Block {
     int layer;
     bool decoder;  // cross-attends to the encoder's output
     Norm ln1, lnx, ln2;
-    Linear qkv, proj, xq, xkv, xproj, up, down;
+    Linear qkv, proj, xq, xkv, xproj, up, down;  // up/down empty: no MLP
   };
   // l in block_* is the position of the block within this chunk.
   // out = token embedding of `tokens` (+ learned positions pos), this rank's rows.
@@ -95,9 +107,16 @@ class Transformer {
   void block_forward(Context& ctx, int l, const float* x);
   void head_forward(Context& ctx, const float* x);
   void block_backward(Context& ctx, int l, const float* x);
+  void mlp_backward(Context& ctx, int l);
   // The input of block i of the chunk.
   const float* block_input(Context& ctx, int i) const;
   void head_backward(Context& ctx);
+  double classifier_forward(Context& ctx, float grad_scale);
+  void classifier_backward(Context& ctx);
+  // The weight of row t of sequence b in its pooled vector.
+  float pool_weight(const Context& ctx, int64_t b, int64_t t) const;
+  // Valid positions of sequence b.
+  int64_t length(const Context& ctx, int64_t b) const;
   ops::AttentionShape attention_shape(const Context& ctx, const Block& b) const;
 
   const Backend& k_;
@@ -109,6 +128,7 @@ class Transformer {
   const float *emb_ = nullptr, *pos_ = nullptr, *head_w_ = nullptr, *dec_pos_ = nullptr;
   float *demb_ = nullptr, *dpos_ = nullptr, *dhead_w_ = nullptr, *ddec_pos_ = nullptr;
   Norm lnf_, enc_norm_;
+  Linear features_, classifier_;  // feature inputs' projection; a classifier's head
   // Encoder-decoder: the chunk receives / sends the encoder's output along with its activation.
   bool carry_in_ = false, carry_out_ = false, decoder_start_ = false, has_decoder_ = false;
   std::vector<Block> blocks_;

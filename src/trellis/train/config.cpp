@@ -9,7 +9,7 @@
 
 namespace trellis {
 
-ModelConfig TrainConfig::model_config(int vocab_size) const {
+ModelConfig TrainConfig::model_config(int vocab_size, int num_classes, int input_features) const {
   ModelConfig m = model_preset(model);
   if (n_layer) m.n_layer = n_layer;
   if (n_dec_layer) m.n_dec_layer = n_dec_layer;
@@ -26,6 +26,10 @@ ModelConfig TrainConfig::model_config(int vocab_size) const {
                      {"bias", bias},
                      {"tied_head", tied_head}},
                     m, "model");
+  m.num_classes = num_classes;
+  m.input_features = input_features;
+  m.pooling = m.causal ? Pooling::Last : Pooling::Mean;
+  set_block_choices({{"pooling", pooling}}, m, "model");
   m.validate();
   return m;
 }
@@ -90,7 +94,8 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       make_key("model",
                "model preset: tiny, baby, gpt2, gpt2-medium, gpt2-large, gpt2-xl (GPT-2), "
                "llama-tiny, llama-baby (LLaMA-style), encoder-tiny, encoder-baby (bidirectional), "
-               "encdec-tiny, encdec-baby (encoder-decoder)",
+               "encdec-tiny, encdec-baby, seq2seq-tiny, seq2seq-baby, transformer-base "
+               "(encoder-decoder)",
                &c.model),
       make_key("n_layer", "override the preset's number of blocks (0 = preset)", &c.n_layer),
       make_key("n_dec_layer",
@@ -104,7 +109,8 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       make_key("ffn_hidden", "override the preset's MLP width (0 = preset)", &c.ffn_hidden),
       make_key("norm", "layernorm or rmsnorm (empty = the family's)", &c.norm),
       make_key("positions", "learned or rope (empty = the family's)", &c.positions),
-      make_key("mlp", "gelu or swiglu (empty = the family's)", &c.mlp),
+      make_key("mlp", "gelu, swiglu or none (attention-only encoder; empty = the family's)",
+               &c.mlp),
       make_key("bias", "linear layers with biases: true or false (empty = the family's)", &c.bias),
       make_key("tied_head",
                "output head tied to the token embedding: true or false (empty = the "
@@ -117,7 +123,16 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
           "data",
           "data directory from `trellis prepare` (train*.bin, val*.bin); empty = built-in corpus",
           &c.data),
-      make_key("shuffle", "shuffle training windows each epoch (seeded)", &c.shuffle),
+      make_key("task",
+               "lm (next-token prediction), classify or translate (`trellis prepare --task`); "
+               "empty = what the data directory holds",
+               &c.task),
+      make_key("pooling",
+               "how a classifier reduces a sequence: mean (of the real positions), cls (the "
+               "first, a special token) or last (the last real one, as "
+               "GPT2ForSequenceClassification); empty = last for decoders, mean for encoders",
+               &c.pooling),
+      make_key("shuffle", "shuffle training windows/examples each epoch (seeded)", &c.shuffle),
       make_key("out", "output directory: metrics.jsonl, tb/, step_NNNNNNNN/ checkpoints", &c.out),
       make_key("steps", "number of optimizer steps", &c.steps),
       make_key("batch_size",
@@ -126,7 +141,11 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       make_key("micro_batch_size",
                "sequences per rank per micro-step (0 = batch_size/dp, no accumulation)",
                &c.micro_batch_size),
-      make_key("seq_len", "tokens per sequence (0 = the model's context length)", &c.seq_len),
+      make_key("seq_len",
+               "tokens per sequence (0 = the model's context length; for a task, the longest "
+               "example up to it). Longer classification texts are truncated; translation pairs "
+               "longer than seq_len are refused",
+               &c.seq_len),
       make_key("seed", "seed of initialisation and data order", &c.seed),
       make_key("threads", "OpenMP threads per rank (0 = cores / ranks on this node)", &c.threads),
       make_key("optimizer", "adamw or sgd", &o.name),

@@ -23,6 +23,9 @@ struct TrainConfig {
   int vocab_multiple = 64;
   // data
   std::string data;  // directory with train*.bin / val*.bin; empty = embedded default corpus
+  // lm | classify | translate; empty = the data's (a task directory names its task).
+  std::string task;
+  std::string pooling;  // a classifier's: mean | cls | last; empty = last for decoders, else mean
   bool shuffle = true;
   // run
   std::string out = "out";
@@ -55,7 +58,9 @@ struct TrainConfig {
   double bucket_mb = 25.0;         // gradient all-reduce bucket size
   double comm_timeout = 300.0;     // seconds any rank waits in one communication before aborting
 
-  ModelConfig model_config(int vocab_size) const;
+  // The configured model for a vocabulary; num_classes > 0 gives it a classifier (pooling from
+  // `pooling`), input_features > 0 a projection of feature inputs.
+  ModelConfig model_config(int vocab_size, int num_classes = 0, int input_features = 0) const;
 };
 
 struct ConfigKey {

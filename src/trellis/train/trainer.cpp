@@ -12,7 +12,8 @@
 #include "trellis/comm/communicator.h"
 #include "trellis/core/error.h"
 #include "trellis/data/corpus.h"
-#include "trellis/data/loader.h"
+#include "trellis/eval/classification.h"
+#include "trellis/io/atomic_file.h"
 #include "trellis/io/checkpoint.h"
 #include "trellis/kernels/ops.h"
 #include "trellis/kernels/peak.h"
@@ -24,6 +25,7 @@
 #include "trellis/parallel/tensor_parallel.h"
 #include "trellis/parallel/tied.h"
 #include "trellis/parallel/zero.h"
+#include "trellis/train/batches.h"
 #include "trellis/train/metrics.h"
 #include "trellis/train/trace.h"
 
@@ -81,6 +83,13 @@ double grad_sum_squares(const ParamLayout& layout, const float* grads, size_t be
   return s;
 }
 
+// A validation pass: the mean loss and, for a classifier, its confusion matrix.
+struct EvalResult {
+  double loss = 0.0;
+  int64_t items = 0;
+  ConfusionMatrix confusion;
+};
+
 // What one training step measured, for the metrics and the progress line.
 struct StepStats {
   double loss = 0.0, grad_norm = 0.0, lr = 0.0, seconds = 0.0;
@@ -96,6 +105,8 @@ class Trainer {
   int run();
 
  private:
+  // The data (token corpus or task examples), the model config it implies, and T.
+  void load_data();
   void build_pipeline_chunks();
   void load_or_init();
   void check_replicas_agree();
@@ -105,7 +116,9 @@ class Trainer {
   StepStats forward_backward_step(int64_t step);
   // Clip, update, and share the updated parameters.
   void optimizer_step(int64_t step, StepStats& st);
-  double evaluate();
+  EvalResult evaluate();
+  void log_validation(int64_t step, const EvalResult& r);
+  void print_confusion(const ConfusionMatrix& m) const;
   std::string save(int64_t step);
   void log_step(int64_t step, const StepStats& st);
 
@@ -115,7 +128,9 @@ class Trainer {
   bool lead_;
   int threads_, V_;
   ScheduleKind schedule_;
-  Corpus corpus_;
+  Corpus corpus_;  // the language model's data
+  std::unique_ptr<TaskData> task_;  // or a task's
+  TokenizerInfo tokenizer_;
   ModelConfig mc_;
   int64_t T_, G_, per_rank_, b_, accum_;
   std::vector<PipeOp> step_ops_;
@@ -130,11 +145,11 @@ class Trainer {
   std::unique_ptr<TiedWeights> tied_;
   std::vector<std::unique_ptr<Transformer>> models_;
   std::unique_ptr<Pipeline> pipe_;
-  std::unique_ptr<BatchLoader> loader_;
+  std::unique_ptr<Batches> batches_;
   std::unique_ptr<MetricsLog> log_;
   int64_t start_step_ = 0;
   std::string resumed_from_;
-  int64_t val_windows_ = 0;
+  int64_t val_items_ = 0;
   double step_flops_ = 0.0, peak_flops_ = 0.0, peak_per_core_ = 0.0;
   int64_t mem_bytes_ = 0;
   Clock::time_point run_start_, loop_start_;
@@ -157,11 +172,7 @@ Trainer::Trainer(TrainConfig cfg, Communicator& world)
   threads_ = cfg_.threads > 0 ? cfg_.threads : default_threads();
   omp_set_num_threads(threads_);
 
-  corpus_ = cfg_.data.empty() ? load_default_corpus() : load_corpus_dir(cfg_.data);
-  mc_ = cfg_.model_config(corpus_.vocab_size);
-  T_ = cfg_.seq_len > 0 ? cfg_.seq_len : mc_.block_size;
-  TRELLIS_REQUIRE(T_ <= mc_.block_size, "seq_len {} exceeds the model's context length {}", T_,
-                  mc_.block_size);
+  load_data();
   TRELLIS_REQUIRE(!cfg_.sequence_parallel || T_ % mesh_.tp() == 0,
                   "sequence parallelism needs seq_len {} divisible by tp={}", T_, mesh_.tp());
   const int dp = mesh_.dp();
@@ -201,10 +212,11 @@ Trainer::Trainer(TrainConfig cfg, Communicator& world)
   }
   pipe_ = std::make_unique<Pipeline>(mesh_.pp_comm(), chunk_models, b_, T_);
   tied_ = std::make_unique<TiedWeights>(mesh_.pp_comm(), *layout_, cfg_.comm_timeout);
-  loader_ = std::make_unique<BatchLoader>(corpus_.train, T_, G_, cfg_.seed, cfg_.shuffle);
-
-  val_windows_ = std::min<int64_t>(
-      cfg_.val_batches * G_, corpus_.val.size() > 1 ? (int64_t(corpus_.val.size()) - 1) / T_ : 0);
+  batches_ = task_ ? make_task_batches(*task_, T_, G_, cfg_.seed, cfg_.shuffle)
+                   : make_lm_batches(corpus_, T_, G_, cfg_.seed, cfg_.shuffle);
+  TRELLIS_REQUIRE(cfg_.val_batches >= 0, "val_batches must be >= 0");
+  val_items_ = cfg_.val_batches > 0 ? std::min(cfg_.val_batches * G_, batches_->val_items())
+                                    : batches_->val_items();
   if (lead_)
     log_ = std::make_unique<MetricsLog>(cfg_.out, cfg_.tensorboard,
                                         resumed_from_.empty() ? -1 : start_step_);
@@ -224,6 +236,46 @@ Trainer::Trainer(TrainConfig cfg, Communicator& world)
   mem_bytes_ =
       int64_t((params_.size() + grads_.size()) * sizeof(float) + optimizer_->state_bytes());
   print_header();
+}
+
+void Trainer::load_data() {
+  const bool task_dir = !cfg_.data.empty() && is_task_dir(cfg_.data);
+  const std::string task = task_dir ? read_task_meta(cfg_.data).task : "lm";
+  TRELLIS_REQUIRE(cfg_.task.empty() || cfg_.task == task,
+                  "task {} needs data from `trellis prepare --task {}`; {} holds {}", cfg_.task,
+                  cfg_.task, cfg_.data.empty() ? "the built-in corpus" : cfg_.data,
+                  task == "lm" ? "language-model shards" : task + " examples");
+  if (!task_dir) {
+    corpus_ = cfg_.data.empty() ? load_default_corpus() : load_corpus_dir(cfg_.data);
+    tokenizer_ = {corpus_.tokenizer, corpus_.tokenizer_dir};
+    mc_ = cfg_.model_config(corpus_.vocab_size);
+    T_ = cfg_.seq_len > 0 ? cfg_.seq_len : mc_.block_size;
+    TRELLIS_REQUIRE(T_ <= mc_.block_size, "seq_len {} exceeds the model's context length {}", T_,
+                    mc_.block_size);
+    return;
+  }
+  task_ = std::make_unique<TaskData>(load_task_data(cfg_.data));
+  const TaskMeta& meta = task_->meta;
+  tokenizer_ = {meta.tokenizer, meta.tokenizer_dir};
+  const bool classify = task == "classify";
+  mc_ = cfg_.model_config(meta.vocab_size, classify ? int(meta.classes.size()) : 0,
+                          meta.feature_dim);
+  TRELLIS_REQUIRE(classify != mc_.encoder_decoder(),
+                  "model {}: {} needs {}", cfg_.model, task,
+                  classify ? "an encoder or a decoder (encoder-*, gpt2*, llama*), not an "
+                             "encoder-decoder"
+                           : "an encoder-decoder (seq2seq-*, transformer-base, encdec-*)");
+  const int64_t needed = task_seq_len(*task_);
+  T_ = cfg_.seq_len > 0 ? cfg_.seq_len : std::min<int64_t>(needed, mc_.block_size);
+  TRELLIS_REQUIRE(T_ <= mc_.block_size, "seq_len {} exceeds the model's context length {}", T_,
+                  mc_.block_size);
+  TRELLIS_REQUIRE(classify || needed <= T_,
+                  "{}: the longest translation pair needs {} positions (with its end token), more "
+                  "than seq_len {}; raise seq_len (and block_size) or prepare with a smaller "
+                  "--max-len",
+                  cfg_.data, needed, T_);
+  TRELLIS_REQUIRE(meta.feature_dim == 0 || needed <= T_,
+                  "{}: images have {} patches, more than seq_len {}", cfg_.data, needed, T_);
 }
 
 // Pipeline: pp * V model chunks, chunk g on pipeline rank g % pp. The schedule is built now so that
@@ -300,8 +352,17 @@ void Trainer::print_header() const {
       mc_.encoder_decoder() ? fmt::format(" + {} decoder layers", mc_.n_dec_layer) : "", mc_.n_head,
       mc_.kv_heads() != mc_.n_head ? fmt::format(" ({} kv)", mc_.kv_heads()) : "", mc_.n_embd,
       mc_.block_size, mc_.vocab_size, mc_.padded_vocab(), double(ParamLayout(mc_).count()) / 1e6);
-  fmt::print("trellis: data {} | {} train / {} val tokens | {} windows of {}\n", corpus_.source,
-             corpus_.train.size(), corpus_.val.size(), loader_->windows(), T_);
+  if (task_) {
+    const TaskMeta& m = task_->meta;
+    fmt::print("trellis: data {} | {} {}: {} train / {} {} examples, {} positions{}\n", cfg_.data,
+               m.task, m.task == "classify" ? fmt::format("({} classes)", m.classes.size()) : "",
+               task_->train.size(), task_->val.size(), m.val_split, T_,
+               mc_.num_classes ? fmt::format(", {} pooling", pooling_name(mc_.pooling)) : "");
+  } else {
+    fmt::print("trellis: data {} | {} train / {} val tokens | {} windows of {}\n", corpus_.source,
+               corpus_.train.size(), corpus_.val.size(), (corpus_.train.size() - 1) / size_t(T_),
+               T_);
+  }
   fmt::print(
       "trellis: world {} (dp {}, tp {}{}, pp {}{}, zero {}) | {} threads/rank | batch {} "
       "x {} tokens = {} per rank x {} micro-batches of {}{}\n",
@@ -312,11 +373,11 @@ void Trainer::print_header() const {
       cfg_.zero, threads_, G_, T_, per_rank_, accum_, b_,
       resumed_from_.empty() ? "" : " | resumed from " + resumed_from_);
   // Next-token targets are inputs an encoder sees (bidirectionally, or through cross-attention).
-  if (!mc_.causal || mc_.encoder_decoder())
+  if (!task_ && (!mc_.causal || mc_.encoder_decoder()))
     fmt::print(
         "trellis: note: the {} model sees the next tokens it is asked to predict in these windows: "
-        "this trains its computation for checks, not a useful model (task heads come with "
-        "classification and translation)\n",
+        "this trains its computation for checks, not a useful model (train it on a task: "
+        "`trellis prepare --task classify|translate`)\n",
         mc_.arch);
   std::fflush(stdout);
 }
@@ -324,10 +385,11 @@ void Trainer::print_header() const {
 StepStats Trainer::forward_backward_step(int64_t step) {
   StepStats st;
   ops::zero(grads_.data(), int64_t(grads_.size()));
-  const float grad_scale = 1.0f / float(G_ * T_);
+  // Every rank knows the global batch's targets (tokens, real target tokens or examples).
+  const int64_t targets = batches_->step_targets(step - 1);
+  const float grad_scale = 1.0f / float(targets);
   auto load = [&](int k, Context& ctx) {
-    loader_->fill(step - 1, mesh_.dp_rank() * per_rank_ + k * b_, b_, ctx.tokens.data(),
-                  ctx.targets.data());
+    batches_->fill(step - 1, mesh_.dp_rank() * per_rank_ + k * b_, b_, ctx);
     return b_;
   };
   // Without a pipeline, buckets are reduced while backward still runs (chunks finish in layout
@@ -354,7 +416,7 @@ StepStats Trainer::forward_backward_step(int64_t step) {
   }
   double loss_sum = pp_stats[0];
   mesh_.dp_comm().all_reduce_sum(&loss_sum, 1);
-  st.loss = loss_sum / double(G_ * T_);
+  st.loss = loss_sum / double(targets);
   return st;
 }
 
@@ -376,37 +438,91 @@ void Trainer::optimizer_step(int64_t step, StepStats& st) {
   st.comm_exposed += dp_sync_->gather_parameters();
 }
 
-// Mean loss over the first val_windows_ fixed windows of the validation split, split across DP
-// ranks and run forward-only through the pipeline in micro-batches of b.
-double Trainer::evaluate() {
-  const int64_t windows = val_windows_, b = b_, T = T_;
-  const int64_t lo = windows * mesh_.dp_rank() / mesh_.dp();
-  const int64_t hi = windows * (mesh_.dp_rank() + 1) / mesh_.dp();
+// Mean loss over the first val_items_ validation items (windows or examples), split across DP
+// ranks and run forward-only through the pipeline in micro-batches of b; a classifier's
+// predictions also fill a confusion matrix.
+EvalResult Trainer::evaluate() {
+  const int64_t items = val_items_, b = b_;
+  const int64_t lo = items * mesh_.dp_rank() / mesh_.dp();
+  const int64_t hi = items * (mesh_.dp_rank() + 1) / mesh_.dp();
   const int micro = int((hi - lo + b - 1) / b);
+  const int K = mc_.num_classes;
+  std::vector<double> counts(size_t(K * K), 0.0);  // [true][predicted]
   double sum = 0.0;
   if (micro > 0) {
     auto load = [&](int k, Context& ctx) {
       const int64_t first = lo + k * b, rows = std::min(b, hi - first);
-      fill_eval_windows(corpus_.val, T, first, rows, ctx.tokens.data(), ctx.targets.data());
-      // A short last micro-batch: pad with copies of its first row, whose losses do not count.
-      for (int64_t r = rows; r < b; ++r) {
-        std::copy_n(ctx.tokens.data(), T, ctx.tokens.data() + r * T);
-        std::copy_n(ctx.targets.data(), T, ctx.targets.data() + r * T);
-      }
+      batches_->fill_val(first, rows, ctx);
       return rows;
     };
-    sum = pipe_->run(forward_schedule(micro, V_), load, 0.0f).loss_sum;
+    auto collect = [&](int, const Context& ctx, int64_t rows) {
+      for (int64_t r = 0; r < rows && K > 0; ++r)
+        counts[size_t(ctx.labels[size_t(r)] * K + ctx.predictions[size_t(r)])] += 1.0;
+    };
+    sum = pipe_->run(forward_schedule(micro, V_), load, 0.0f, {}, collect).loss_sum;
   }
-  mesh_.pp_comm().all_reduce_sum(&sum, 1);
-  mesh_.dp_comm().all_reduce_sum(&sum, 1);
-  return sum / double(windows * T);
+  counts.push_back(sum);
+  mesh_.pp_comm().all_reduce_sum(counts.data(), int64_t(counts.size()));
+  mesh_.dp_comm().all_reduce_sum(counts.data(), int64_t(counts.size()));
+  EvalResult r;
+  r.items = items;
+  r.loss = counts.back() / double(batches_->val_targets(items));
+  r.confusion.assign(size_t(K), std::vector<int64_t>(size_t(K), 0));
+  for (int t = 0; t < K; ++t)
+    for (int p = 0; p < K; ++p) r.confusion[size_t(t)][size_t(p)] = int64_t(counts[size_t(t * K + p)]);
+  return r;
+}
+
+void Trainer::log_validation(int64_t step, const EvalResult& r) {
+  if (!lead_) return;
+  nlohmann::json row = {{"step", step}, {"val_loss", r.loss}};
+  std::string extra;
+  if (mc_.num_classes > 0) {
+    row["val_accuracy"] = accuracy(r.confusion);
+    row["val_macro_f1"] = macro_f1(r.confusion);
+    extra = fmt::format(" | accuracy {:.4f} | macro-F1 {:.4f}", accuracy(r.confusion),
+                        macro_f1(r.confusion));
+  }
+  log_->write(row, "val");
+  if (!cfg_.quiet) fmt::print("step {} | val loss {:.4f}{}\n", step, r.loss, extra);
+}
+
+// The confusion matrix on the terminal, and OUT/confusion.json.
+void Trainer::print_confusion(const ConfusionMatrix& m) const {
+  const std::vector<std::string>& names = task_->meta.classes;
+  nlohmann::json j = {{"classes", names},
+                      {"split", task_->meta.val_split},
+                      {"confusion", m},
+                      {"accuracy", accuracy(m)},
+                      {"macro_f1", macro_f1(m)}};
+  write_file_atomic(cfg_.out + "/confusion.json", j.dump(2) + "\n");
+  if (cfg_.quiet) return;
+  size_t w = 5;
+  for (const auto& n : names) w = std::max(w, std::min<size_t>(n.size(), 16) + 1);
+  fmt::print("trellis: confusion matrix on {} ({} examples; rows: true class, columns: predicted)\n",
+             task_->meta.val_split, val_items_);
+  fmt::print("{:>{}}", "", w);
+  for (size_t p = 0; p < m.size(); ++p) fmt::print("{:>{}}", p, 7);
+  fmt::print("\n");
+  for (size_t t = 0; t < m.size(); ++t) {
+    const std::string id = std::to_string(t);
+    fmt::print("{:>{}}", names[t] == id ? id : names[t].substr(0, 16) + " " + id, w + 3);
+    for (int64_t c : m[t]) fmt::print("{:>7}", c);
+    fmt::print("\n");
+  }
 }
 
 // The checkpoint holds global tensors (tp = 1, whole model), so any layout can resume it.
 std::string Trainer::save(int64_t step) {
   CheckpointData ck;
   ck.model = mc_;
-  ck.tokenizer = {corpus_.tokenizer, corpus_.tokenizer_dir};
+  ck.tokenizer = tokenizer_;
+  if (task_) {
+    const TaskMeta& m = task_->meta;
+    ck.task = {{"task", m.task}, {"special_token", m.special_token}, {"seq_len", T_}};
+    if (!m.classes.empty()) ck.task["classes"] = m.classes;
+    if (m.feature_dim > 0) ck.task["feature_dim"] = m.feature_dim;
+  }
   ck.params = gather_global(mesh_, *layout_, params_.data());
   for (auto& [name, buf] : optimizer_->state()) {
     const std::vector<float> local = dp_sync_->gather_state(*buf);
@@ -486,13 +602,11 @@ int Trainer::run() {
     }
     log_step(step, st);
     const bool stopping = step == cfg_.stop_at, last = step == cfg_.steps;
-    if (val_windows_ > 0 && ((cfg_.val_every > 0 && step % cfg_.val_every == 0) || last)) {
-      const double val = evaluate();
-      best_val = std::min(best_val, val);
-      if (lead_) {
-        log_->write({{"step", step}, {"val_loss", val}}, "val");
-        if (!cfg_.quiet) fmt::print("step {} | val loss {:.4f}\n", step, val);
-      }
+    if (val_items_ > 0 && ((cfg_.val_every > 0 && step % cfg_.val_every == 0) || last)) {
+      const EvalResult val = evaluate();
+      best_val = std::min(best_val, val.loss);
+      log_validation(step, val);
+      if (last && lead_ && mc_.num_classes > 0) print_confusion(val.confusion);
     }
     if ((cfg_.save_every > 0 && step % cfg_.save_every == 0) || last || stopping)
       last_checkpoint = save(step);

@@ -71,9 +71,14 @@ double cross_entropy(float* logits, float* losses, const int32_t* targets, int64
   if (combine) combine(sum, 2 * BT, false);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < BT; ++i) {
+    float* row = logits + i * ld;
+    if (targets[i] < 0) {  // padding: no loss, no gradient
+      losses[i] = 0.0f;
+      if (grad_scale != 0.0f) std::fill_n(row, ld, 0.0f);
+      continue;
+    }
     losses[i] = float(mx[i] + std::log(sum[i]) - target_logit[i]);
     if (grad_scale == 0.0f) continue;
-    float* row = logits + i * ld;
     // dlogits = grad_scale * softmax, evaluated in double and rounded once.
     const double m = double(float(mx[i])), k = double(grad_scale) / sum[i];
     const simd::d4 mx4 = simd::splat(m), k4 = simd::splat(k);

@@ -19,7 +19,10 @@ void configure(ModelConfig& c) {
 }
 
 void embedding(ParamBuilder& b) {
-  b.token_embedding("embed_tokens.weight");
+  if (b.config().input_features > 0)
+    b.feature_embedding("embed_features");  // the seed network's Dense over image patches
+  else
+    b.token_embedding("embed_tokens.weight");
   if (b.config().positions == PositionKind::Learned) b.position_embedding("embed_positions.weight");
 }
 
@@ -27,13 +30,14 @@ void block(ParamBuilder& b, int l) {
   const std::string p = fmt::format("layers.{}.", l);
   b.norm(Slot::AttnNorm, l, p + "self_attn_layer_norm");
   b.attention(l, p + "self_attn.", "out_proj");
+  if (b.config().mlp == MlpKind::None) return;  // attention-only blocks
   b.norm(Slot::MlpNorm, l, p + "final_layer_norm");
   b.mlp(l, p + "fc_gate", p + "fc1", p + "fc2");
 }
 
 void head(ParamBuilder& b) {
   b.norm(Slot::FinalNorm, -1, "layer_norm");
-  if (!b.config().tied_head) b.head("lm_head.weight");
+  b.task_head("lm_head.weight", "classifier.weight", b.config().bias ? "classifier.bias" : "");
 }
 
 nlohmann::json to_hf_config(const ModelConfig& m) {

@@ -42,7 +42,7 @@ void block(ParamBuilder& b, int l) {
 
 void head(ParamBuilder& b) {
   b.norm(Slot::FinalNorm, -1, "ln_f");
-  if (!b.config().tied_head) b.head("lm_head.weight");
+  b.task_head("lm_head.weight", "score.weight", "");  // GPT2ForSequenceClassification's score
 }
 
 nlohmann::json to_hf_config(const ModelConfig& m) {

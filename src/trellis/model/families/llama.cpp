@@ -36,7 +36,7 @@ void block(ParamBuilder& b, int l) {
 
 void head(ParamBuilder& b) {
   b.norm(Slot::FinalNorm, -1, "model.norm");
-  if (!b.config().tied_head) b.head("lm_head.weight");
+  b.task_head("lm_head.weight", "score.weight", "");  // LlamaForSequenceClassification's score
 }
 
 nlohmann::json to_hf_config(const ModelConfig& m) {

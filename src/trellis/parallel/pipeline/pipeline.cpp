@@ -58,7 +58,8 @@ void Pipeline::release(int v, Context* ctx) {
 }
 
 PipelineStats Pipeline::run(const std::vector<PipeOp>& ops, const Loader& load, float grad_scale,
-                            const std::function<void(int)>& on_block_done) {
+                            const std::function<void(int)>& on_block_done,
+                            const Collector& collect) {
   PipelineStats st;
   const double t_start = now_s();
   if (trace_origin_ < 0) trace_origin_ = t_start;
@@ -101,6 +102,7 @@ PipelineStats Pipeline::run(const std::vector<PipeOp>& ops, const Loader& load, 
         const int64_t n = valid_rows * T_;
         const float* losses = ctx->losses.f32();
         for (int64_t r = 0; r < n; ++r) st.loss_sum += losses[r];
+        if (collect) collect(op.micro, *ctx, valid_rows);
       }
       const bool keep = grad_scale != 0.0f;
       if (g < last_chunk) {

@@ -37,10 +37,14 @@ class Pipeline {
 
   // Loads micro-batch `micro` into ctx.tokens/targets; returns how many of its rows count.
   using Loader = std::function<int64_t(int micro, Context& ctx)>;
+  // Sees each micro-batch's Context after the last chunk's forward (e.g. a classifier's
+  // predictions), with the count of its rows that count.
+  using Collector = std::function<void(int micro, const Context& ctx, int64_t rows)>;
   // Runs `ops`. grad_scale != 0 trains (backward ops present); on_block_done is passed to the
   // last backward of each chunk (see Transformer::backward).
   PipelineStats run(const std::vector<PipeOp>& ops, const Loader& load, float grad_scale,
-                    const std::function<void(int)>& on_block_done = {});
+                    const std::function<void(int)>& on_block_done = {},
+                    const Collector& collect = {});
 
   void record_trace(bool on) { tracing_ = on; }
   std::vector<TraceEvent>& trace() { return trace_; }

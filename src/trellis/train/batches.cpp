@@ -1,0 +1,201 @@
+#include "trellis/train/batches.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "trellis/core/error.h"
+#include "trellis/data/loader.h"
+
+namespace trellis {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+class LmBatches : public Batches {
+ public:
+  LmBatches(const Corpus& corpus, int64_t T, int64_t G, uint64_t seed, bool shuffle)
+      : corpus_(corpus), T_(T), G_(G), loader_(corpus.train, T, G, seed, shuffle) {}
+  void fill(int64_t step, int64_t first, int64_t rows, Context& ctx) override {
+    loader_.fill(step, first, rows, ctx.tokens.data(), ctx.targets.data());
+  }
+  int64_t step_targets(int64_t) override { return G_ * T_; }
+  int64_t val_items() const override {
+    return corpus_.val.size() > 1 ? (int64_t(corpus_.val.size()) - 1) / T_ : 0;
+  }
+  void fill_val(int64_t first, int64_t rows, Context& ctx) override {
+    fill_eval_windows(corpus_.val, T_, first, rows, ctx.tokens.data(), ctx.targets.data());
+    // Padding rows copy the first one; the pipeline counts the first `rows` rows' losses only.
+    for (int64_t r = rows; r < ctx.B; ++r) {
+      std::copy_n(ctx.tokens.data(), T_, ctx.tokens.data() + r * T_);
+      std::copy_n(ctx.targets.data(), T_, ctx.targets.data() + r * T_);
+    }
+  }
+  int64_t val_targets(int64_t n) override { return n * T_; }
+
+ private:
+  const Corpus& corpus_;
+  int64_t T_, G_;
+  BatchLoader loader_;
+};
+
+class TaskBatches : public Batches {
+ public:
+  TaskBatches(const TaskData& d, int64_t T, int64_t G, uint64_t seed, bool shuffle)
+      : d_(d), format_(d.meta, T), G_(G), order_(int64_t(d.train.size()), G, seed, shuffle) {}
+  void fill(int64_t step, int64_t first, int64_t rows, Context& ctx) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      const size_t i = size_t(order_.item(step, first + r));
+      format_.put(ctx, r, d_.train.source(i), d_.train.target(i), d_.train.labels[i]);
+    }
+  }
+  int64_t step_targets(int64_t step) override {
+    int64_t n = 0;
+    for (int64_t j = 0; j < G_; ++j)
+      n += format_.targets(d_.train.target(size_t(order_.item(step, j))));
+    return n;
+  }
+  int64_t val_items() const override { return int64_t(d_.val.size()); }
+  void fill_val(int64_t first, int64_t rows, Context& ctx) override {
+    for (int64_t r = 0; r < ctx.B; ++r) {
+      const size_t i = size_t(first + r);
+      if (r < rows)
+        format_.put(ctx, r, d_.val.source(i), d_.val.target(i), d_.val.labels[i]);
+      else
+        format_.put_padding(ctx, r);
+    }
+  }
+  int64_t val_targets(int64_t n) override {
+    int64_t count = 0;
+    for (int64_t i = 0; i < n; ++i) count += format_.targets(d_.val.target(size_t(i)));
+    return count;
+  }
+
+ private:
+  const TaskData& d_;
+  SequenceFormat format_;
+  int64_t G_;
+  GlobalOrder order_;
+};
+
+}  // namespace
+
+std::unique_ptr<Batches> make_lm_batches(const Corpus& corpus, int64_t T, int64_t global_batch,
+                                         uint64_t seed, bool shuffle) {
+  return std::make_unique<LmBatches>(corpus, T, global_batch, seed, shuffle);
+}
+
+TaskData load_task_data(const std::string& dir) {
+  TaskData d;
+  d.dir = dir;
+  d.meta = read_task_meta(dir);
+  d.train = read_examples((fs::path(dir) / "train.examples").string());
+  d.val = read_examples((fs::path(dir) / "val.examples").string());
+  TRELLIS_REQUIRE(d.train.size() > 0, "{}: train.examples holds no examples", dir);
+  const int64_t K = int64_t(d.meta.classes.size());
+  for (const ExampleSet* set : {&d.train, &d.val})
+    for (size_t i = 0; i < set->size(); ++i) {
+      const int32_t label = set->labels[i];
+      TRELLIS_REQUIRE(d.meta.task != "classify" || (label >= 0 && label < K),
+                      "{}: example {} has label {}, outside the {} classes of meta.json", dir, i,
+                      label, K);
+      TRELLIS_REQUIRE(d.meta.feature_dim > 0 || std::all_of(set->source(i).begin(),
+                                                            set->source(i).end(),
+                                                            [&](uint32_t v) {
+                                                              return v < uint32_t(
+                                                                             d.meta.vocab_size);
+                                                            }),
+                      "{}: example {} holds a token outside the vocabulary ({})", dir, i,
+                      d.meta.vocab_size);
+      TRELLIS_REQUIRE(d.meta.feature_dim == 0 ||
+                          set->source(i).size() % size_t(d.meta.feature_dim) == 0,
+                      "{}: example {} is not a whole number of {}-value patches", dir, i,
+                      d.meta.feature_dim);
+    }
+  return d;
+}
+
+SequenceFormat::SequenceFormat(const TaskMeta& meta, int64_t T_)
+    : task(meta.task), special(meta.special_token), feature_dim(meta.feature_dim), T(T_) {}
+
+int64_t SequenceFormat::needed(std::span<const uint32_t> source,
+                               std::span<const uint32_t> target) const {
+  if (feature_dim > 0) return int64_t(source.size()) / feature_dim;
+  if (task == "classify") return int64_t(source.size()) + 2;
+  return std::max(source.size(), target.size()) + 1;
+}
+
+int64_t SequenceFormat::targets(std::span<const uint32_t> target) const {
+  return task == "classify" ? 1 : int64_t(target.size()) + 1;
+}
+
+namespace {
+// Task inputs the Context holds per row (Transformer::prepare sizes tokens and targets only).
+void size_task_inputs(Context& ctx, const SequenceFormat& f) {
+  const size_t B = size_t(ctx.B), BT = size_t(ctx.B * ctx.T);
+  if (ctx.lengths.size() != B) ctx.lengths.assign(B, 1);
+  if (ctx.labels.size() != B) ctx.labels.assign(B, -1);
+  if (f.task == "translate" && ctx.src_tokens.size() != BT) ctx.src_tokens.assign(BT, 0);
+  if (f.feature_dim > 0 && ctx.features.size() != BT * size_t(f.feature_dim))
+    ctx.features.assign(BT * size_t(f.feature_dim), 0.0f);
+}
+}  // namespace
+
+void SequenceFormat::put(Context& ctx, int64_t r, std::span<const uint32_t> source,
+                         std::span<const uint32_t> target, int32_t label) const {
+  TRELLIS_CHECK(ctx.T == T, "context of {} positions for sequences of {}", ctx.T, T);
+  size_task_inputs(ctx, *this);
+  int32_t* tok = ctx.tokens.data() + r * T;
+  int32_t* tgt = ctx.targets.data() + r * T;
+  std::fill_n(tok, T, special);
+  std::fill_n(tgt, T, -1);
+  ctx.labels[size_t(r)] = label;
+  if (feature_dim > 0) {  // patches of pixel bytes, scaled to [0, 1]
+    const int64_t n = std::min<int64_t>(int64_t(source.size()) / feature_dim, T);
+    float* f = ctx.features.data() + r * T * feature_dim;
+    std::fill_n(f, T * feature_dim, 0.0f);
+    for (int64_t i = 0; i < n * feature_dim; ++i) f[i] = float(source[size_t(i)]) / 255.0f;
+    ctx.lengths[size_t(r)] = int32_t(n);
+    return;
+  }
+  if (task == "classify") {  // [S] text [S], the text truncated to fit
+    const int64_t n = std::min<int64_t>(int64_t(source.size()), T - 2);
+    for (int64_t t = 0; t < n; ++t) tok[t + 1] = int32_t(source[size_t(t)]);
+    ctx.lengths[size_t(r)] = int32_t(n + 2);
+    return;
+  }
+  TRELLIS_REQUIRE(needed(source, target) <= T,
+                  "a translation pair needs {} positions, more than seq_len {}",
+                  needed(source, target), T);
+  int32_t* src = ctx.src_tokens.data() + r * T;
+  std::fill_n(src, T, special);
+  for (size_t t = 0; t < source.size(); ++t) src[t] = int32_t(source[t]);
+  ctx.lengths[size_t(r)] = int32_t(source.size() + 1);
+  for (size_t t = 0; t < target.size(); ++t) {
+    tok[t + 1] = int32_t(target[t]);
+    tgt[t] = int32_t(target[t]);
+  }
+  tgt[target.size()] = special;
+}
+
+void SequenceFormat::put_padding(Context& ctx, int64_t r) const {
+  put(ctx, r, {}, {}, -1);
+  std::fill_n(ctx.targets.data() + r * T, T, -1);
+  if (feature_dim > 0) ctx.lengths[size_t(r)] = 1;
+}
+
+int64_t task_seq_len(const TaskData& d) {
+  const SequenceFormat f(d.meta, 0);
+  int64_t n = 1;
+  for (const ExampleSet* set : {&d.train, &d.val})
+    for (size_t i = 0; i < set->size(); ++i)
+      n = std::max(n, f.needed(set->source(i), set->target(i)));
+  return n;
+}
+
+std::unique_ptr<Batches> make_task_batches(const TaskData& d, int64_t T, int64_t global_batch,
+                                           uint64_t seed, bool shuffle) {
+  return std::make_unique<TaskBatches>(d, T, global_batch, seed, shuffle);
+}
+
+}  // namespace trellis
