@@ -45,7 +45,8 @@ void ExampleSet::add(int32_t label, std::span<const uint32_t> src, std::span<con
 
 void write_examples(const std::string& path, const ExampleSet& set) {
   TRELLIS_CHECK(set.ends.size() == 2 * set.size(), "{}: malformed example set", path);
-  const uint32_t top = set.values.empty() ? 0 : *std::max_element(set.values.begin(), set.values.end());
+  const uint32_t top =
+      set.values.empty() ? 0 : *std::max_element(set.values.begin(), set.values.end());
   const uint32_t width = top < 256 ? 1 : top < 65536 ? 2 : 4;
   std::string out;
   out.reserve(kHeaderBytes + set.size() * 20 + set.values.size() * width);
@@ -87,9 +88,11 @@ ExampleSet read_examples(const std::string& path) {
     prev = e;
   }
   const uint64_t count = n ? set.ends.back() : 0;
-  TRELLIS_REQUIRE(room - n * 20 == count * width,
-                  "{}: the index says {} values of {} bytes, the file holds {} bytes for them", path,
-                  count, width, room - n * 20);
+  // Divide rather than multiply: a corrupt count * width could wrap around to the right size.
+  const uint64_t value_bytes = room - n * 20;
+  TRELLIS_REQUIRE(value_bytes % width == 0 && value_bytes / width == count,
+                  "{}: the index says {} values of {} bytes, the file holds {} bytes for them",
+                  path, count, width, value_bytes);
   set.values.resize(count);
   for (uint64_t i = 0; i < count; ++i) {
     uint32_t v = 0;
