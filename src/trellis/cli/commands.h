@@ -18,5 +18,6 @@ Command add_grad_command(CLI::App& app);
 Command add_sample_command(CLI::App& app);
 Command add_prepare_command(CLI::App& app);
 Command add_plot_command(CLI::App& app);
+Command add_bleu_command(CLI::App& app);
 
 }  // namespace trellis

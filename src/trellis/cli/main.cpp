@@ -19,7 +19,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   const std::vector<Command> commands = {add_train_command(app),  add_eval_command(app),
                                          add_sample_command(app), add_prepare_command(app),
-                                         add_plot_command(app),   add_grad_command(app)};
+                                         add_plot_command(app),   add_grad_command(app),
+                                         add_bleu_command(app)};
   int code = 0;
   try {
     try {
