@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -191,6 +192,70 @@ TEST_F(IoFormats, SafetensorsUnalignedDataIsUsable) {
   EXPECT_EQ(f.data("t")[1], -2.5f);
 }
 
+TEST_F(IoFormats, SafetensorsHalfPrecisionWidensExactly) {
+  // F16: 1, -2, 0.5 + 2^-11 (the smallest step above 0.5), 2^-24 (smallest subnormal), 6.1e-5
+  // (largest subnormal 1023 * 2^-24), 65504 (largest finite), -0, inf. BF16: 1, -3.5, 2^-133
+  // (a float subnormal), the float bits 0x4049 0000 (3.140625).
+  const uint16_t f16[] = {0x3c00, 0xc000, 0x3801, 0x0001, 0x03ff, 0x7bff, 0x8000, 0x7c00};
+  const uint16_t bf16[] = {0x3f80, 0xc060, 0x0001, 0x4049};
+  float f32[3] = {0.25f, -1.5f, 7.0f};
+  // An odd-sized F16 tensor first, so that the F32 tensor after it is misaligned in the file.
+  const uint16_t odd[] = {0x3c00};
+  std::string data(reinterpret_cast<const char*>(odd), 2);
+  data += std::string(reinterpret_cast<const char*>(f16), sizeof f16);
+  data += std::string(reinterpret_cast<const char*>(bf16), sizeof bf16);
+  data += std::string(reinterpret_cast<const char*>(f32), sizeof f32);
+  const std::string p = file("half.safetensors");
+  write_file_atomic(p, st_file(R"({"odd":{"dtype":"F16","shape":[1],"data_offsets":[0,2]},)"
+                               R"("h":{"dtype":"F16","shape":[2,4],"data_offsets":[2,18]},)"
+                               R"("b":{"dtype":"BF16","shape":[4],"data_offsets":[18,26]},)"
+                               R"("f":{"dtype":"F32","shape":[3],"data_offsets":[26,38]}})",
+                               data));
+  SafetensorsFile f(p);
+  EXPECT_EQ(f.dtype("h"), "F16");
+  EXPECT_EQ(f.dtype("b"), "BF16");
+  EXPECT_EQ(f.shape("h"), (std::vector<int64_t>{2, 4}));
+  const std::vector<float> h = f.floats("h");
+  ASSERT_EQ(h.size(), 8u);
+  EXPECT_EQ(h[0], 1.0f);
+  EXPECT_EQ(h[1], -2.0f);
+  EXPECT_EQ(h[2], 0.5f + std::ldexp(1.0f, -11));
+  EXPECT_EQ(h[3], std::ldexp(1.0f, -24));
+  EXPECT_EQ(h[4], 1023 * std::ldexp(1.0f, -24));
+  EXPECT_EQ(h[5], 65504.0f);
+  EXPECT_TRUE(h[6] == 0.0f && std::signbit(h[6]));
+  EXPECT_TRUE(std::isinf(h[7]) && h[7] > 0);
+  EXPECT_EQ(f.floats("b"), (std::vector<float>{1.0f, -3.5f, std::ldexp(1.0f, -133), 3.140625f}));
+  // F32 tensors keep their zero-copy pointer (aligned even here) and read the same via floats().
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(f.data("f")) % alignof(float), 0u);
+  EXPECT_EQ(f.data("f")[2], 7.0f);
+  EXPECT_EQ(f.floats("f"), (std::vector<float>{0.25f, -1.5f, 7.0f}));
+  // data() is for F32 only: a half tensor is an input error naming file and tensor.
+  const std::string msg = input_error([&] { f.data("h"); });
+  EXPECT_NE(msg.find(p + ": tensor 'h' is F16"), std::string::npos) << msg;
+}
+
+TEST_F(IoFormats, SafetensorsOtherDtypesLoadButAreNotFloats) {
+  // Hugging Face files may hold bool masks or integer ids next to the weights: the file loads,
+  // only reading such a tensor as floats is an error.
+  const float w[2] = {1.0f, 2.0f};
+  const int64_t ids[3] = {0, 1, 2};
+  std::string data(reinterpret_cast<const char*>(w), 8);
+  data += std::string(reinterpret_cast<const char*>(ids), 24) + std::string("\x01\x00", 2);
+  const std::string p = file("mixed.safetensors");
+  write_file_atomic(p, st_file(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                               R"("ids":{"dtype":"I64","shape":[1,3],"data_offsets":[8,32]},)"
+                               R"("mask":{"dtype":"BOOL","shape":[2],"data_offsets":[32,34]}})",
+                               data));
+  SafetensorsFile f(p);
+  EXPECT_EQ(f.floats("w"), (std::vector<float>{1.0f, 2.0f}));
+  EXPECT_EQ(f.dtype("ids"), "I64");
+  EXPECT_EQ(f.shape("mask"), (std::vector<int64_t>{2}));
+  const std::string msg = input_error([&] { f.floats("ids"); });
+  EXPECT_NE(msg.find(p + ": tensor 'ids' is I64"), std::string::npos) << msg;
+  input_error([&] { f.data("mask"); });
+}
+
 TEST_F(IoFormats, SafetensorsCorruptFilesAreInputErrorsNamingTheFile) {
   const std::string good_header = R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
   const std::string data(8, '\0');
@@ -209,8 +274,10 @@ TEST_F(IoFormats, SafetensorsCorruptFilesAreInputErrorsNamingTheFile) {
       {"header_too_long", big_len, "runs past the end of the file"},
       {"bad_json", st_file("{\"w\": [", data), "not valid JSON"},
       {"not_object", st_file("[1,2]", data), "not a JSON object"},
-      {"bad_dtype", st_file(R"({"w":{"dtype":"F16","shape":[4],"data_offsets":[0,8]}})", data),
-       "'w': unsupported dtype 'F16'"},
+      {"bad_dtype", st_file(R"({"w":{"dtype":"F12","shape":[4],"data_offsets":[0,8]}})", data),
+       "'w': unsupported dtype 'F12'"},
+      {"half_size_mismatch",
+       st_file(R"({"w":{"dtype":"BF16","shape":[2],"data_offsets":[0,8]}})", data), "needs 4"},
       {"offsets_out_of_range",
        st_file(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})", data), "out of range"},
       {"end_before_begin",

@@ -25,15 +25,28 @@ uint64_t get_u64_le(const std::string& in) {
   return v;
 }
 
-// Element count of a shape, or nullopt-like false on a negative dim or overflow.
+// Element count of a shape, or false on a negative dim or when its bytes (at most 8 per element)
+// would overflow.
 bool shape_count(const std::vector<int64_t>& shape, uint64_t& count) {
   count = 1;
   for (int64_t d : shape) {
     if (d < 0) return false;
-    if (d != 0 && count > std::numeric_limits<uint64_t>::max() / 4 / uint64_t(d)) return false;
+    if (d != 0 && count > std::numeric_limits<uint64_t>::max() / 8 / uint64_t(d)) return false;
     count *= uint64_t(d);
   }
   return true;
+}
+
+// Bytes per element of a safetensors dtype; 0 for none. Every dtype of the format is accepted so
+// that a file's other tensors (a bool attention mask, integer position ids) do not stop it from
+// loading; only F32, F16 and BF16 can be read as floats.
+int dtype_size(const std::string& dtype) {
+  static const std::map<std::string, int> sizes = {
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E4M3", 1}, {"F8_E5M2", 1},
+      {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},
+      {"U32", 4},  {"F32", 4}, {"I64", 8}, {"U64", 8},     {"F64", 8}};
+  auto it = sizes.find(dtype);
+  return it == sizes.end() ? 0 : it->second;
 }
 
 }  // namespace
@@ -120,8 +133,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), bytes_(
     TRELLIS_REQUIRE(v.contains("dtype") && v["dtype"].is_string(),
                     "{}: tensor '{}': missing or non-string dtype", path, key);
     const std::string dtype = v["dtype"].get<std::string>();
-    TRELLIS_REQUIRE(dtype == "F32", "{}: tensor '{}': unsupported dtype '{}' (only F32)", path, key,
-                    dtype);
+    const int element_size = dtype_size(dtype);
+    TRELLIS_REQUIRE(element_size > 0, "{}: tensor '{}': unsupported dtype '{}'", path, key, dtype);
     TRELLIS_REQUIRE(v.contains("shape") && v["shape"].is_array(),
                     "{}: tensor '{}': missing or non-array shape", path, key);
     Entry e;
@@ -144,11 +157,14 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), bytes_(
                     "{}: tensor '{}': data_offsets [{}, {}) out of range (data section is {} "
                     "bytes)",
                     path, key, begin, end, data_size);
-    TRELLIS_REQUIRE(end - begin == count * 4,
+    TRELLIS_REQUIRE(end - begin == count * uint64_t(element_size),
                     "{}: tensor '{}': data_offsets [{}, {}) hold {} bytes but shape {} needs {}",
-                    path, key, begin, end, end - begin, v["shape"].dump(), count * 4);
+                    path, key, begin, end, end - begin, v["shape"].dump(),
+                    count * uint64_t(element_size));
+    e.dtype = dtype;
     e.offset = begin;
     e.count = count;
+    e.bytes = end - begin;
     auto [pos, inserted] = entries_.emplace(key, std::move(e));
     ranges.push_back({begin, end, &pos->first});
   }
@@ -174,19 +190,23 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), bytes_(
                   data_size);
 
   // Files from other writers need not keep tensors 4-byte aligned; repack the data section so
-  // data() can hand out float pointers without undefined behaviour.
+  // data() can hand out float pointers without undefined behaviour (F32 tensors first, so that
+  // 2-byte tensors cannot misalign them; floats() copies bytes and needs no alignment).
   bool aligned = true;
   for (const auto& [name, e] : entries_)
-    if (reinterpret_cast<uintptr_t>(bytes_.data() + data_start_ + e.offset) % alignof(float))
+    if (e.dtype == "F32" &&
+        reinterpret_cast<uintptr_t>(bytes_.data() + data_start_ + e.offset) % alignof(float))
       aligned = false;
   if (!aligned) {
     std::string packed;
     packed.reserve(data_size);
-    for (auto& [name, e] : entries_) {
-      const size_t at = packed.size();
-      packed.append(bytes_, data_start_ + e.offset, e.count * 4);
-      e.offset = at;
-    }
+    for (const bool f32 : {true, false})
+      for (auto& [name, e] : entries_) {
+        if ((e.dtype == "F32") != f32) continue;
+        const size_t at = packed.size();
+        packed.append(bytes_, data_start_ + e.offset, e.bytes);
+        e.offset = at;
+      }
     bytes_ = std::move(packed);  // heap storage from operator new is suitably aligned
     data_start_ = 0;
   }
@@ -201,16 +221,78 @@ std::vector<std::string> SafetensorsFile::names() const {
   return out;
 }
 
-const std::vector<int64_t>& SafetensorsFile::shape(const std::string& name) const {
+const SafetensorsFile::Entry& SafetensorsFile::entry(const std::string& name) const {
   auto it = entries_.find(name);
   TRELLIS_REQUIRE(it != entries_.end(), "{}: no tensor named '{}'", path_, name);
-  return it->second.shape;
+  return it->second;
+}
+
+const std::vector<int64_t>& SafetensorsFile::shape(const std::string& name) const {
+  return entry(name).shape;
+}
+
+const std::string& SafetensorsFile::dtype(const std::string& name) const {
+  return entry(name).dtype;
 }
 
 const float* SafetensorsFile::data(const std::string& name) const {
-  auto it = entries_.find(name);
-  TRELLIS_REQUIRE(it != entries_.end(), "{}: no tensor named '{}'", path_, name);
-  return reinterpret_cast<const float*>(bytes_.data() + data_start_ + it->second.offset);
+  const Entry& e = entry(name);
+  TRELLIS_REQUIRE(e.dtype == "F32", "{}: tensor '{}' is {}, expected F32", path_, name, e.dtype);
+  return reinterpret_cast<const float*>(bytes_.data() + data_start_ + e.offset);
+}
+
+namespace {
+
+// IEEE half precision to float, exactly (every half is a float).
+float half_to_float(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
+  uint32_t bits;
+  if (exponent == 0x1f) {  // inf, nan (payload kept)
+    bits = sign | 0x7f800000u | (mantissa << 13);
+  } else if (exponent != 0) {  // normal: rebias 15 -> 127
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {  // signed zero
+    bits = sign;
+  } else {  // subnormal half: mantissa * 2^-24, a normal float
+    int shift = 0;
+    uint32_t m = mantissa;
+    while (!(m & 0x400)) {
+      m <<= 1;
+      ++shift;
+    }
+    bits = sign | (uint32_t(113 - shift) << 23) | ((m & 0x3ff) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+}  // namespace
+
+std::vector<float> SafetensorsFile::floats(const std::string& name) const {
+  const Entry& e = entry(name);
+  const char* p = bytes_.data() + data_start_ + e.offset;
+  TRELLIS_REQUIRE(e.dtype == "F32" || e.dtype == "F16" || e.dtype == "BF16",
+                  "{}: tensor '{}' is {}; trellis reads F32, F16 or BF16 weights", path_, name,
+                  e.dtype);
+  std::vector<float> out(e.count);
+  if (e.dtype == "F32") {
+    if (e.count > 0) std::memcpy(out.data(), p, e.count * 4);
+    return out;
+  }
+  // Little-endian 16-bit values (trellis only runs on little-endian machines).
+  for (size_t i = 0; i < e.count; ++i) {
+    uint16_t v;
+    std::memcpy(&v, p + 2 * i, 2);
+    if (e.dtype == "BF16") {
+      const uint32_t bits = uint32_t(v) << 16;  // bfloat16 is a float's upper half
+      std::memcpy(&out[i], &bits, 4);
+    } else {
+      out[i] = half_to_float(v);
+    }
+  }
+  return out;
 }
 
 }  // namespace trellis

@@ -1,7 +1,8 @@
 #pragma once
 // safetensors (https://huggingface.co/docs/safetensors): u64 header length, JSON header with
 // {name: {dtype, shape, data_offsets}} and optional "__metadata__", then raw little-endian data.
-// F32 only, which is all trellis writes.
+// trellis writes F32; it reads F32, F16 and BF16 (Hugging Face checkpoints are often half
+// precision).
 #include <cstdint>
 #include <map>
 #include <string>
@@ -21,21 +22,30 @@ void write_safetensors(const std::string& path, const std::vector<TensorRef>& te
 
 class SafetensorsFile {
  public:
-  // Reads and validates the whole file: header length, JSON, dtypes (F32 only), offsets within
-  // the file, no overlap, size == product(shape)*4. Errors are input errors naming the file.
+  // Reads and validates the whole file: header length, JSON, dtypes (any of the format's),
+  // offsets within the file, no overlap, size == product(shape) * element size. Errors are input
+  // errors naming the file.
   explicit SafetensorsFile(const std::string& path);
   bool has(const std::string& name) const;
   std::vector<std::string> names() const;
   const std::vector<int64_t>& shape(const std::string& name) const;
-  // Pointer to the tensor's floats; throws an input error naming file and key when missing.
+  // "F32", "F16", "BF16", "I64", ...
+  const std::string& dtype(const std::string& name) const;
+  // Pointer to an F32 tensor's floats; throws an input error naming file and key when missing or
+  // of another dtype.
   const float* data(const std::string& name) const;
+  // The values of an F32, F16 or BF16 tensor as floats (F16 and BF16 widen exactly); another
+  // dtype is an input error naming file and key.
+  std::vector<float> floats(const std::string& name) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
  private:
   struct Entry {
     std::vector<int64_t> shape;
-    size_t offset = 0, count = 0;
+    std::string dtype;
+    size_t offset = 0, count = 0, bytes = 0;
   };
+  const Entry& entry(const std::string& name) const;
   std::string path_;
   std::string bytes_;
   size_t data_start_ = 0;
