@@ -85,6 +85,35 @@ nlohmann::json read_json(const std::string& path) {
   return {};
 }
 
+// The model a config.json describes (see read_model_config).
+ModelConfig model_config_from_json(const nlohmann::json& cfg, const std::string& cfg_path) {
+  const Family& fam = family_of_hf_config(cfg, cfg_path);
+  ModelConfig m;
+  m.arch = fam.arch;
+  fam.configure(m);
+  fam.from_hf_config(HfConfigReader(cfg, cfg_path), m);
+  if (cfg.contains("trellis")) {
+    const auto& t = cfg["trellis"];
+    m.vocab_multiple = json_get<int>(t, "vocab_multiple", cfg_path);
+    if (t.contains("blocks")) {
+      set_block_choices(t["blocks"], m, cfg_path + " trellis.blocks");
+      // trellis wrote both parts: they must still describe the same model.
+      const nlohmann::json described = fam.to_hf_config(m);
+      for (const auto& [key, value] : described.items())
+        TRELLIS_REQUIRE(!cfg.contains(key) || cfg[key] == value,
+                        "{}: {} is {}, but its trellis section describes {}", cfg_path, key,
+                        cfg[key].dump(), value.dump());
+    }
+  }
+  try {
+    m.validate();
+    ParamLayout check(m);  // the family's own shape rules
+  } catch (const Error& e) {
+    TRELLIS_REQUIRE(false, "{}: {}", cfg_path, e.what());
+  }
+  return m;
+}
+
 }  // namespace
 
 std::string checkpoint_dir_name(int64_t step) { return fmt::format("step_{:08d}", step); }
@@ -126,38 +155,23 @@ std::string find_latest_checkpoint(const std::string& out_dir) {
   return *std::max_element(found.begin(), found.end());
 }
 
+ModelConfig read_model_config(const std::string& config_path) {
+  return model_config_from_json(read_json(config_path), config_path);
+}
+
 CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
   TRELLIS_REQUIRE(fs::is_directory(dir), "{}: checkpoint directory not found", dir);
   CheckpointData ck;
   const std::string cfg_path = (fs::path(dir) / "config.json").string();
   const nlohmann::json cfg = read_json(cfg_path);
-  const Family& fam = family_of_hf_config(cfg, cfg_path);
-  ck.model.arch = fam.arch;
-  fam.configure(ck.model);
-  fam.from_hf_config(HfConfigReader(cfg, cfg_path), ck.model);
+  ck.model = model_config_from_json(cfg, cfg_path);
   if (cfg.contains("trellis")) {
     const auto& t = cfg["trellis"];
     ck.tokenizer.kind = json_get<std::string>(t, "tokenizer", cfg_path);
     ck.tokenizer.dir = json_get<std::string>(t, "tokenizer_dir", cfg_path);
-    ck.model.vocab_multiple = json_get<int>(t, "vocab_multiple", cfg_path);
-    if (t.contains("blocks")) {
-      set_block_choices(t["blocks"], ck.model, cfg_path + " trellis.blocks");
-      // trellis wrote both parts: they must still describe the same model.
-      const nlohmann::json described = fam.to_hf_config(ck.model);
-      for (const auto& [key, value] : described.items())
-        TRELLIS_REQUIRE(!cfg.contains(key) || cfg[key] == value,
-                        "{}: {} is {}, but its trellis section describes {}", cfg_path, key,
-                        cfg[key].dump(), value.dump());
-    }
   } else {
     // A plain Hugging Face checkpoint.
     ck.tokenizer.kind = ck.model.vocab_size == 50257 ? "gpt2" : "byte";
-  }
-  try {
-    ck.model.validate();
-    ParamLayout check(ck.model);  // the family's own shape rules
-  } catch (const Error& e) {
-    TRELLIS_REQUIRE(false, "{}: {}", cfg_path, e.what());
   }
   const ParamLayout layout(ck.model);
   ck.params.assign(layout.size(), 0.0f);

@@ -1,18 +1,176 @@
 #include "trellis/io/pretrained.h"
 
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <regex>
+
 #include "trellis/core/error.h"
+#include "trellis/io/atomic_file.h"
+#include "trellis/io/checkpoint.h"
+#include "trellis/io/safetensors.h"
+
+namespace fs = std::filesystem;
 
 namespace trellis {
 
-// Being written (issue 10): see pretrained.h.
-ModelConfig pretrained_model_config(const std::string& dir) {
-  TRELLIS_REQUIRE(false, "{}: --init-from is not implemented yet", dir);
-  return {};
+namespace {
+
+// A tensor the task adds on top of a pretrained body (a sequence classifier's head), which DIR
+// may lack. By name until the families mark their heads with their own slot.
+bool is_task_head(const ParamSpec& s) {
+  return s.name == "score.weight" || s.name == "classifier.weight" || s.name == "classifier.bias";
 }
 
-PretrainedReport load_pretrained(const std::string& dir, const ParamLayout&, float*) {
-  TRELLIS_REQUIRE(false, "{}: --init-from is not implemented yet", dir);
-  return {};
+// Buffers that Hugging Face models save next to their weights but trellis computes: GPT-2's
+// causal mask (attn.bias) and its masked_bias constant, LLaMA's rotary inverse frequencies.
+bool is_buffer(const std::string& name) {
+  static const std::regex buffers(R"((.*\.)?attn\.(bias|masked_bias)|(.*\.)?rotary_emb\.inv_freq)");
+  return std::regex_match(name, buffers);
+}
+
+// Where each tensor of DIR lives: model.safetensors, or the shards a
+// model.safetensors.index.json's weight_map names.
+struct TensorFiles {
+  std::vector<std::unique_ptr<SafetensorsFile>> files;
+  std::vector<std::string> paths;
+  std::map<std::string, size_t> file_of;  // tensor name in DIR -> index into files
+};
+
+TensorFiles open_tensor_files(const std::string& dir) {
+  TensorFiles t;
+  const fs::path single = fs::path(dir) / "model.safetensors";
+  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  std::vector<std::string> shards;
+  std::map<std::string, std::string> weight_map;
+  if (fs::exists(single)) {
+    shards.push_back(single.string());
+  } else {
+    TRELLIS_REQUIRE(fs::exists(index), "{}: no model.safetensors or model.safetensors.index.json",
+                    dir);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(read_file(index.string()));
+    } catch (const nlohmann::json::exception& e) {
+      TRELLIS_REQUIRE(false, "{}: invalid JSON: {}", index.string(), e.what());
+    }
+    TRELLIS_REQUIRE(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
+                    "{}: no \"weight_map\" object", index.string());
+    for (const auto& [name, file] : j["weight_map"].items()) {
+      TRELLIS_REQUIRE(file.is_string(), "{}: weight_map entry of '{}' is not a file name",
+                      index.string(), name);
+      const std::string f = file.get<std::string>();
+      // Shards are files next to the index, never elsewhere on the machine.
+      const fs::path rel(f);
+      TRELLIS_REQUIRE(
+          !f.empty() && rel.is_relative() && std::find(rel.begin(), rel.end(), "..") == rel.end(),
+          "{}: weight_map names '{}' for '{}', which is not a file in {}", index.string(), f, name,
+          dir);
+      weight_map[name] = (fs::path(dir) / rel).string();
+      if (std::find(shards.begin(), shards.end(), weight_map[name]) == shards.end())
+        shards.push_back(weight_map[name]);
+    }
+  }
+  for (const std::string& path : shards) {
+    t.paths.push_back(path);
+    t.files.push_back(std::make_unique<SafetensorsFile>(path));
+    for (const std::string& name : t.files.back()->names()) {
+      auto [it, fresh] = t.file_of.emplace(name, t.files.size() - 1);
+      TRELLIS_REQUIRE(fresh, "{}: tensor '{}' is in both {} and {}", dir, name, t.paths[it->second],
+                      path);
+    }
+  }
+  for (const auto& [name, path] : weight_map) {
+    auto it = t.file_of.find(name);
+    TRELLIS_REQUIRE(it != t.file_of.end() && t.paths[it->second] == path,
+                    "{}: the index puts tensor '{}' in {}, which does not hold it", index.string(),
+                    name, path);
+  }
+  return t;
+}
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+}  // namespace
+
+ModelConfig pretrained_model_config(const std::string& dir) {
+  TRELLIS_REQUIRE(fs::is_directory(dir), "{}: --init-from directory not found", dir);
+  return read_model_config((fs::path(dir) / "config.json").string());
+}
+
+PretrainedReport load_pretrained(const std::string& dir, const ParamLayout& global, float* params) {
+  TRELLIS_CHECK(global.tp() == 1, "load_pretrained needs the tp = 1 layout");
+  TRELLIS_REQUIRE(fs::is_directory(dir), "{}: --init-from directory not found", dir);
+  const TensorFiles files = open_tensor_files(dir);
+  const bool gpt2 = global.config().arch == std::string("gpt2");
+  const bool classifier = std::any_of(global.specs().begin(), global.specs().end(), is_task_head);
+
+  // The model's name of each tensor in DIR; GPT2LMHeadModel saves "transformer.h.0..." in some
+  // versions of transformers and "h.0..." in others.
+  std::map<std::string, std::string> source;  // model name -> name in DIR
+  std::vector<std::string> tied_lm_head;      // lm_head.weight of DIR when the model ties it
+  for (const auto& [name, file] : files.file_of) {
+    std::string as = name;
+    if (gpt2 && as.rfind("transformer.", 0) == 0)
+      as = as.substr(std::string("transformer.").size());
+    if (global.has(as)) {
+      auto [it, fresh] = source.emplace(as, name);
+      TRELLIS_REQUIRE(fresh, "{}: tensors '{}' and '{}' are both {}", dir, it->second, name, as);
+      continue;
+    }
+    if (is_buffer(as)) continue;
+    if (as == "lm_head.weight" && (classifier || global.config().tied_head)) {
+      // A classifier replaces the language-model head; a tied head is the embedding.
+      if (!classifier) tied_lm_head.push_back(name);
+      continue;
+    }
+    TRELLIS_REQUIRE(false,
+                    "{}: tensor '{}' is not part of the configured {} model (another architecture "
+                    "or block choice than its config.json says?)",
+                    dir, name, global.config().arch);
+  }
+
+  PretrainedReport report;
+  for (const ParamSpec& s : global.specs()) {
+    if (s.tied_copy) continue;
+    auto it = source.find(s.name);
+    if (it == source.end()) {
+      TRELLIS_REQUIRE(is_task_head(s), "{}: missing tensor '{}' (the model needs it)", dir, s.name);
+      report.initialised.push_back(s.name);
+      continue;
+    }
+    const SafetensorsFile& f = *files.files[files.file_of.at(it->second)];
+    std::vector<int64_t> want = s.shape;
+    want[0] = s.export_rows >= 0 ? s.export_rows : s.shape[0];
+    TRELLIS_REQUIRE(f.shape(it->second) == want,
+                    "{}: tensor {} has shape {} in the checkpoint, the model needs {}", dir,
+                    it->second, shape_str(f.shape(it->second)), shape_str(want));
+    const std::vector<float> values = f.floats(it->second);
+    // Rows past export_rows (the padded vocabulary) keep their values.
+    std::copy(values.begin(), values.end(), params + s.offset);
+    report.loaded.push_back(s.name);
+  }
+
+  // A tied head is the embedding; a saved copy must be that same tensor, or the checkpoint was
+  // trained with an untied head that this model would silently drop.
+  for (const std::string& name : tied_lm_head) {
+    const ParamSpec* emb = global.find(Slot::TokEmbed, -1);
+    TRELLIS_CHECK(emb != nullptr, "a tied head without a token embedding");
+    const SafetensorsFile& f = *files.files[files.file_of.at(name)];
+    const auto& emb_name = source.at(emb->name);
+    const SafetensorsFile& fe = *files.files[files.file_of.at(emb_name)];
+    TRELLIS_REQUIRE(f.shape(name) == fe.shape(emb_name) && f.floats(name) == fe.floats(emb_name),
+                    "{}: {} differs from {}, but the model ties its head to the embedding "
+                    "(config.json: tie_word_embeddings); set it to false to keep the head",
+                    dir, name, emb_name);
+  }
+  return report;
 }
 
 }  // namespace trellis

@@ -1,16 +1,47 @@
 #include "trellis/train/config.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <toml++/toml.h>
 
 #include <charconv>
 
 #include "trellis/core/error.h"
+#include "trellis/io/pretrained.h"
 
 namespace trellis {
 
+namespace {
+
+// The model of an init_from directory: its config.json's, vocabulary included (the embedding has
+// its rows), which the data's must fit in.
+ModelConfig pretrained_base(const TrainConfig& c, int vocab_size) {
+  std::vector<std::string> set;
+  const std::pair<const char*, bool> keys[] = {
+      {"n_layer", c.n_layer != 0},         {"n_dec_layer", c.n_dec_layer != 0},
+      {"n_head", c.n_head != 0},           {"n_kv_head", c.n_kv_head != 0},
+      {"n_embd", c.n_embd != 0},           {"ffn_hidden", c.ffn_hidden != 0},
+      {"block_size", c.block_size != 0},   {"norm", !c.norm.empty()},
+      {"positions", !c.positions.empty()}, {"mlp", !c.mlp.empty()},
+      {"bias", !c.bias.empty()},           {"tied_head", !c.tied_head.empty()}};
+  for (const auto& [key, value] : keys)
+    if (value) set.push_back(key);
+  TRELLIS_REQUIRE(set.empty(),
+                  "init_from {}: the model's sizes and blocks come from its config.json; leave {} "
+                  "unset",
+                  c.init_from, fmt::join(set, ", "));
+  ModelConfig m = pretrained_model_config(c.init_from);
+  TRELLIS_REQUIRE(vocab_size <= m.vocab_size,
+                  "the data's vocabulary has {} tokens, more than the {} of the model in {} "
+                  "(init_from): prepare the data with the model's tokenizer",
+                  vocab_size, m.vocab_size, c.init_from);
+  return m;
+}
+
+}  // namespace
+
 ModelConfig TrainConfig::model_config(int vocab_size, int num_classes, int input_features) const {
-  ModelConfig m = model_preset(model);
+  ModelConfig m = init_from.empty() ? model_preset(model) : pretrained_base(*this, vocab_size);
   if (n_layer) m.n_layer = n_layer;
   if (n_dec_layer) m.n_dec_layer = n_dec_layer;
   if (n_head) m.n_head = n_head;
@@ -18,7 +49,7 @@ ModelConfig TrainConfig::model_config(int vocab_size, int num_classes, int input
   if (n_embd) m.n_embd = n_embd;
   if (ffn_hidden) m.ffn_hidden = ffn_hidden;
   if (block_size) m.block_size = block_size;
-  m.vocab_size = vocab_size;
+  if (init_from.empty()) m.vocab_size = vocab_size;
   m.vocab_multiple = vocab_multiple;
   set_block_choices({{"norm", norm},
                      {"positions", positions},
@@ -119,6 +150,10 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       make_key("block_size", "override the preset's context length (0 = preset)", &c.block_size),
       make_key("vocab_multiple", "pad the embedding rows to a multiple of this (speed only)",
                &c.vocab_multiple),
+      make_key("init_from",
+               "Hugging Face model directory to start from (model.safetensors or a sharded "
+               "index, F32/F16/BF16); the model's sizes come from its config.json",
+               &c.init_from),
       make_key(
           "data",
           "data directory from `trellis prepare` (train*.bin, val*.bin); empty = built-in corpus",

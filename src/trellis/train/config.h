@@ -21,6 +21,9 @@ struct TrainConfig {
   // mlp: gelu|swiglu, bias and tied_head: true|false).
   std::string norm, positions, mlp, bias, tied_head;
   int vocab_multiple = 64;
+  // A Hugging Face model directory to start from (fine-tuning); its config.json gives the model,
+  // so the preset, sizes and block choices above stay unset.
+  std::string init_from;
   // data
   std::string data;  // directory with train*.bin / val*.bin; empty = embedded default corpus
   // lm | classify | translate; empty = the data's (a task directory names its task).

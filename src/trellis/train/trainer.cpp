@@ -1,5 +1,6 @@
 #include "trellis/train/trainer.h"
 
+#include <fmt/ranges.h>
 #include <omp.h>
 #include <sys/resource.h>
 
@@ -15,6 +16,7 @@
 #include "trellis/eval/classification.h"
 #include "trellis/io/atomic_file.h"
 #include "trellis/io/checkpoint.h"
+#include "trellis/io/pretrained.h"
 #include "trellis/kernels/ops.h"
 #include "trellis/kernels/peak.h"
 #include "trellis/model/family.h"
@@ -303,6 +305,21 @@ void Trainer::load_or_init() {
   }
   if (resumed_from_.empty()) {
     init_params(*layout_, cfg_.seed, params_.data());
+    if (!cfg_.init_from.empty()) {
+      // Fine-tuning: DIR's tensors over the seeded start of the whole model, so a task head DIR
+      // lacks starts the same in every layout.
+      const ParamLayout global(mc_);
+      std::vector<float> all(global.size());
+      init_params(global, cfg_.seed, all.data());
+      const PretrainedReport r = load_pretrained(cfg_.init_from, global, all.data());
+      copy_from_global(*layout_, global, all.data(), params_.data());
+      if (lead_ && !cfg_.quiet)
+        fmt::print("trellis: initialised from {} ({} tensors{})\n", cfg_.init_from,
+                   r.loaded.size(),
+                   r.initialised.empty()
+                       ? ""
+                       : fmt::format("; task head {} initialised", fmt::join(r.initialised, ", ")));
+    }
     return;
   }
   CheckpointData ck = load_checkpoint(resumed_from_, true);
