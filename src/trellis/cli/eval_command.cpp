@@ -1,5 +1,6 @@
-// `trellis eval` (mean loss of a checkpoint on fixed windows of a shard) and `trellis grad`
-// (the same loss and its gradients, written as safetensors: the PyTorch oracle compares them).
+// `trellis eval` (mean loss of a checkpoint on fixed windows of a shard; for a task checkpoint,
+// its metrics on a task directory's validation split) and `trellis grad` (the loss of one batch
+// and its gradients, written as safetensors: the PyTorch oracle compares them).
 #include <omp.h>
 
 #include <nlohmann/json.hpp>
@@ -8,9 +9,14 @@
 #include "trellis/core/error.h"
 #include "trellis/data/loader.h"
 #include "trellis/data/shard.h"
+#include "trellis/data/tokenizer.h"
+#include "trellis/eval/bleu.h"
+#include "trellis/eval/classification.h"
 #include "trellis/io/checkpoint.h"
 #include "trellis/io/safetensors.h"
+#include "trellis/model/decode.h"
 #include "trellis/model/transformer.h"
+#include "trellis/train/batches.h"
 
 namespace trellis {
 
@@ -20,11 +26,16 @@ struct EvalArgs {
   std::string checkpoint, data, out;
   int64_t seq_len = 64, batch_size = 4, batches = 1;
   int threads = 0;
+  int beam = 1;
+  int64_t max_len = 0;
 };
 
 void add_eval_options(CLI::App* sub, EvalArgs& a) {
   sub->add_option("--checkpoint", a.checkpoint, "checkpoint directory (step_NNNNNNNN)")->required();
-  sub->add_option("--data", a.data, "token shard (.bin, llm.c format)")->required();
+  sub->add_option("--data", a.data,
+                  "token shard (.bin, llm.c format), or for a task checkpoint the task directory "
+                  "from `trellis prepare --task`")
+      ->required();
   sub->add_option("--seq-len", a.seq_len, "tokens per window")->capture_default_str();
   sub->add_option("--batch-size", a.batch_size, "windows per batch")->capture_default_str();
   sub->add_option("--threads", a.threads, "OpenMP threads (0 = all cores)");
@@ -56,6 +67,89 @@ double windows_loss(const EvalArgs& a, int64_t rows, bool with_grad, CheckpointD
   return sum / double(rows * a.seq_len);
 }
 
+// The task checkpoint's sequence layout, checked against a task directory's.
+SequenceFormat task_format(const CheckpointData& ck, const TaskMeta& meta, const std::string& dir) {
+  TRELLIS_REQUIRE(!ck.task.is_null(), "{}: the checkpoint is a language model; {} holds {} examples",
+                  dir, dir, meta.task);
+  TRELLIS_REQUIRE(ck.task.value("task", "") == meta.task,
+                  "{}: the checkpoint is a {} model, the directory holds {} examples", dir,
+                  ck.task.value("task", ""), meta.task);
+  TRELLIS_REQUIRE(ck.task.value("classes", std::vector<std::string>{}) == meta.classes,
+                  "{}: its classes differ from the checkpoint's", dir);
+  TRELLIS_REQUIRE(ck.task.value("special_token", -1) == meta.special_token &&
+                      ck.task.value("feature_dim", 0) == meta.feature_dim,
+                  "{}: its tokens or features differ from the checkpoint's", dir);
+  return SequenceFormat(meta, ck.task.at("seq_len").get<int64_t>());
+}
+
+// Loss of examples [0, n) of `set` in batches of a.batch_size (mean over their targets); with
+// grads, the gradient of that mean accumulates there. predictions: a classifier's, per example.
+double examples_loss(const EvalArgs& a, CheckpointData& ck, const SequenceFormat& f,
+                     const ExampleSet& set, int64_t n, std::vector<float>* grads,
+                     std::vector<int>* predictions) {
+  if (a.threads > 0) omp_set_num_threads(a.threads);
+  const ParamLayout layout(ck.model);
+  TensorParallel single(nullptr, false);
+  Transformer model(layout, ck.params.data(), grads ? grads->data() : nullptr, single);
+  Context ctx;
+  model.prepare(ctx, a.batch_size, f.T);
+  int64_t targets = 0;
+  for (int64_t i = 0; i < n; ++i) targets += f.targets(set.target(size_t(i)));
+  const float scale = grads ? 1.0f / float(targets) : 0.0f;
+  double sum = 0.0;
+  for (int64_t first = 0; first < n; first += a.batch_size) {
+    const int64_t rows = std::min(a.batch_size, n - first);
+    for (int64_t r = 0; r < a.batch_size; ++r) {
+      const size_t i = size_t(first + r);
+      if (r < rows)
+        f.put(ctx, r, set.source(i), set.target(i), set.labels[i]);
+      else
+        f.put_padding(ctx, r);
+    }
+    sum += model.forward(ctx, scale);
+    if (grads) model.backward(ctx, true);
+    if (predictions)
+      predictions->insert(predictions->end(), ctx.predictions.begin(),
+                          ctx.predictions.begin() + rows);
+  }
+  return sum / double(targets);
+}
+
+// A task checkpoint on a task directory's validation split: classification metrics, or the
+// translation loss with BLEU and chrF of its translations.
+nlohmann::json evaluate_task(const EvalArgs& a, CheckpointData& ck) {
+  const TaskData d = load_task_data(a.data);
+  const SequenceFormat f = task_format(ck, d.meta, a.data);
+  const int64_t n = int64_t(d.val.size());
+  TRELLIS_REQUIRE(n > 0, "{}: val.examples holds no examples", a.data);
+  if (d.meta.task == "classify") {
+    std::vector<int> predicted;
+    const double loss = examples_loss(a, ck, f, d.val, n, nullptr, &predicted);
+    const std::vector<int> labels(d.val.labels.begin(), d.val.labels.end());
+    nlohmann::json j =
+        classification_metrics(labels, predicted, int(d.meta.classes.size()), loss).to_json();
+    j.erase("confusion");
+    return j;
+  }
+  const double loss = examples_loss(a, ck, f, d.val, n, nullptr, nullptr);
+  auto tok = make_tokenizer(d.meta.tokenizer, d.meta.tokenizer_dir);
+  const ParamLayout layout(ck.model);
+  TensorParallel single(nullptr, false);
+  Transformer model(layout, ck.params.data(), nullptr, single);
+  const DecodeOptions opt{a.beam, a.max_len, 0.6, f.special, f.T};
+  std::vector<std::string> hyps, refs;
+  for (int64_t i = 0; i < n; ++i) {
+    hyps.push_back(tok->decode(translate(model, d.val.source(size_t(i)), opt)));
+    const auto target = d.val.target(size_t(i));
+    refs.push_back(tok->decode(std::vector<int>(target.begin(), target.end())));
+  }
+  return {{"loss", loss},
+          {"bleu", corpus_bleu(hyps, {refs}).score},
+          {"chrf", corpus_chrf(hyps, {refs})},
+          {"examples", n},
+          {"beam", a.beam}};
+}
+
 }  // namespace
 
 Command add_eval_command(CLI::App& app) {
@@ -63,9 +157,16 @@ Command add_eval_command(CLI::App& app) {
   CLI::App* sub = app.add_subcommand("eval", "mean loss of a checkpoint on a token shard");
   add_eval_options(sub, *a);
   sub->add_option("--batches", a->batches, "number of batches")->capture_default_str();
+  sub->add_option("--beam", a->beam, "translation: beam size (1 = greedy)")->capture_default_str();
+  sub->add_option("--max-len", a->max_len, "translation: most generated tokens (0 = the context)");
   return {sub, [a](Communicator&) {
             TRELLIS_REQUIRE(a->batches >= 1, "--batches must be >= 1");
+            TRELLIS_REQUIRE(a->beam >= 1, "--beam must be >= 1");
             CheckpointData ck = load_checkpoint(a->checkpoint, false);
+            if (is_task_dir(a->data)) {
+              fmt::print("{}\n", evaluate_task(*a, ck).dump());
+              return 0;
+            }
             const int64_t rows = a->batches * a->batch_size;
             const double loss = windows_loss(*a, rows, false, ck, nullptr);
             fmt::print(
@@ -86,7 +187,16 @@ Command add_grad_command(CLI::App& app) {
             CheckpointData ck = load_checkpoint(a->checkpoint, false);
             const ParamLayout layout(ck.model);
             std::vector<float> grads(layout.size(), 0.0f);
-            const double loss = windows_loss(*a, a->batch_size, true, ck, &grads);
+            double loss = 0.0;
+            if (is_task_dir(a->data)) {  // the first batch_size training examples
+              const TaskData d = load_task_data(a->data);
+              const SequenceFormat f = task_format(ck, d.meta, a->data);
+              TRELLIS_REQUIRE(int64_t(d.train.size()) >= a->batch_size,
+                              "{}: fewer than {} training examples", a->data, a->batch_size);
+              loss = examples_loss(*a, ck, f, d.train, a->batch_size, &grads, nullptr);
+            } else {
+              loss = windows_loss(*a, a->batch_size, true, ck, &grads);
+            }
             std::vector<TensorRef> refs;
             for (const auto& s : layout.specs()) {
               TensorRef r{s.name, s.shape, grads.data() + s.offset};

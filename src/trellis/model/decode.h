@@ -1,0 +1,28 @@
+#pragma once
+// Translation with an encoder-decoder on one rank: greedy search (beam 1) and beam search.
+// Hypotheses are scored by their summed log-probability divided by the length penalty of Wu et
+// al. 2016 (GNMT), lp = ((5 + |Y|) / 6)^alpha, which the Transformer paper used with alpha = 0.6
+// and beam 4; |Y| counts the end token. Every step re-runs the model over the whole padded
+// sequence (no key/value cache): simple, and exact since the decoder is causal.
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "trellis/model/transformer.h"
+
+namespace trellis {
+
+struct DecodeOptions {
+  int beam = 1;
+  int64_t max_len = 0;   // most generated tokens (the end token included); 0 = the context
+  double alpha = 0.6;    // length penalty exponent (beam > 1)
+  int special = 0;       // begins the decoder's input and ends a hypothesis
+  int64_t T = 0;         // positions of the padded sequences
+};
+
+// The target tokens (without the end token) the model produces for `source` (without its end
+// token; at most T - 1 tokens).
+std::vector<int> translate(Transformer& model, std::span<const uint32_t> source,
+                           const DecodeOptions& opt);
+
+}  // namespace trellis
