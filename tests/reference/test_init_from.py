@@ -5,8 +5,10 @@ writes them (config.json; model.safetensors or a model.safetensors.index.json wi
 F16 or BF16 tensors; GPT-2 names with or without "transformer.", its attn.bias / attn.masked_bias
 buffers, LLaMA's rotary_emb.inv_freq buffers, a saved copy of GPT-2's tied lm_head.weight). The
 loss trellis logs at step 1 must equal the independent PyTorch models' (reference/torch_gpt.py,
-reference/torch_llama.py) on the same batch within 1e-5 relative; for half-precision directories
-the reference holds the same rounded weights. Bad directories give one error line and exit 2.
+reference/torch_llama.py, reference/torch_encoder.py) on the same batch within 1e-5 relative;
+for half-precision directories the reference holds the same rounded weights. Classifiers keep the
+directory's body exactly and start their head from the seed. Bad directories give one error line
+and exit 2.
 """
 import json
 import os
@@ -18,7 +20,7 @@ if os.environ.get("TRELLIS_SOURCE"):
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from reference import torch_gpt, torch_llama  # noqa: E402
+from reference import torch_encoder, torch_gpt, torch_llama  # noqa: E402
 from reference.torch_gpt import load_safetensors, read_split, windows  # noqa: E402
 from trellis_test import check, fresh_dir, metrics, run, write_text_corpus, TMP  # noqa: E402
 
@@ -35,6 +37,11 @@ LLAMA_CONFIG = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "h
                 "num_hidden_layers": 2, "max_position_embeddings": 64, "vocab_size": V,
                 "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
                 "hidden_act": "silu", "torch_dtype": "bfloat16"}
+# trellis's own encoder family (fairseq/BART names), as a trellis checkpoint's config.json says it.
+ENCODER_CONFIG = {"model_type": "trellis-encoder", "architectures": ["TrellisEncoder"],
+                  "hidden_size": 32, "intermediate_size": 128, "num_attention_heads": 2,
+                  "num_hidden_layers": 2, "max_position_embeddings": 64, "vocab_size": V,
+                  "layer_norm_eps": 1e-5, "tie_word_embeddings": True, "hidden_act": "gelu_new"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -117,6 +124,7 @@ def random_params(shapes, seed):
 
 GPT_CFG = torch_gpt.GPTConfig(2, 2, 32, 64, V)
 LLAMA_CFG = torch_llama.LlamaConfig(LLAMA_CONFIG)
+ENCODER_CFG = torch_encoder.EncoderConfig(ENCODER_CONFIG)
 
 
 def gpt2_buffers(prefix=""):
@@ -226,6 +234,19 @@ w16 = {k: rounded("F16", v) for k, v in gpt_params.items()}
 check(sorted(saved) == sorted(list(w16) + ["score.weight"]) and saved["score.weight"].shape ==
       (2, 32) and all(np.array_equal(saved[k], w16[k].numpy()) for k in w16),
       "the classifier holds DIR's body exactly and a 2 x 32 score head")
+
+# The encoder, F16: its language-model check, then a classifier whose head has a bias.
+enc_params = random_params(torch_encoder.param_shapes(ENCODER_CFG), seed=5)
+d_enc, w = write_hf_dir("encoder_f16", ENCODER_CONFIG, enc_params, "F16")
+check_loss("encoder F16", d_enc, torch_encoder.encoder_loss, w, ENCODER_CFG)
+out = fresh_dir("enc_cls_run")
+stdout, _ = run(["train", "--init-from", d_enc, "--data", task, "--out", out, "--steps", 0,
+                 "--batch-size", 4, "--threads", 2, "--tensorboard=false"])
+check(f"({len(w)} tensors; task head classifier.weight, classifier.bias initialised)" in stdout,
+      "an encoder classifier reports both head tensors")
+saved = load_safetensors(os.path.join(out, "step_00000000", "model.safetensors"))
+check(all(np.array_equal(saved[k], w[k].numpy()) for k in w) and "classifier.bias" in saved,
+      "the encoder classifier holds DIR's body exactly")
 
 # ---------------------------------------------------------------------------------------------
 # --resume takes precedence: a resumed run continues from its checkpoint, not from DIR.

@@ -20,11 +20,9 @@ namespace trellis {
 
 namespace {
 
-// A tensor the task adds on top of a pretrained body (a sequence classifier's head), which DIR
-// may lack. By name until the families mark their heads with their own slot.
-bool is_task_head(const ParamSpec& s) {
-  return s.name == "score.weight" || s.name == "classifier.weight" || s.name == "classifier.bias";
-}
+// A tensor the task adds on top of a pretrained body, which DIR may lack: a sequence classifier's
+// head (score.weight of gpt2 and llama, classifier.weight/.bias of the encoder).
+bool is_task_head(const ParamSpec& s) { return s.slot == Slot::Classifier; }
 
 // Buffers that Hugging Face models save next to their weights but trellis computes: GPT-2's
 // causal mask (attn.bias) and its masked_bias constant, LLaMA's rotary inverse frequencies.
