@@ -52,7 +52,8 @@ void read_tensors(const SafetensorsFile& f, const std::string& path, const Param
 
 // Hugging Face config.json of the model's family, plus a "trellis" section with what HF's config
 // does not say (tokenizer, vocabulary padding; the family, for people: model_type decides).
-nlohmann::json hf_config(const ModelConfig& m, const TokenizerInfo& tok) {
+nlohmann::json hf_config(const ModelConfig& m, const TokenizerInfo& tok,
+                         const nlohmann::json& task) {
   nlohmann::json j = family_of(m.arch).to_hf_config(m);
   if (tok.kind == "gpt2") j["bos_token_id"] = j["eos_token_id"] = 50256;
   j["torch_dtype"] = "float32";
@@ -61,6 +62,14 @@ nlohmann::json hf_config(const ModelConfig& m, const TokenizerInfo& tok) {
                   {"tokenizer_dir", tok.dir},
                   {"vocab_multiple", m.vocab_multiple},
                   {"blocks", block_choices(m)}};
+  if (!task.is_null()) j["trellis"]["task"] = task;
+  if (task.contains("classes")) {  // Hugging Face's names for a sequence classifier's labels
+    j["num_labels"] = task["classes"].size();
+    for (size_t i = 0; i < task["classes"].size(); ++i) {
+      j["id2label"][std::to_string(i)] = task["classes"][i];
+      j["label2id"][task["classes"][i].get<std::string>()] = i;
+    }
+  }
   return j;
 }
 
@@ -127,7 +136,8 @@ std::string save_checkpoint(const std::string& out_dir, int64_t step, const Chec
   fs::create_directories(tmp_dir);
   write_safetensors((tmp_dir / "model.safetensors").string(),
                     tensor_refs(layout, ck.params.data(), ""), {{"format", "pt"}});
-  write_file_atomic((tmp_dir / "config.json").string(), hf_config(ck.model, ck.tokenizer).dump(2));
+  write_file_atomic((tmp_dir / "config.json").string(),
+                    hf_config(ck.model, ck.tokenizer, ck.task).dump(2));
   if (!ck.optimizer.buffers.empty()) {
     std::vector<TensorRef> refs;
     for (const auto& [name, buf] : ck.optimizer.buffers) {
@@ -169,6 +179,7 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
     const auto& t = cfg["trellis"];
     ck.tokenizer.kind = json_get<std::string>(t, "tokenizer", cfg_path);
     ck.tokenizer.dir = json_get<std::string>(t, "tokenizer_dir", cfg_path);
+    if (t.contains("task")) ck.task = t["task"];
   } else {
     // A plain Hugging Face checkpoint.
     ck.tokenizer.kind = ck.model.vocab_size == 50257 ? "gpt2" : "byte";
