@@ -19,5 +19,7 @@ Command add_sample_command(CLI::App& app);
 Command add_prepare_command(CLI::App& app);
 Command add_plot_command(CLI::App& app);
 Command add_bleu_command(CLI::App& app);
+Command add_classify_command(CLI::App& app);
+Command add_translate_command(CLI::App& app);
 
 }  // namespace trellis

@@ -27,7 +27,7 @@ struct EvalArgs {
   int64_t seq_len = 64, batch_size = 4, batches = 1;
   int threads = 0;
   int beam = 1;
-  int64_t max_len = 0;
+  int64_t max_len = 0, examples = 0;
 };
 
 void add_eval_options(CLI::App* sub, EvalArgs& a) {
@@ -120,12 +120,12 @@ double examples_loss(const EvalArgs& a, CheckpointData& ck, const SequenceFormat
 nlohmann::json evaluate_task(const EvalArgs& a, CheckpointData& ck) {
   const TaskData d = load_task_data(a.data);
   const SequenceFormat f = task_format(ck, d.meta, a.data);
-  const int64_t n = int64_t(d.val.size());
+  const int64_t n = a.examples > 0 ? std::min<int64_t>(a.examples, d.val.size()) : d.val.size();
   TRELLIS_REQUIRE(n > 0, "{}: val.examples holds no examples", a.data);
   if (d.meta.task == "classify") {
     std::vector<int> predicted;
     const double loss = examples_loss(a, ck, f, d.val, n, nullptr, &predicted);
-    const std::vector<int> labels(d.val.labels.begin(), d.val.labels.end());
+    const std::vector<int> labels(d.val.labels.begin(), d.val.labels.begin() + n);
     nlohmann::json j =
         classification_metrics(labels, predicted, int(d.meta.classes.size()), loss).to_json();
     j.erase("confusion");
@@ -138,10 +138,14 @@ nlohmann::json evaluate_task(const EvalArgs& a, CheckpointData& ck) {
   Transformer model(layout, ck.params.data(), nullptr, single);
   const DecodeOptions opt{a.beam, a.max_len, 0.6, f.special, f.T};
   std::vector<std::string> hyps, refs;
-  for (int64_t i = 0; i < n; ++i) {
-    hyps.push_back(tok->decode(translate(model, d.val.source(size_t(i)), opt)));
-    const auto target = d.val.target(size_t(i));
-    refs.push_back(tok->decode(std::vector<int>(target.begin(), target.end())));
+  for (int64_t first = 0; first < n; first += a.batch_size) {
+    std::vector<std::span<const uint32_t>> sources;
+    for (int64_t i = first; i < std::min(n, first + a.batch_size); ++i) {
+      sources.push_back(d.val.source(size_t(i)));
+      const auto target = d.val.target(size_t(i));
+      refs.push_back(tok->decode(std::vector<int>(target.begin(), target.end())));
+    }
+    for (const auto& out : translate(model, sources, opt)) hyps.push_back(tok->decode(out));
   }
   return {{"loss", loss},
           {"bleu", corpus_bleu(hyps, {refs}).score},
@@ -159,6 +163,8 @@ Command add_eval_command(CLI::App& app) {
   sub->add_option("--batches", a->batches, "number of batches")->capture_default_str();
   sub->add_option("--beam", a->beam, "translation: beam size (1 = greedy)")->capture_default_str();
   sub->add_option("--max-len", a->max_len, "translation: most generated tokens (0 = the context)");
+  sub->add_option("--examples", a->examples,
+                  "task directory: evaluate the first N validation examples (0 = all)");
   return {sub, [a](Communicator&) {
             TRELLIS_REQUIRE(a->batches >= 1, "--batches must be >= 1");
             TRELLIS_REQUIRE(a->beam >= 1, "--beam must be >= 1");

@@ -20,7 +20,8 @@ int main(int argc, char** argv) {
   const std::vector<Command> commands = {add_train_command(app),  add_eval_command(app),
                                          add_sample_command(app), add_prepare_command(app),
                                          add_plot_command(app),   add_grad_command(app),
-                                         add_bleu_command(app)};
+                                         add_bleu_command(app),   add_classify_command(app),
+                                         add_translate_command(app)};
   int code = 0;
   try {
     try {

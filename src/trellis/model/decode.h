@@ -2,8 +2,8 @@
 // Translation with an encoder-decoder on one rank: greedy search (beam 1) and beam search.
 // Hypotheses are scored by their summed log-probability divided by the length penalty of Wu et
 // al. 2016 (GNMT), lp = ((5 + |Y|) / 6)^alpha, which the Transformer paper used with alpha = 0.6
-// and beam 4; |Y| counts the end token. Every step re-runs the model over the whole padded
-// sequence (no key/value cache): simple, and exact since the decoder is causal.
+// and beam 4; |Y| counts the end token. Every step re-runs the model over the padded sequences
+// so far (no key/value cache): simple, and exact since the decoder is causal.
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -20,9 +20,11 @@ struct DecodeOptions {
   int64_t T = 0;         // positions of the padded sequences
 };
 
-// The target tokens (without the end token) the model produces for `source` (without its end
-// token; at most T - 1 tokens).
-std::vector<int> translate(Transformer& model, std::span<const uint32_t> source,
-                           const DecodeOptions& opt);
+// The target tokens (without the end token) the model produces for each source (without its end
+// token; at most T - 1 tokens). The sentences are decoded together, one row per live hypothesis,
+// padded to the longest source or prefix of the step.
+std::vector<std::vector<int>> translate(Transformer& model,
+                                       const std::vector<std::span<const uint32_t>>& sources,
+                                       const DecodeOptions& opt);
 
 }  // namespace trellis

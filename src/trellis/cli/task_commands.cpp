@@ -1,0 +1,172 @@
+// `trellis classify` (a classifier's label and class probabilities for each input line) and
+// `trellis translate` (an encoder-decoder's translation of each input line).
+#include <omp.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "trellis/cli/commands.h"
+#include "trellis/comm/communicator.h"
+#include "trellis/core/error.h"
+#include "trellis/data/tokenizer.h"
+#include "trellis/io/checkpoint.h"
+#include "trellis/model/decode.h"
+#include "trellis/train/batches.h"
+
+namespace trellis {
+
+namespace {
+
+struct TaskArgs {
+  std::string checkpoint, input, tokenizer_dir;
+  int64_t batch_size = 32, max_len = 0;
+  int beam = 1, threads = 0;
+};
+
+// The input's lines (a final newline ends the last one; \r\n is accepted).
+std::vector<std::string> read_lines(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  TRELLIS_REQUIRE(in.good(), "{}: cannot open", path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    lines.push_back(std::move(line));
+  }
+  return lines;
+}
+
+// The checkpoint of a `task` model, its sequence layout, and its tokenizer.
+struct TaskModel {
+  CheckpointData ck;
+  SequenceFormat format;
+  std::unique_ptr<Tokenizer> tokenizer;
+};
+
+TaskModel load_task_model(const TaskArgs& a, const std::string& task) {
+  if (a.threads > 0) omp_set_num_threads(a.threads);
+  TaskModel m;
+  m.ck = load_checkpoint(a.checkpoint, false);
+  TRELLIS_REQUIRE(m.ck.task.value("task", std::string("lm")) == task,
+                  "{}: not a {} checkpoint (it was trained for {})", a.checkpoint,
+                  task == "classify" ? "classification" : "translation",
+                  m.ck.task.value("task", std::string("language modelling")));
+  TaskMeta meta;
+  meta.task = task;
+  meta.special_token = m.ck.task.at("special_token").get<int>();
+  meta.feature_dim = m.ck.task.value("feature_dim", 0);
+  TRELLIS_REQUIRE(meta.feature_dim == 0,
+                  "{}: an image classifier; evaluate it with `trellis eval --data DIR`",
+                  a.checkpoint);
+  m.format = SequenceFormat(meta, m.ck.task.at("seq_len").get<int64_t>());
+  m.tokenizer = make_tokenizer(m.ck.tokenizer.kind,
+                               a.tokenizer_dir.empty() ? m.ck.tokenizer.dir : a.tokenizer_dir);
+  return m;
+}
+
+std::vector<uint32_t> encode(const Tokenizer& tok, const std::string& text) {
+  const std::vector<int> ids = tok.encode(text);
+  return {ids.begin(), ids.end()};
+}
+
+void add_common_options(CLI::App* sub, TaskArgs& a) {
+  sub->add_option("--checkpoint", a.checkpoint, "checkpoint directory")->required();
+  sub->add_option("--input", a.input, "text file, one input per line")->required();
+  sub->add_option("--batch-size", a.batch_size, "inputs run together")->capture_default_str();
+  sub->add_option("--tokenizer-dir", a.tokenizer_dir,
+                  "GPT-2 tokenizer directory (default: the one recorded in the checkpoint)");
+  sub->add_option("--threads", a.threads, "OpenMP threads (0 = all cores)");
+}
+
+int run_classify(const TaskArgs& a) {
+  TaskModel m = load_task_model(a, "classify");
+  const std::vector<std::string> lines = read_lines(a.input);
+  const std::vector<std::string> classes = m.ck.task.at("classes");
+  const ParamLayout layout(m.ck.model);
+  TensorParallel single(nullptr, false);
+  Transformer model(layout, m.ck.params.data(), nullptr, single);
+  Context ctx;
+  model.prepare(ctx, a.batch_size, m.format.T);
+  const int64_t n = int64_t(lines.size()), K = int64_t(classes.size());
+  for (int64_t first = 0; first < n; first += a.batch_size) {
+    const int64_t rows = std::min(a.batch_size, n - first);
+    for (int64_t r = 0; r < a.batch_size; ++r) {
+      if (r < rows) {
+        const std::vector<uint32_t> ids = encode(*m.tokenizer, lines[size_t(first + r)]);
+        TRELLIS_REQUIRE(!ids.empty(), "{}:{}: empty text", a.input, first + r + 1);
+        m.format.put(ctx, r, ids, {}, -1);
+      } else {
+        m.format.put_padding(ctx, r);
+      }
+    }
+    model.forward(ctx, 0.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* logits = ctx.class_logits.f32() + r * K;
+      const double mx = *std::max_element(logits, logits + K);
+      double sum = 0.0;
+      for (int64_t k = 0; k < K; ++k) sum += std::exp(double(logits[k]) - mx);
+      nlohmann::ordered_json probs;
+      for (int64_t k = 0; k < K; ++k)
+        probs[classes[size_t(k)]] = std::exp(double(logits[k]) - mx) / sum;
+      const nlohmann::ordered_json out = {
+          {"label", classes[size_t(ctx.predictions[size_t(r)])]}, {"probabilities", probs}};
+      fmt::print("{}\n", out.dump());
+    }
+  }
+  return 0;
+}
+
+int run_translate(const TaskArgs& a) {
+  TaskModel m = load_task_model(a, "translate");
+  const std::vector<std::string> lines = read_lines(a.input);
+  const ParamLayout layout(m.ck.model);
+  TensorParallel single(nullptr, false);
+  Transformer model(layout, m.ck.params.data(), nullptr, single);
+  const DecodeOptions opt{a.beam, a.max_len, 0.6, m.format.special, m.format.T};
+  for (size_t first = 0; first < lines.size(); first += size_t(a.batch_size)) {
+    std::vector<std::vector<uint32_t>> ids;
+    for (size_t i = first; i < std::min(lines.size(), first + size_t(a.batch_size)); ++i) {
+      ids.push_back(encode(*m.tokenizer, lines[i]));
+      TRELLIS_REQUIRE(int64_t(ids.back().size()) < m.format.T,
+                      "{}:{}: {} tokens, more than the model's {} source positions allow", a.input,
+                      i + 1, ids.back().size(), m.format.T - 1);
+    }
+    const std::vector<std::span<const uint32_t>> sources(ids.begin(), ids.end());
+    for (const auto& out : translate(model, sources, opt))
+      fmt::print("{}\n", m.tokenizer->decode(out));
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+
+Command add_classify_command(CLI::App& app) {
+  auto a = std::make_shared<TaskArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "classify", "label each line of a text file with a classification checkpoint (JSON lines)");
+  add_common_options(sub, *a);
+  return {sub, [a](Communicator& world) {
+            TRELLIS_REQUIRE(a->batch_size >= 1, "--batch-size must be >= 1");
+            return world.rank() == 0 ? run_classify(*a) : 0;
+          }};
+}
+
+Command add_translate_command(CLI::App& app) {
+  auto a = std::make_shared<TaskArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "translate", "translate each line of a text file with an encoder-decoder checkpoint");
+  add_common_options(sub, *a);
+  sub->add_option("--beam", a->beam,
+                  "beam size (1 = greedy); hypotheses are ranked by log-probability / "
+                  "((5 + length) / 6)^0.6, the length penalty of GNMT used by the Transformer paper")
+      ->capture_default_str();
+  sub->add_option("--max-len", a->max_len, "most generated tokens (0 = the context)");
+  return {sub, [a](Communicator& world) {
+            TRELLIS_REQUIRE(a->batch_size >= 1 && a->beam >= 1,
+                            "--batch-size and --beam must be >= 1");
+            return world.rank() == 0 ? run_translate(*a) : 0;
+          }};
+}
+
+}  // namespace trellis
