@@ -2,6 +2,7 @@
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 
@@ -150,3 +151,94 @@ class LayoutCheck:
         check(worst_p <= self.tol and whole <= self.tol,
               f"{name}: final parameters match (worst tensor {worst_p:.1e} in {where}, "
               f"all parameters {whole:.1e})")
+
+
+# ---- task data (classification, translation, images) for `trellis prepare --task` ----
+
+_SENTIMENT = {
+    "pos": ["bright", "kind", "warm", "lovely", "gentle", "clever", "happy"],
+    "neg": ["cold", "rude", "dull", "grim", "awful", "noisy", "sad"],
+    "mid": ["plain", "usual", "grey", "level", "normal", "common", "so-so"],
+}
+_NOUNS = ["day", "film", "song", "town", "meal", "book", "game", "story"]
+
+
+def write_classify_tsv(path, n=60, seed=7):
+    """A TSV (header sentence, label) of n texts of 1-11 words (5-80 bytes), labels cycling over
+    mid, neg, pos (so a stratified split keeps every class in both parts)."""
+    import random
+    r = random.Random(seed)
+    labels = sorted(_SENTIMENT)
+    with open(path, "w") as f:
+        f.write("sentence\tlabel\n")
+        for i in range(n):
+            label = labels[i % 3]
+            words = [r.choice(_SENTIMENT[label]) if r.random() < 0.6 else r.choice(_NOUNS)
+                     for _ in range(r.randint(1, 11))]
+            f.write(" ".join(words) + f"\t{label}\n")
+
+
+_LEXICON = {"cat": "Katze", "dog": "Hund", "house": "Haus", "tree": "Baum", "sun": "Sonne",
+            "moon": "Mond", "red": "rot", "blue": "blau", "small": "klein", "old": "alt"}
+
+
+def write_translate_tsv(path, n=60, seed=3):
+    """n distinct word-for-word English/German pairs of 1-6 words, as `source\\ttarget` lines."""
+    import random
+    r = random.Random(seed)
+    src = sorted(_LEXICON)
+    seen = []
+    while len(seen) < n:
+        words = [r.choice(src) for _ in range(r.randint(1, 6))]
+        line = " ".join(words) + "\t" + " ".join(_LEXICON[w] for w in words) + "\n"
+        if line not in seen:
+            seen.append(line)
+    with open(path, "w") as f:
+        f.write("".join(seen))
+
+
+def write_idx_dir(d, rows=4, cols=6, n_train=16, n_test=6, seed=5):
+    """A gzipped idx image directory (MNIST layout) of random pixel bytes, labels k % 3."""
+    import gzip
+    import random
+    import struct
+    r = random.Random(seed)
+
+    def images(n):
+        return [[r.randrange(256) for _ in range(rows * cols)] for _ in range(n)]
+
+    def idx3(imgs):
+        return struct.pack(">IIII", 0x803, len(imgs), rows, cols) + b"".join(bytes(i) for i in imgs)
+
+    def idx1(labels):
+        return struct.pack(">II", 0x801, len(labels)) + bytes(labels)
+
+    os.makedirs(d, exist_ok=True)
+    for name, blob in (("train-images-idx3-ubyte", idx3(images(n_train))),
+                       ("train-labels-idx1-ubyte", idx1([k % 3 for k in range(n_train)])),
+                       ("t10k-images-idx3-ubyte", idx3(images(n_test))),
+                       ("t10k-labels-idx1-ubyte", idx1([k % 3 for k in range(n_test)]))):
+        with gzip.open(os.path.join(d, name + ".gz"), "wb") as f:
+            f.write(blob)
+
+
+def read_examples(path):
+    """[(label, source, target)] from an examples file (format in src/trellis/data/examples.h)."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    if blob[:8] != b"TRLSEXMP":
+        fail(f"{path}: bad magic")
+    version, width, n = struct.unpack_from("<IIQ", blob, 8)
+    labels = struct.unpack_from(f"<{n}i", blob, 24)
+    ends = struct.unpack_from(f"<{2 * n}Q", blob, 24 + 4 * n)
+    code = {1: "B", 2: "H", 4: "I"}[width]
+    count = ends[-1] if n else 0
+    values = struct.unpack_from(f"<{count}{code}", blob, 24 + 20 * n)
+    if len(blob) != 24 + 20 * n + count * width:
+        fail(f"{path}: {len(blob)} bytes, the index says {24 + 20 * n + count * width}")
+    out, begin = [], 0
+    for i in range(n):
+        out.append((labels[i], list(values[begin:ends[2 * i]]),
+                    list(values[ends[2 * i]:ends[2 * i + 1]])))
+        begin = ends[2 * i + 1]
+    return out

@@ -10,31 +10,9 @@ import shutil
 import struct
 import subprocess
 
-from trellis_test import check, fail, fresh_dir, run, TMP
+from trellis_test import check, fail, fresh_dir, read_examples, run, TMP
 
 SPECIAL = 256  # the byte tokenizer's special token
-
-
-def read_examples(path):
-    """[(label, source, target)] from an examples file (format in src/trellis/data/examples.h)."""
-    with open(path, "rb") as f:
-        blob = f.read()
-    if blob[:8] != b"TRLSEXMP":
-        fail(f"{path}: bad magic")
-    version, width, n = struct.unpack_from("<IIQ", blob, 8)
-    labels = struct.unpack_from(f"<{n}i", blob, 24)
-    ends = struct.unpack_from(f"<{2 * n}Q", blob, 24 + 4 * n)
-    code = {1: "B", 2: "H", 4: "I"}[width]
-    count = ends[-1] if n else 0
-    values = struct.unpack_from(f"<{count}{code}", blob, 24 + 20 * n)
-    if len(blob) != 24 + 20 * n + count * width:
-        fail(f"{path}: {len(blob)} bytes, the index says {24 + 20 * n + count * width}")
-    out, begin = [], 0
-    for i in range(n):
-        out.append((labels[i], list(values[begin:ends[2 * i]]),
-                    list(values[ends[2 * i]:ends[2 * i + 1]])))
-        begin = ends[2 * i + 1]
-    return out
 
 
 def load(out):

@@ -223,7 +223,9 @@ Trainer::Trainer(TrainConfig cfg, Communicator& world)
     log_ = std::make_unique<MetricsLog>(cfg_.out, cfg_.tensorboard,
                                         resumed_from_.empty() ? -1 : start_step_);
   // An untied input embedding is a lookup: its parameters do no multiply-adds.
-  const int64_t lookup = mc_.tied_head ? 0 : int64_t(mc_.vocab_size) * mc_.n_embd;
+  // (A classifier's token embedding is one too; feature inputs have none.)
+  const int64_t lookup =
+      mc_.tied_lm_head() || mc_.input_features > 0 ? 0 : int64_t(mc_.vocab_size) * mc_.n_embd;
   step_flops_ = flops_per_token(mc_, ParamLayout(mc_).count() - lookup, T_) * double(G_ * T_);
   // MFU divides by the peak of the cores in use: the user's figure, or a probe of the fp32 FMA
   // rate (the largest over the ranks: oversubscribed ranks probe while others run).
