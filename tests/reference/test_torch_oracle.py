@@ -191,11 +191,18 @@ def check_grad(case, fam, datadir, T=32, B=4, extra=()):
     x, y = windows(read_tokens(shard), T, range(B))
     loss = fam.loss(params, cfg, x, y)
     loss.backward()
+    compare_grads(case, fam, params, cfg, loss.item(), t_loss, grads, gpath,
+                  f"vocab {cfg.vocab_size}, {B}x{T} tokens")
 
+
+def compare_grads(case, fam, params, cfg, ref_loss, t_loss, grads, gpath, desc):
+    """Compares trellis's loss t_loss and gradients grads (from the file gpath) with the
+    reference's (ref_loss, params[name].grad after backward); fails the case on any difference
+    beyond TOL, a missing or unexpected tensor, or when nothing was compared. Returns ok."""
     ok = True
-    e_loss = abs(t_loss - loss.item()) / abs(loss.item())
-    if e_loss > TOL:
-        fail(f"{case}: loss trellis {t_loss!r} torch {loss.item()!r} (rel {e_loss:.3g})")
+    e_loss = abs(t_loss - ref_loss) / abs(ref_loss)
+    if not e_loss <= TOL:
+        fail(f"{case}: loss trellis {t_loss!r} torch {ref_loss!r} (rel {e_loss:.3g})")
         ok = False
     missing = sorted(set(params) - set(grads))
     extra_t = sorted(set(grads) - set(params))
@@ -236,9 +243,10 @@ def check_grad(case, fam, datadir, T=32, B=4, extra=()):
         ok = False
     zero_note = ("" if worst_zero is None else
                  f"; zero-gradient key bias: gradient norm <= {worst_zero:.1e} of the query bias's")
-    print(f"{'PASS' if ok else 'FAIL'} {case}: vocab {cfg.vocab_size}, {B}x{T} tokens: "
-          f"loss {loss.item():.6f} rel err {e_loss:.2e}; {n_cmp} gradients, worst rel err "
+    print(f"{'PASS' if ok else 'FAIL'} {case}: {desc}: "
+          f"loss {ref_loss:.6f} rel err {e_loss:.2e}; {n_cmp} gradients, worst rel err "
           f"{worst:.2e} ({worst_name}){zero_note}", flush=True)
+    return ok
 
 
 def hf_apply_rotary(x, theta):
@@ -399,7 +407,9 @@ def step1_culprit(fam, cfg, a, b, grads):
 
 def check_train(case, fam, datadir, steps, G, T, micro=0, optimizer="adamw", seed=5,
                 lr=1e-2, min_lr=1e-3, warmup=2, wd=0.1, clip=1.0, beta1=0.9, beta2=0.95,
-                eps=1e-8, momentum=0.9):
+                eps=1e-8, momentum=0.9, batches=None):
+    """batches(s) -> (x, y), what fam.loss takes for 0-based step s: by default the windows of
+    datadir's train shards that trellis trains on without shuffling (s * G + j, wrapping)."""
     common = [*fam.args, "--data", datadir, "--batch-size", G, "--micro-batch-size", micro,
               "--seq-len", T, "--seed", seed, "--shuffle=false", "--lr", lr, "--min-lr", min_lr,
               "--warmup-steps", warmup, "--weight-decay", wd, "--grad-clip", clip,
@@ -425,16 +435,20 @@ def check_train(case, fam, datadir, steps, G, T, micro=0, optimizer="adamw", see
     twin = RefRun(fam, ckpt, torch.float32 if DTYPE == torch.float64 else torch.float64, *hyper)
     params, cfg, opt, names = ref.params, ref.cfg, ref.opt, list(ref.params)
 
-    tokens = read_split(datadir, "train")
-    W = (tokens.size - 1) // T
+    if batches is None:
+        tokens = read_split(datadir, "train")
+        W = (tokens.size - 1) // T
+
+        def batches(s):
+            return windows(tokens, T, [(s * G + j) % W for j in range(G)])
+
     worst_loss = worst_norm = 0.0
     cond, cond_name = 0.0, ""  # worst float32-vs-float64 difference of the reference
     culprit = ""
     clipped = 0
     for s in range(steps):
         m = metrics[s]
-        ids = [(s * G + j) % W for j in range(G)]
-        x, y = windows(tokens, T, ids)
+        x, y = batches(s)
         loss, norm, grads = ref.step(x, y, float(m["lr"]), clip)
         t_loss, t_norm, t_grads = twin.step(x, y, float(m["lr"]), clip)
         if s == 0:

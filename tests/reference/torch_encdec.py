@@ -6,6 +6,9 @@
   the window and the decoder input is the same window -> mean cross-entropy loss.
 * `seq2seq_loss(params, cfg, src, tgt_in, targets)`: the general form (source and decoder
   input may differ, also in length); `encdec_loss(p, c, x, y) == seq2seq_loss(p, c, x, x, y)`.
+* `seq2seq_logits(params, cfg, src, tgt_in, src_lengths)`: with `src_lengths` [B] the source
+  keys at positions >= src_lengths[b] are masked in the encoder's self-attention and in every
+  cross-attention (padding); the decoder's self-attention stays causal only.
 
 Model (BART/mBART-style names, pre-LayerNorm everywhere, nn.Linear layout [out, in],
 y = x @ W^T + b, biases on every linear; E = model.shared.weight is shared by the encoder
@@ -13,7 +16,7 @@ input, the decoder input and the output head):
   encoder (prefix model.encoder.):
     h = E[src] + embed_positions.weight[0..S-1]
     per layer i (prefix layers.{i}.):
-      h = h + self_attn.out_proj(attn(q, k, v from LN(h; self_attn_layer_norm)))  NO mask
+      h = h + self_attn.out_proj(attn(q, k, v from LN(h; self_attn_layer_norm)))  not causal
       h = h + fc2(gelu_tanh(fc1(LN(h; final_layer_norm))))
     enc_out = LN(h; layer_norm)
   decoder (prefix model.decoder.):
@@ -21,7 +24,7 @@ input, the decoder input and the output head):
     per layer j (prefix layers.{j}.):
       g = g + self_attn.out_proj(attn(q, k, v from LN(g; self_attn_layer_norm)))  causal
       g = g + encoder_attn.out_proj(attn(q from LN(g; encoder_attn_layer_norm),
-                                         k, v from enc_out))                      NO mask
+                                         k, v from enc_out))                   not causal
       g = g + fc2(gelu_tanh(fc1(LN(g; final_layer_norm))))
     logits = LN(g; layer_norm) @ E^T   (tied; there is no lm_head tensor)
 attn: H query heads of hd = C / H, Hkv = num_key_value_heads key/value heads (k_proj and
@@ -38,7 +41,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from reference.torch_gpt import load_params
+from reference.torch_gpt import key_padding_mask, load_params
 
 
 class EncDecConfig:
@@ -160,8 +163,9 @@ def _mlp(x, params, p, eps):
     return _linear(F.gelu(_linear(n, params, p + "fc1"), approximate="tanh"), params, p + "fc2")
 
 
-def attention(params, prefix, cfg, xq, xkv, causal):
-    """out_proj(softmax(q k^T / sqrt(hd)) v): q from xq [B,Tq,C], k and v from xkv [B,Tk,C]."""
+def attention(params, prefix, cfg, xq, xkv, causal, key_lengths=None):
+    """out_proj(softmax(q k^T / sqrt(hd)) v): q from xq [B,Tq,C], k and v from xkv [B,Tk,C];
+    key_lengths [B]: keys at positions >= key_lengths[b] masked."""
     B, Tq, _ = xq.shape
     Tk = xkv.shape[1]
     H, Hkv, hd = cfg.n_head, cfg.n_kv_head, cfg.head_dim
@@ -174,12 +178,15 @@ def attention(params, prefix, cfg, xq, xkv, causal):
     if causal:
         mask = torch.ones(Tq, Tk, dtype=torch.bool).tril()
         att = att.masked_fill(~mask, float("-inf"))
+    if key_lengths is not None:
+        att = att.masked_fill(~key_padding_mask(key_lengths, Tk), float("-inf"))
     y = (torch.softmax(att, dim=-1) @ v).transpose(1, 2).reshape(B, Tq, H * hd)
     return _linear(y, params, prefix + "out_proj")
 
 
-def encode(params, cfg, src):
-    """src [B,S] int64 -> enc_out [B,S,C] (after the encoder's final LayerNorm)."""
+def encode(params, cfg, src, lengths=None):
+    """src [B,S] int64 -> enc_out [B,S,C] (after the encoder's final LayerNorm); lengths [B]:
+    source keys >= lengths[b] masked."""
     S = src.shape[1]
     if S > cfg.block_size:
         raise ValueError(f"source length {S} exceeds max_position_embeddings {cfg.block_size}")
@@ -187,13 +194,15 @@ def encode(params, cfg, src):
     for i in range(cfg.n_enc_layer):
         p = f"model.encoder.layers.{i}."
         n = _ln(h, params, p + "self_attn_layer_norm", cfg.eps)
-        h = h + attention(params, p + "self_attn.", cfg, n, n, causal=False)
+        h = h + attention(params, p + "self_attn.", cfg, n, n, causal=False,
+                          key_lengths=lengths)
         h = h + _mlp(h, params, p, cfg.eps)
     return _ln(h, params, "model.encoder.layer_norm", cfg.eps)
 
 
-def decode(params, cfg, tgt_in, enc_out):
-    """tgt_in [B,T] int64, enc_out [B,S,C] -> logits [B,T,V]."""
+def decode(params, cfg, tgt_in, enc_out, src_lengths=None):
+    """tgt_in [B,T] int64, enc_out [B,S,C] -> logits [B,T,V]; src_lengths [B]: encoder
+    positions >= src_lengths[b] masked in cross-attention."""
     T = tgt_in.shape[1]
     if T > cfg.block_size:
         raise ValueError(f"target length {T} exceeds max_position_embeddings {cfg.block_size}")
@@ -204,13 +213,14 @@ def decode(params, cfg, tgt_in, enc_out):
         n = _ln(g, params, p + "self_attn_layer_norm", cfg.eps)
         g = g + attention(params, p + "self_attn.", cfg, n, n, causal=True)
         n = _ln(g, params, p + "encoder_attn_layer_norm", cfg.eps)
-        g = g + attention(params, p + "encoder_attn.", cfg, n, enc_out, causal=False)
+        g = g + attention(params, p + "encoder_attn.", cfg, n, enc_out, causal=False,
+                          key_lengths=src_lengths)
         g = g + _mlp(g, params, p, cfg.eps)
     return _ln(g, params, "model.decoder.layer_norm", cfg.eps) @ E.t()
 
 
-def seq2seq_logits(params, cfg, src, tgt_in):
-    return decode(params, cfg, tgt_in, encode(params, cfg, src))
+def seq2seq_logits(params, cfg, src, tgt_in, src_lengths=None):
+    return decode(params, cfg, tgt_in, encode(params, cfg, src, src_lengths), src_lengths)
 
 
 def encdec_logits(params, cfg, idx):

@@ -3,15 +3,23 @@
 * `load_model(checkpoint_dir, dtype)`: (params, cfg) from a trellis checkpoint
   (model.safetensors + config.json); params are leaf tensors requiring grad.
 * `encoder_loss(params, cfg, idx, targets)`: forward pass -> mean cross-entropy loss.
+* `encoder_hidden(params, cfg, idx, lengths, features)`: the final LayerNorm's output [B,T,C];
+  with `lengths` [B] the keys at positions >= lengths[b] are masked (padding); with `features`
+  [B,T,F] the input is embed_features(features) instead of embed_tokens[idx].
 
 Model (fairseq/BART-style names, pre-LayerNorm, nn.Linear layout [out, in], y = x @ W^T + b):
   h = embed_tokens.weight[idx] + embed_positions.weight[0..T-1]
   per layer i (prefix layers.{i}.):
     n = LN(h; self_attn_layer_norm)
     q, k, v = self_attn.{q,k,v}_proj(n)  as H heads of hd = C / H
-    h = h + self_attn.out_proj(softmax(q k^T / sqrt(hd)) v)   (NO mask: bidirectional)
+    h = h + self_attn.out_proj(softmax(q k^T / sqrt(hd)) v)   (bidirectional: no causal mask;
+                                                       padding keys masked given lengths)
     h = h + fc2(gelu_tanh(fc1(LN(h; final_layer_norm))))
   logits = LN(h; layer_norm) @ embed_tokens.weight^T   (LM head tied to the embedding)
+Two of trellis's block choices (config.json trellis.blocks, which HF configs cannot say) are
+modelled: mlp "none" (attention-only blocks: no final_layer_norm, fc1, fc2) and input_features
+F > 0 (h = features @ embed_features.weight^T + embed_features.bias + positions, no
+embed_tokens); any other choice than the family's is refused.
 LayerNorm eps = layer_norm_eps (1e-5); gelu_tanh = HF gelu_new; no dropout. The loss is the
 mean next-token cross-entropy over all B*T targets; with bidirectional attention this head
 can see its target, it only exists to test the encoder's forward and backward.
@@ -24,7 +32,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from reference.torch_gpt import load_params
+from reference.torch_gpt import key_padding_mask, load_params
 
 
 class EncoderConfig:
@@ -48,6 +56,16 @@ class EncoderConfig:
         if self.n_embd % self.n_head:
             raise ValueError(f"hidden {self.n_embd} not divisible by {self.n_head} heads")
         self.head_dim = self.n_embd // self.n_head
+        blocks = c.get("trellis", {}).get("blocks", {})
+        self.mlp = blocks.get("mlp", "gelu")
+        self.input_features = int(blocks.get("input_features", 0))
+        want = {"norm": "layernorm", "positions": "learned", "bias": True}
+        for key, value in want.items():
+            if blocks.get(key, value) != value:
+                raise ValueError(f"trellis.blocks.{key} {blocks[key]!r}: this reference models "
+                                 f"{value!r} only")
+        if self.mlp not in ("gelu", "none"):
+            raise ValueError(f"trellis.blocks.mlp {self.mlp!r}: this reference models gelu, none")
 
     @classmethod
     def from_json(cls, path):
@@ -63,8 +81,13 @@ class EncoderConfig:
 def param_shapes(cfg):
     """Expected {name: shape}."""
     C, V, F_ = cfg.n_embd, cfg.vocab_size, cfg.ffn_hidden
-    s = {"embed_tokens.weight": (V, C), "embed_positions.weight": (cfg.block_size, C),
+    s = {"embed_positions.weight": (cfg.block_size, C),
          "layer_norm.weight": (C,), "layer_norm.bias": (C,)}
+    features = cfg.input_features
+    if features:
+        s["embed_features.weight"], s["embed_features.bias"] = (C, features), (C,)
+    else:
+        s["embed_tokens.weight"] = (V, C)
     for i in range(cfg.n_layer):
         p = f"layers.{i}."
         s[p + "self_attn_layer_norm.weight"] = (C,)
@@ -72,6 +95,8 @@ def param_shapes(cfg):
         for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
             s[p + f"self_attn.{proj}.weight"] = (C, C)
             s[p + f"self_attn.{proj}.bias"] = (C,)
+        if cfg.mlp == "none":
+            continue
         s[p + "final_layer_norm.weight"] = (C,)
         s[p + "final_layer_norm.bias"] = (C,)
         s[p + "fc1.weight"] = (F_, C)
@@ -117,13 +142,19 @@ def _ln(x, params, prefix, eps):
                         eps)
 
 
-def encoder_logits(params, cfg, idx):
-    """idx [B,T] int64 -> logits [B,T,V]."""
-    B, T = idx.shape
+def encoder_hidden(params, cfg, idx=None, lengths=None, features=None):
+    """idx [B,T] int64 (or features [B,T,F]) -> layer_norm output [B,T,C]; lengths [B]: keys at
+    positions >= lengths[b] are masked."""
+    B, T = (features if features is not None else idx).shape[:2]
     C, H, hd = cfg.n_embd, cfg.n_head, cfg.head_dim
     if T > cfg.block_size:
         raise ValueError(f"sequence length {T} exceeds max_position_embeddings {cfg.block_size}")
-    x = params["embed_tokens.weight"][idx] + params["embed_positions.weight"][torch.arange(T)]
+    if features is not None:
+        x = _linear(features, params, "embed_features")
+    else:
+        x = params["embed_tokens.weight"][idx]
+    x = x + params["embed_positions.weight"][torch.arange(T)]
+    mask = None if lengths is None else key_padding_mask(lengths, T)
     scale = 1.0 / math.sqrt(hd)
     for i in range(cfg.n_layer):
         p = f"layers.{i}."
@@ -131,14 +162,22 @@ def encoder_logits(params, cfg, idx):
         q = _linear(n, params, p + "self_attn.q_proj").view(B, T, H, hd).transpose(1, 2)
         k = _linear(n, params, p + "self_attn.k_proj").view(B, T, H, hd).transpose(1, 2)
         v = _linear(n, params, p + "self_attn.v_proj").view(B, T, H, hd).transpose(1, 2)
-        att = torch.softmax((q @ k.transpose(-2, -1)) * scale, dim=-1)
-        y = (att @ v).transpose(1, 2).reshape(B, T, C)
+        att = (q @ k.transpose(-2, -1)) * scale
+        if mask is not None:
+            att = att.masked_fill(~mask, float("-inf"))
+        y = (torch.softmax(att, dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
         x = x + _linear(y, params, p + "self_attn.out_proj")
+        if cfg.mlp == "none":
+            continue
         n = _ln(x, params, p + "final_layer_norm", cfg.eps)
         x = x + _linear(F.gelu(_linear(n, params, p + "fc1"), approximate="tanh"), params,
                         p + "fc2")
-    x = _ln(x, params, "layer_norm", cfg.eps)
-    return x @ params["embed_tokens.weight"].t()
+    return _ln(x, params, "layer_norm", cfg.eps)
+
+
+def encoder_logits(params, cfg, idx):
+    """idx [B,T] int64 -> logits [B,T,V]."""
+    return encoder_hidden(params, cfg, idx) @ params["embed_tokens.weight"].t()
 
 
 def encoder_loss(params, cfg, idx, targets):

@@ -6,6 +6,10 @@
   (model.safetensors + config.json) as a dict of named torch tensors
   (float32 by default, requires_grad).
 * `gpt_loss(params, cfg, idx, targets)`: forward pass -> mean cross-entropy loss.
+* `gpt_hidden(params, cfg, idx, lengths)`: the final LayerNorm's output [B,T,C]; with
+  `lengths` [B] the keys at positions >= lengths[b] are masked as well (padding; the task
+  heads of reference/torch_tasks.py read these states).
+* `key_padding_mask(lengths, Tk)`: [B,1,1,Tk] bool, True where a key is real.
 * `random_model(cfg)`: the same model with GPT-2 style random init (benchmarks).
 * `read_tokens` / `windows`: llm.c token shards and trellis' window layout.
 
@@ -213,8 +217,14 @@ def _gelu(x):
     return F.gelu(x, approximate="tanh")
 
 
-def gpt_logits(params, cfg, idx):
-    """idx [B,T] int64 -> logits [B,T,V]."""
+def key_padding_mask(lengths, Tk):
+    """[B,1,1,Tk] bool: True where key position < lengths[b] (broadcasts over heads, queries)."""
+    lengths = torch.as_tensor(lengths)
+    return (torch.arange(Tk)[None, :] < lengths[:, None])[:, None, None, :]
+
+
+def gpt_hidden(params, cfg, idx, lengths=None):
+    """idx [B,T] int64 -> ln_f output [B,T,C]; lengths [B]: keys >= lengths[b] masked too."""
     B, T = idx.shape
     C, nh = cfg.n_embd, cfg.n_head
     hs = C // nh
@@ -223,6 +233,8 @@ def gpt_logits(params, cfg, idx):
     pos = torch.arange(T, device=idx.device)
     x = params["wte.weight"][idx] + params["wpe.weight"][pos]
     mask = torch.ones(T, T, dtype=torch.bool, device=idx.device).tril()
+    if lengths is not None:
+        mask = mask & key_padding_mask(lengths, T)
     scale = 1.0 / math.sqrt(hs)
     for i in range(cfg.n_layer):
         p = f"h.{i}."
@@ -240,8 +252,12 @@ def gpt_logits(params, cfg, idx):
         h = F.layer_norm(x, (C,), params[p + "ln_2.weight"], params[p + "ln_2.bias"], 1e-5)
         h = _gelu(h @ params[p + "mlp.c_fc.weight"] + params[p + "mlp.c_fc.bias"])
         x = x + (h @ params[p + "mlp.c_proj.weight"] + params[p + "mlp.c_proj.bias"])
-    x = F.layer_norm(x, (C,), params["ln_f.weight"], params["ln_f.bias"], 1e-5)
-    return x @ params["wte.weight"].t()
+    return F.layer_norm(x, (C,), params["ln_f.weight"], params["ln_f.bias"], 1e-5)
+
+
+def gpt_logits(params, cfg, idx):
+    """idx [B,T] int64 -> logits [B,T,V]."""
+    return gpt_hidden(params, cfg, idx) @ params["wte.weight"].t()
 
 
 def gpt_loss(params, cfg, idx, targets):

@@ -4,6 +4,8 @@
   (model.safetensors + config.json, HF LlamaConfig keys); params are leaf tensors
   requiring grad.
 * `llama_loss(params, cfg, idx, targets)`: forward pass -> mean cross-entropy loss.
+* `llama_hidden(params, cfg, idx, lengths)`: the final RMSNorm's output [B,T,C]; with `lengths`
+  [B] the keys at positions >= lengths[b] are masked as well (padding).
 * `rope(x, theta)`: rotary position embedding of [..., T, hd] at positions 0..T-1.
 
 Model (HF LlamaForCausalLM names, nn.Linear layout [out, in], y = x @ W^T, no biases):
@@ -29,7 +31,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from reference.torch_gpt import load_params
+from reference.torch_gpt import key_padding_mask, load_params
 
 
 class LlamaConfig:
@@ -135,14 +137,16 @@ def rope(x, theta):
     return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
 
 
-def llama_logits(params, cfg, idx):
-    """idx [B,T] int64 -> logits [B,T,V]."""
+def llama_hidden(params, cfg, idx, lengths=None):
+    """idx [B,T] int64 -> model.norm output [B,T,C]; lengths [B]: keys >= lengths[b] masked too."""
     B, T = idx.shape
     H, Hkv, hd = cfg.n_head, cfg.n_kv_head, cfg.head_dim
     if T > cfg.block_size:
         raise ValueError(f"sequence length {T} exceeds max_position_embeddings {cfg.block_size}")
     x = params["model.embed_tokens.weight"][idx]
     mask = torch.ones(T, T, dtype=torch.bool).tril()
+    if lengths is not None:
+        mask = mask & key_padding_mask(lengths, T)
     scale = 1.0 / math.sqrt(hd)
     kv_of = torch.arange(H) // (H // Hkv)  # kv head of each query head
     for i in range(cfg.n_layer):
@@ -161,8 +165,12 @@ def llama_logits(params, cfg, idx):
         gate = n @ params[p + "mlp.gate_proj.weight"].t()
         up = n @ params[p + "mlp.up_proj.weight"].t()
         x = x + (F.silu(gate) * up) @ params[p + "mlp.down_proj.weight"].t()
-    x = rmsnorm(x, params["model.norm.weight"], cfg.eps)
-    return x @ params["lm_head.weight"].t()
+    return rmsnorm(x, params["model.norm.weight"], cfg.eps)
+
+
+def llama_logits(params, cfg, idx):
+    """idx [B,T] int64 -> logits [B,T,V]."""
+    return llama_hidden(params, cfg, idx) @ params["lm_head.weight"].t()
 
 
 def llama_loss(params, cfg, idx, targets):
