@@ -1,0 +1,74 @@
+"""The task models under parallel layouts equal the 1-process run: the encoder classifier
+(mean pooling) and the GPT-2 classifier (last-token pooling) on padded texts, and the
+encoder-decoder on padded translation pairs. For each, dp2, tp2, pp2 (1f1b) and
+dp2 x tp2 x pp2 (8 ranks, ZeRO-1) give the same per-step losses over 20 steps, validation
+losses (and the classifiers' validation accuracy and macro-F1) and final parameters to <= 1e-5
+relative (fp32); the translation also under tp2 with sequence parallelism, which a classifier
+refuses (its pooling spans the sequence) with trellis's one-line error, exit 2.
+
+Every layout runs micro-batches of 2 and so does the baseline (a pipeline always accumulates;
+see test_model_layouts). Every global batch holds padded examples (checked on the data)."""
+import os
+
+from reference.torch_tasks import read_task, needed
+from trellis_test import (LayoutCheck, check, fresh_dir, metrics, mpirun, run, write_classify_tsv,
+                          write_translate_tsv, TMP)
+
+inputs = fresh_dir("inputs")
+cls_tsv, mt_tsv = os.path.join(inputs, "texts.tsv"), os.path.join(inputs, "pairs.tsv")
+write_classify_tsv(cls_tsv)
+write_translate_tsv(mt_tsv)
+cls_dir, mt_dir = os.path.join(TMP, "classify"), os.path.join(TMP, "translate")
+run(["prepare", "--task", "classify", "--input", cls_tsv, "--out", cls_dir, "--val-fraction", 0.2])
+run(["prepare", "--task", "translate", "--input", mt_tsv, "--out", mt_dir, "--val-fraction", 0.2])
+
+STEPS, G = 20, 8
+for name, d in (("classify", cls_dir), ("translate", mt_dir)):
+    meta, train, val = read_task(d)
+    n = [needed(meta, s, t) for _, s, t in train]
+    T = max(needed(meta, s, t) for _, s, t in train + val)
+    # with --shuffle false, step s takes examples [s*G, s*G + G) mod len(train)
+    padded = all(min(n[(s * G + j) % len(n)] for j in range(G)) < T for s in range(STEPS))
+    check(padded, f"{name}: every one of the {STEPS} global batches holds padding (T {T})")
+
+common = ["--steps", STEPS, "--batch-size", G, "--micro-batch-size", 2, "--shuffle", "false",
+          "--lr", 3e-3, "--warmup-steps", 4, "--val-every", 10, "--threads", 1, "--quiet",
+          "--tensorboard", "false"]
+layouts = {
+    "dp2": (2, ["--dp", 2]),
+    "tp2": (2, ["--tp", 2]),
+    "pp2_1f1b": (2, ["--pp", 2, "--schedule", "1f1b"]),
+    "dp2_tp2_pp2_zero1": (8, ["--dp", 2, "--tp", 2, "--pp", 2, "--zero", 1]),
+}
+models = {
+    "encoder_cls": ["train", "--model", "encoder-tiny", "--data", cls_dir] + common,
+    "gpt2_cls": ["train", "--model", "tiny", "--n-layer", 2, "--n-head", 2, "--n-embd", 32,
+                 "--data", cls_dir] + common,
+    # seq_len 34 (the pairs need 33): sequence parallelism splits B x T rows over tp = 2
+    "encdec_mt": ["train", "--model", "encdec-tiny", "--data", mt_dir, "--seq-len", 34] + common,
+}
+extra_layouts = {"encdec_mt": {"tp2_sp": (2, ["--tp", 2, "--sequence-parallel"])}}
+
+
+def class_metrics(out):
+    return [(v["val_accuracy"], v["val_macro_f1"]) for v in metrics(out)[1]]
+
+
+for model, args in models.items():
+    lc = LayoutCheck(args, n_embd=32, steps=STEPS, name=f"{model}_baseline")
+    base_out = os.path.join(TMP, f"{model}_baseline")
+    for name, (ranks, extra) in {**layouts, **extra_layouts.get(model, {})}.items():
+        lc.check(f"{model}_{name}", ranks, extra)
+        if model.endswith("_cls"):
+            got, want = class_metrics(os.path.join(TMP, f"{model}_{name}")), class_metrics(base_out)
+            check(len(want) == 2 and got == want,
+                  f"{model}_{name}: validation accuracy and macro-F1 equal ({got})")
+
+# Sequence parallelism: refused for a classifier, with trellis's own one-line message.
+for model in ("encoder_cls", "gpt2_cls"):
+    _, err = mpirun(2, models[model] + ["--tp", 2, "--sequence-parallel",
+                                        "--out", fresh_dir(f"{model}_sp")], expect=2)
+    lines = [line for line in err.splitlines() if line.startswith("trellis: error:")]
+    check(lines and all("sequence parallelism is not supported for classifiers" in line
+                        for line in lines),
+          f"{model}: --sequence-parallel refused, exit 2: {lines[:1]}")
