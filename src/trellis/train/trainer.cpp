@@ -367,7 +367,7 @@ void Trainer::print_header() const {
   fmt::print(
       "trellis: {} ({}) | {} layers{}, {} heads{}, width {}, context {}, vocab {} ({} padded) | "
       "{:.2f}M parameters\n",
-      cfg_.model, mc_.arch, mc_.n_layer,
+      cfg_.init_from.empty() ? cfg_.model : cfg_.init_from, mc_.arch, mc_.n_layer,
       mc_.encoder_decoder() ? fmt::format(" + {} decoder layers", mc_.n_dec_layer) : "", mc_.n_head,
       mc_.kv_heads() != mc_.n_head ? fmt::format(" ({} kv)", mc_.kv_heads()) : "", mc_.n_embd,
       mc_.block_size, mc_.vocab_size, mc_.padded_vocab(), double(ParamLayout(mc_).count()) / 1e6);
