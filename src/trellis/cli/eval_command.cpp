@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "trellis/cli/commands.h"
+#include "trellis/cli/local_model.h"
 #include "trellis/core/error.h"
 #include "trellis/data/loader.h"
 #include "trellis/data/shard.h"
@@ -51,9 +52,8 @@ double windows_loss(const EvalArgs& a, int64_t rows, bool with_grad, CheckpointD
                   "seq-len {} exceeds the checkpoint's context length {}", a.seq_len,
                   ck.model.block_size);
   const std::vector<uint16_t> tokens = read_shard(a.data);
-  const ParamLayout layout(ck.model);
-  TensorParallel single(nullptr, false);
-  Transformer model(layout, ck.params.data(), grads ? grads->data() : nullptr, single);
+  LocalModel local(ck, grads ? grads->data() : nullptr);
+  Transformer& model = local.model;
   Context ctx;
   model.prepare(ctx, a.batch_size, a.seq_len);
   double sum = 0.0;
@@ -88,9 +88,8 @@ double examples_loss(const EvalArgs& a, CheckpointData& ck, const SequenceFormat
                      const ExampleSet& set, int64_t n, std::vector<float>* grads,
                      std::vector<int>* predictions) {
   if (a.threads > 0) omp_set_num_threads(a.threads);
-  const ParamLayout layout(ck.model);
-  TensorParallel single(nullptr, false);
-  Transformer model(layout, ck.params.data(), grads ? grads->data() : nullptr, single);
+  LocalModel local(ck, grads ? grads->data() : nullptr);
+  Transformer& model = local.model;
   Context ctx;
   model.prepare(ctx, a.batch_size, f.T);
   int64_t targets = 0;
@@ -133,9 +132,8 @@ nlohmann::json evaluate_task(const EvalArgs& a, CheckpointData& ck) {
   }
   const double loss = examples_loss(a, ck, f, d.val, n, nullptr, nullptr);
   auto tok = make_tokenizer(d.meta.tokenizer, d.meta.tokenizer_dir);
-  const ParamLayout layout(ck.model);
-  TensorParallel single(nullptr, false);
-  Transformer model(layout, ck.params.data(), nullptr, single);
+  LocalModel local(ck);
+  Transformer& model = local.model;
   const DecodeOptions opt{a.beam, a.max_len, 0.6, f.special, f.T};
   std::vector<std::string> hyps, refs;
   for (int64_t first = 0; first < n; first += a.batch_size) {

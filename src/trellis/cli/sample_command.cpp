@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "trellis/cli/commands.h"
+#include "trellis/cli/local_model.h"
 #include "trellis/comm/communicator.h"
 #include "trellis/core/error.h"
 #include "trellis/core/philox.h"
@@ -70,9 +71,8 @@ Command add_sample_command(CLI::App& app) {
                 ck.tokenizer.kind, a->tokenizer_dir.empty() ? ck.tokenizer.dir : a->tokenizer_dir);
             std::vector<int> ids = tok->encode(a->prompt);
             TRELLIS_REQUIRE(!ids.empty(), "--prompt must not be empty");
-            const ParamLayout layout(ck.model);
-            TensorParallel single(nullptr, false);
-            Transformer model(layout, ck.params.data(), nullptr, single);
+            LocalModel local(ck);
+            Transformer& model = local.model;
             Context ctx;
             std::fputs(a->prompt.c_str(), stdout);
             for (int64_t i = 0; i < a->tokens; ++i) {

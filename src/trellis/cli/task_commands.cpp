@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "trellis/cli/commands.h"
+#include "trellis/cli/local_model.h"
 #include "trellis/comm/communicator.h"
 #include "trellis/core/error.h"
 #include "trellis/data/tokenizer.h"
@@ -82,9 +83,8 @@ int run_classify(const TaskArgs& a) {
   TaskModel m = load_task_model(a, "classify");
   const std::vector<std::string> lines = read_lines(a.input);
   const std::vector<std::string> classes = m.ck.task.at("classes");
-  const ParamLayout layout(m.ck.model);
-  TensorParallel single(nullptr, false);
-  Transformer model(layout, m.ck.params.data(), nullptr, single);
+  LocalModel local(m.ck);
+  Transformer& model = local.model;
   Context ctx;
   model.prepare(ctx, a.batch_size, m.format.T);
   const int64_t n = int64_t(lines.size()), K = int64_t(classes.size());
@@ -119,9 +119,8 @@ int run_classify(const TaskArgs& a) {
 int run_translate(const TaskArgs& a) {
   TaskModel m = load_task_model(a, "translate");
   const std::vector<std::string> lines = read_lines(a.input);
-  const ParamLayout layout(m.ck.model);
-  TensorParallel single(nullptr, false);
-  Transformer model(layout, m.ck.params.data(), nullptr, single);
+  LocalModel local(m.ck);
+  Transformer& model = local.model;
   const DecodeOptions opt{a.beam, a.max_len, 0.6, m.format.special, m.format.T};
   for (size_t first = 0; first < lines.size(); first += size_t(a.batch_size)) {
     std::vector<std::vector<uint32_t>> ids;

@@ -1,0 +1,21 @@
+#pragma once
+// A checkpoint's whole model on this one rank (tensor-parallel group of one), for the commands
+// that evaluate, sample or decode outside training.
+#include "trellis/io/checkpoint.h"
+#include "trellis/model/transformer.h"
+
+namespace trellis {
+
+struct LocalModel {
+  // grads: a gradient buffer in the checkpoint's layout, or null for inference.
+  explicit LocalModel(CheckpointData& ck, float* grads = nullptr)
+      : layout(ck.model), model(layout, ck.params.data(), grads, single) {}
+  LocalModel(const LocalModel&) = delete;
+  LocalModel& operator=(const LocalModel&) = delete;
+
+  const ParamLayout layout;
+  TensorParallel single{nullptr, false};
+  Transformer model;
+};
+
+}  // namespace trellis
