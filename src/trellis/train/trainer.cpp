@@ -373,8 +373,8 @@ void Trainer::print_header() const {
       mc_.block_size, mc_.vocab_size, mc_.padded_vocab(), double(ParamLayout(mc_).count()) / 1e6);
   if (task_) {
     const TaskMeta& m = task_->meta;
-    fmt::print("trellis: data {} | {} {}: {} train / {} {} examples, {} positions{}\n", cfg_.data,
-               m.task, m.task == "classify" ? fmt::format("({} classes)", m.classes.size()) : "",
+    fmt::print("trellis: data {} | {}{}: {} train / {} {} examples, {} positions{}\n", cfg_.data,
+               m.task, m.task == "classify" ? fmt::format(" ({} classes)", m.classes.size()) : "",
                task_->train.size(), task_->val.size(), m.val_split, T_,
                mc_.num_classes ? fmt::format(", {} pooling", pooling_name(mc_.pooling)) : "");
   } else {
