@@ -52,9 +52,22 @@ void read_tensors(const SafetensorsFile& f, const std::string& path, const Param
 
 // Hugging Face config.json of the model's family, plus a "trellis" section with what HF's config
 // does not say (tokenizer, vocabulary padding; the family, for people: model_type decides).
+// The family's config.json; a classifier is its family's *ForSequenceClassification.
+nlohmann::json hf_model_config(const ModelConfig& m) {
+  nlohmann::json j = family_of(m.arch).to_hf_config(m);
+  if (m.num_classes == 0 || !j.contains("architectures")) return j;
+  for (auto& name : j["architectures"]) {
+    const std::string a = name.get<std::string>();
+    for (const char* lm : {"LMHeadModel", "ForCausalLM"})
+      if (const size_t at = a.find(lm); at != std::string::npos)
+        name = a.substr(0, at) + "ForSequenceClassification";
+  }
+  return j;
+}
+
 nlohmann::json hf_config(const ModelConfig& m, const TokenizerInfo& tok,
                          const nlohmann::json& task) {
-  nlohmann::json j = family_of(m.arch).to_hf_config(m);
+  nlohmann::json j = hf_model_config(m);
   if (tok.kind == "gpt2") j["bos_token_id"] = j["eos_token_id"] = 50256;
   j["torch_dtype"] = "float32";
   j["trellis"] = {{"arch", m.arch},
@@ -107,7 +120,7 @@ ModelConfig model_config_from_json(const nlohmann::json& cfg, const std::string&
     if (t.contains("blocks")) {
       set_block_choices(t["blocks"], m, cfg_path + " trellis.blocks");
       // trellis wrote both parts: they must still describe the same model.
-      const nlohmann::json described = fam.to_hf_config(m);
+      const nlohmann::json described = hf_model_config(m);
       for (const auto& [key, value] : described.items())
         TRELLIS_REQUIRE(!cfg.contains(key) || cfg[key] == value,
                         "{}: {} is {}, but its trellis section describes {}", cfg_path, key,

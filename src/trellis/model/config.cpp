@@ -32,6 +32,10 @@ void ModelConfig::validate() const {
   TRELLIS_REQUIRE(input_features == 0 || (arch == "encoder" && num_classes > 0),
                   "model: feature inputs (input_features={}) need an encoder classifier, not {}",
                   input_features, arch);
+  TRELLIS_REQUIRE(num_classes == 0 || pooling != Pooling::Cls || !causal,
+                  "model: pooling = cls reads the first position, which a causal {} model sees "
+                  "alone; use last (or mean)",
+                  arch);
   TRELLIS_REQUIRE(mlp != MlpKind::None || arch == "encoder",
                   "model: mlp = none (attention-only blocks) is for the encoder, not {}", arch);
 }
