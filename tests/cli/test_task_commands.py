@@ -31,6 +31,11 @@ def classification(tmp):
         confusion = json.load(f)
     check(sum(map(sum, confusion["confusion"])) == 60, "confusion.json counts the 60 val examples")
 
+    with open(os.path.join(ck, "config.json")) as f:
+        config = json.load(f)
+    check(config["num_labels"] == 3 and config["id2label"] == {"0": "blue", "1": "green", "2": "red"}
+          and config["trellis"]["task"]["classes"] == ["blue", "green", "red"],
+          "config.json names the classes (Hugging Face's num_labels/id2label, trellis.task)")
     stdout, _ = run(["eval", "--checkpoint", ck, "--data", data])
     metrics = json.loads(stdout)
     check(set(metrics) == {"loss", "accuracy", "macro_f1", "examples"} and

@@ -37,8 +37,10 @@ from reference.torch_gpt import key_padding_mask, load_params
 class LlamaConfig:
     def __init__(self, c):
         arch = c.get("architectures")
-        if arch is not None and arch != ["LlamaForCausalLM"]:
-            raise ValueError(f"architectures {arch}, expected ['LlamaForCausalLM']")
+        # (a classifier's checkpoint says LlamaForSequenceClassification)
+        if arch is not None and arch not in (["LlamaForCausalLM"], ["LlamaForSequenceClassification"]):
+            raise ValueError(f"architectures {arch}, expected LlamaForCausalLM or "
+                             "LlamaForSequenceClassification")
         if c.get("model_type", "llama") != "llama":
             raise ValueError(f"model_type {c.get('model_type')!r}, expected 'llama'")
         self.n_layer = int(c["num_hidden_layers"])
