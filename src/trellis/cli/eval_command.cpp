@@ -69,8 +69,9 @@ double windows_loss(const EvalArgs& a, int64_t rows, bool with_grad, CheckpointD
 
 // The task checkpoint's sequence layout, checked against a task directory's.
 SequenceFormat task_format(const CheckpointData& ck, const TaskMeta& meta, const std::string& dir) {
-  TRELLIS_REQUIRE(!ck.task.is_null(), "{}: the checkpoint is a language model; {} holds {} examples",
-                  dir, dir, meta.task);
+  TRELLIS_REQUIRE(!ck.task.is_null(),
+                  "{}: the checkpoint is a language model; {} holds {} examples", dir, dir,
+                  meta.task);
   TRELLIS_REQUIRE(ck.task.value("task", "") == meta.task,
                   "{}: the checkpoint is a {} model, the directory holds {} examples", dir,
                   ck.task.value("task", ""), meta.task);

@@ -108,8 +108,8 @@ int run_classify(const TaskArgs& a) {
       nlohmann::ordered_json probs;
       for (int64_t k = 0; k < K; ++k)
         probs[classes[size_t(k)]] = std::exp(double(logits[k]) - mx) / sum;
-      const nlohmann::ordered_json out = {
-          {"label", classes[size_t(ctx.predictions[size_t(r)])]}, {"probabilities", probs}};
+      const nlohmann::ordered_json out = {{"label", classes[size_t(ctx.predictions[size_t(r)])]},
+                                          {"probabilities", probs}};
       fmt::print("{}\n", out.dump());
     }
   }
@@ -156,9 +156,10 @@ Command add_translate_command(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "translate", "translate each line of a text file with an encoder-decoder checkpoint");
   add_common_options(sub, *a);
-  sub->add_option("--beam", a->beam,
-                  "beam size (1 = greedy); hypotheses are ranked by log-probability / "
-                  "((5 + length) / 6)^0.6, the length penalty of GNMT used by the Transformer paper")
+  sub->add_option(
+         "--beam", a->beam,
+         "beam size (1 = greedy); hypotheses are ranked by log-probability / "
+         "((5 + length) / 6)^0.6, the length penalty of GNMT used by the Transformer paper")
       ->capture_default_str();
   sub->add_option("--max-len", a->max_len, "most generated tokens (0 = the context)");
   return {sub, [a](Communicator& world) {

@@ -41,8 +41,8 @@ ExampleSet read_examples(const std::string& path);
 
 // meta.json of a task data directory.
 struct TaskMeta {
-  std::string task;        // "classify" or "translate"
-  std::string tokenizer;   // "byte" or "gpt2" (token inputs)
+  std::string task;       // "classify" or "translate"
+  std::string tokenizer;  // "byte" or "gpt2" (token inputs)
   std::string tokenizer_dir;
   int vocab_size = 0;      // the model's vocabulary: the tokenizer's plus the special token if new
   int special_token = -1;  // begins/ends sequences (BOS/EOS/CLS); GPT-2: <|endoftext|>; byte: 256

@@ -94,12 +94,13 @@ ModelConfig model_preset(const std::string& name, ModelConfig c) {
 }
 
 nlohmann::json block_choices(const ModelConfig& c) {
-  nlohmann::json j = {
-      {"norm", c.norm == NormKind::RMSNorm ? "rmsnorm" : "layernorm"},
-      {"positions", c.positions == PositionKind::Rope ? "rope" : "learned"},
-      {"mlp", c.mlp == MlpKind::SwiGLU ? "swiglu" : c.mlp == MlpKind::None ? "none" : "gelu"},
-      {"bias", c.bias},
-      {"tied_head", c.tied_head}};
+  nlohmann::json j = {{"norm", c.norm == NormKind::RMSNorm ? "rmsnorm" : "layernorm"},
+                      {"positions", c.positions == PositionKind::Rope ? "rope" : "learned"},
+                      {"mlp", c.mlp == MlpKind::SwiGLU ? "swiglu"
+                              : c.mlp == MlpKind::None ? "none"
+                                                       : "gelu"},
+                      {"bias", c.bias},
+                      {"tied_head", c.tied_head}};
   if (c.num_classes > 0) {
     j["num_classes"] = c.num_classes;
     j["pooling"] = pooling_name(c.pooling);

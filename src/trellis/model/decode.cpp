@@ -15,7 +15,9 @@ struct Hypothesis {
   double logp = 0.0;
 };
 
-double length_penalty(int64_t len, double alpha) { return std::pow((5.0 + double(len)) / 6.0, alpha); }
+double length_penalty(int64_t len, double alpha) {
+  return std::pow((5.0 + double(len)) / 6.0, alpha);
+}
 
 // log softmax of one row, in double.
 std::vector<double> log_softmax(const float* x, int64_t n) {
@@ -31,8 +33,8 @@ std::vector<double> log_softmax(const float* x, int64_t n) {
 }  // namespace
 
 std::vector<std::vector<int>> translate(Transformer& model,
-                                       const std::vector<std::span<const uint32_t>>& sources,
-                                       const DecodeOptions& o) {
+                                        const std::vector<std::span<const uint32_t>>& sources,
+                                        const DecodeOptions& o) {
   const int64_t beam = std::max(1, o.beam), V = model.config().vocab_size, n = sources.size();
   // The decoder's input is [S] y_1 .. y_t: generating position t needs t + 1 <= T.
   const int64_t max_len = std::min(o.max_len > 0 ? o.max_len : o.T, o.T);
@@ -117,11 +119,10 @@ std::vector<std::vector<int>> translate(Transformer& model,
   std::vector<std::vector<int>> out;
   for (Sentence& s : sent) {
     for (const Hypothesis& h : s.alive)  // out of room: they end here
-      s.finished.push_back(
-          {h.logp / length_penalty(int64_t(h.tokens.size()), o.alpha), h.tokens});
-    const auto best = std::max_element(
-        s.finished.begin(), s.finished.end(),
-        [](const auto& a, const auto& b) { return a.first < b.first; });
+      s.finished.push_back({h.logp / length_penalty(int64_t(h.tokens.size()), o.alpha), h.tokens});
+    const auto best =
+        std::max_element(s.finished.begin(), s.finished.end(),
+                         [](const auto& a, const auto& b) { return a.first < b.first; });
     out.push_back(best->second);
   }
   return out;

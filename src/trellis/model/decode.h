@@ -14,17 +14,17 @@ namespace trellis {
 
 struct DecodeOptions {
   int beam = 1;
-  int64_t max_len = 0;   // most generated tokens (the end token included); 0 = the context
-  double alpha = 0.6;    // length penalty exponent (beam > 1)
-  int special = 0;       // begins the decoder's input and ends a hypothesis
-  int64_t T = 0;         // positions of the padded sequences
+  int64_t max_len = 0;  // most generated tokens (the end token included); 0 = the context
+  double alpha = 0.6;   // length penalty exponent (beam > 1)
+  int special = 0;      // begins the decoder's input and ends a hypothesis
+  int64_t T = 0;        // positions of the padded sequences
 };
 
 // The target tokens (without the end token) the model produces for each source (without its end
 // token; at most T - 1 tokens). The sentences are decoded together, one row per live hypothesis,
 // padded to the longest source or prefix of the step.
 std::vector<std::vector<int>> translate(Transformer& model,
-                                       const std::vector<std::span<const uint32_t>>& sources,
-                                       const DecodeOptions& opt);
+                                        const std::vector<std::span<const uint32_t>>& sources,
+                                        const DecodeOptions& opt);
 
 }  // namespace trellis

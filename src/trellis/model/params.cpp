@@ -196,8 +196,8 @@ void ParamBuilder::classifier(const std::string& weight_name, const std::string&
 }
 
 void ParamBuilder::feature_embedding(const std::string& prefix) {
-  ParamSpec w = named(prefix + ".weight", Slot::FeatureEmbed, -1,
-                      {cfg_.n_embd, cfg_.input_features});
+  ParamSpec w =
+      named(prefix + ".weight", Slot::FeatureEmbed, -1, {cfg_.n_embd, cfg_.input_features});
   w.init_std = kInitStd;
   w.decay = true;
   w.layout = WeightLayout::OutIn;

@@ -101,14 +101,9 @@ Transformer::Transformer(const ParamLayout& layout, float* params, float* grads,
 // its real tokens, which the causal mask already hides from them).
 ops::AttentionShape Transformer::attention_shape(const Context& ctx, const Block& b) const {
   const int32_t* key_len = ctx.lengths.empty() || b.decoder ? nullptr : ctx.lengths.data();
-  return {ctx.B,
-          ctx.T,
-          ctx.T,
-          Hl_,
-          Hkvl_,
-          hd_,
-          cfg_.causal && (!cfg_.encoder_decoder() || b.decoder),
-          key_len};
+  return {
+      ctx.B,  ctx.T, ctx.T, Hl_, Hkvl_, hd_, cfg_.causal && (!cfg_.encoder_decoder() || b.decoder),
+      key_len};
 }
 
 void Transformer::prepare(Context& ctx, int64_t B, int64_t T) {
@@ -485,8 +480,8 @@ double Transformer::classifier_forward(Context& ctx, float grad_scale) {
   for (int64_t b = 0; b < B; ++b) {
     TRELLIS_REQUIRE(ctx.labels[size_t(b)] >= -1 && ctx.labels[size_t(b)] < K,
                     "label {} is outside the {} classes", ctx.labels[size_t(b)], K);
-    ctx.predictions[size_t(b)] = int32_t(std::max_element(logits + b * K, logits + b * K + K) -
-                                         (logits + b * K));
+    ctx.predictions[size_t(b)] =
+        int32_t(std::max_element(logits + b * K, logits + b * K + K) - (logits + b * K));
   }
   std::vector<float> losses(static_cast<size_t>(B));
   const double sum =

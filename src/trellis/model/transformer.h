@@ -34,7 +34,7 @@ struct Context {
   std::vector<int32_t> lengths;
   std::vector<int32_t> labels;  // a classifier's class of each sequence [B] (-1: not counted)
   std::vector<float> features;  // feature inputs [B*T, input_features] (instead of tokens)
-  Tensor embedded;  // [local, C] input of block 0
+  Tensor embedded;              // [local, C] input of block 0
   struct BlockActs {
     Tensor ln1, ln1_mean, ln1_rstd, ln1_full, qkv, probs, att, res_mid;
     // cross-attention (decoder blocks of an encoder-decoder)

@@ -93,24 +93,22 @@ TaskData load_task_data(const std::string& dir) {
   d.val = read_examples((fs::path(dir) / "val.examples").string());
   TRELLIS_REQUIRE(d.train.size() > 0, "{}: train.examples holds no examples", dir);
   const int64_t K = int64_t(d.meta.classes.size());
+  auto in_vocab = [&](std::span<const uint32_t> tokens) {
+    return std::all_of(tokens.begin(), tokens.end(),
+                       [&](uint32_t v) { return v < uint32_t(d.meta.vocab_size); });
+  };
   for (const ExampleSet* set : {&d.train, &d.val})
     for (size_t i = 0; i < set->size(); ++i) {
       const int32_t label = set->labels[i];
       TRELLIS_REQUIRE(d.meta.task != "classify" || (label >= 0 && label < K),
                       "{}: example {} has label {}, outside the {} classes of meta.json", dir, i,
                       label, K);
-      TRELLIS_REQUIRE(d.meta.feature_dim > 0 || std::all_of(set->source(i).begin(),
-                                                            set->source(i).end(),
-                                                            [&](uint32_t v) {
-                                                              return v < uint32_t(
-                                                                             d.meta.vocab_size);
-                                                            }),
-                      "{}: example {} holds a token outside the vocabulary ({})", dir, i,
-                      d.meta.vocab_size);
-      TRELLIS_REQUIRE(d.meta.feature_dim == 0 ||
-                          set->source(i).size() % size_t(d.meta.feature_dim) == 0,
-                      "{}: example {} is not a whole number of {}-value patches", dir, i,
-                      d.meta.feature_dim);
+      TRELLIS_REQUIRE(
+          d.meta.feature_dim > 0 || (in_vocab(set->source(i)) && in_vocab(set->target(i))),
+          "{}: example {} holds a token outside the vocabulary ({})", dir, i, d.meta.vocab_size);
+      TRELLIS_REQUIRE(
+          d.meta.feature_dim == 0 || set->source(i).size() % size_t(d.meta.feature_dim) == 0,
+          "{}: example {} is not a whole number of {}-value patches", dir, i, d.meta.feature_dim);
     }
   return d;
 }

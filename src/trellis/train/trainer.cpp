@@ -130,7 +130,7 @@ class Trainer {
   bool lead_;
   int threads_, V_;
   ScheduleKind schedule_;
-  Corpus corpus_;  // the language model's data
+  Corpus corpus_;                   // the language model's data
   std::unique_ptr<TaskData> task_;  // or a task's
   TokenizerInfo tokenizer_;
   ModelConfig mc_;
@@ -262,10 +262,9 @@ void Trainer::load_data() {
   const TaskMeta& meta = task_->meta;
   tokenizer_ = {meta.tokenizer, meta.tokenizer_dir};
   const bool classify = task == "classify";
-  mc_ = cfg_.model_config(meta.vocab_size, classify ? int(meta.classes.size()) : 0,
-                          meta.feature_dim);
-  TRELLIS_REQUIRE(classify != mc_.encoder_decoder(),
-                  "model {}: {} needs {}", cfg_.model, task,
+  mc_ =
+      cfg_.model_config(meta.vocab_size, classify ? int(meta.classes.size()) : 0, meta.feature_dim);
+  TRELLIS_REQUIRE(classify != mc_.encoder_decoder(), "model {}: {} needs {}", cfg_.model, task,
                   classify ? "an encoder or a decoder (encoder-*, gpt2*, llama*), not an "
                              "encoder-decoder"
                            : "an encoder-decoder (seq2seq-*, transformer-base, encdec-*)");
@@ -316,8 +315,7 @@ void Trainer::load_or_init() {
       const PretrainedReport r = load_pretrained(cfg_.init_from, global, all.data());
       copy_from_global(*layout_, global, all.data(), params_.data());
       if (lead_ && !cfg_.quiet)
-        fmt::print("trellis: initialised from {} ({} tensors{})\n", cfg_.init_from,
-                   r.loaded.size(),
+        fmt::print("trellis: initialised from {} ({} tensors{})\n", cfg_.init_from, r.loaded.size(),
                    r.initialised.empty()
                        ? ""
                        : fmt::format("; task head {} initialised", fmt::join(r.initialised, ", ")));
@@ -488,7 +486,8 @@ EvalResult Trainer::evaluate() {
   r.loss = counts.back() / double(batches_->val_targets(items));
   r.confusion.assign(size_t(K), std::vector<int64_t>(size_t(K), 0));
   for (int t = 0; t < K; ++t)
-    for (int p = 0; p < K; ++p) r.confusion[size_t(t)][size_t(p)] = int64_t(counts[size_t(t * K + p)]);
+    for (int p = 0; p < K; ++p)
+      r.confusion[size_t(t)][size_t(p)] = int64_t(counts[size_t(t * K + p)]);
   return r;
 }
 
@@ -518,8 +517,9 @@ void Trainer::print_confusion(const ConfusionMatrix& m) const {
   if (cfg_.quiet) return;
   size_t w = 5;
   for (const auto& n : names) w = std::max(w, std::min<size_t>(n.size(), 16) + 1);
-  fmt::print("trellis: confusion matrix on {} ({} examples; rows: true class, columns: predicted)\n",
-             task_->meta.val_split, val_items_);
+  fmt::print(
+      "trellis: confusion matrix on {} ({} examples; rows: true class, columns: predicted)\n",
+      task_->meta.val_split, val_items_);
   fmt::print("{:>{}}", "", w);
   for (size_t p = 0; p < m.size(); ++p) fmt::print("{:>{}}", p, 7);
   fmt::print("\n");
