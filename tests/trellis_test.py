@@ -242,3 +242,16 @@ def read_examples(path):
                     list(values[ends[2 * i]:ends[2 * i + 1]])))
         begin = ends[2 * i + 1]
     return out
+
+
+def prepare_task_dirs():
+    """A classification and a translation task directory (TMP/classify, TMP/translate) from the
+    texts and pairs above, a fifth of each held out."""
+    inputs = fresh_dir("inputs")
+    cls_tsv, mt_tsv = os.path.join(inputs, "texts.tsv"), os.path.join(inputs, "pairs.tsv")
+    write_classify_tsv(cls_tsv)
+    write_translate_tsv(mt_tsv)
+    cls_dir, mt_dir = os.path.join(TMP, "classify"), os.path.join(TMP, "translate")
+    run(["prepare", "--task", "classify", "--input", cls_tsv, "--out", cls_dir, "--val-fraction", 0.2])
+    run(["prepare", "--task", "translate", "--input", mt_tsv, "--out", mt_dir, "--val-fraction", 0.2])
+    return cls_dir, mt_dir

@@ -5,16 +5,9 @@ optimizer.safetensors. The runs shuffle (default), 6 steps per epoch, so the res
 also continue the data order inside an epoch and across the next ones."""
 import os
 
-from trellis_test import (check, fresh_dir, metrics, run, write_classify_tsv, write_translate_tsv,
-                          TMP)
+from trellis_test import check, fresh_dir, metrics, prepare_task_dirs, run, TMP
 
-inputs = fresh_dir("inputs")
-cls_tsv, mt_tsv = os.path.join(inputs, "texts.tsv"), os.path.join(inputs, "pairs.tsv")
-write_classify_tsv(cls_tsv)
-write_translate_tsv(mt_tsv)
-cls_dir, mt_dir = os.path.join(TMP, "classify"), os.path.join(TMP, "translate")
-run(["prepare", "--task", "classify", "--input", cls_tsv, "--out", cls_dir, "--val-fraction", 0.2])
-run(["prepare", "--task", "translate", "--input", mt_tsv, "--out", mt_dir, "--val-fraction", 0.2])
+cls_dir, mt_dir = prepare_task_dirs()
 
 common = ["--batch-size", 8, "--micro-batch-size", 4, "--lr", 3e-3, "--warmup-steps", 3,
           "--val-every", 5, "--threads", 1, "--quiet", "--tensorboard", "false"]

@@ -21,16 +21,10 @@ lr 1e-3 used here it has 3.7e-6 and the layouts 2e-6 .. 3.6e-6."""
 import os
 
 from reference.torch_tasks import read_task, needed
-from trellis_test import (LayoutCheck, check, compare_params, fresh_dir, metrics, mpirun, run,
-                          write_classify_tsv, write_translate_tsv, TMP)
+from trellis_test import (LayoutCheck, check, compare_params, fresh_dir, metrics, mpirun,
+                          prepare_task_dirs, run, TMP)
 
-inputs = fresh_dir("inputs")
-cls_tsv, mt_tsv = os.path.join(inputs, "texts.tsv"), os.path.join(inputs, "pairs.tsv")
-write_classify_tsv(cls_tsv)
-write_translate_tsv(mt_tsv)
-cls_dir, mt_dir = os.path.join(TMP, "classify"), os.path.join(TMP, "translate")
-run(["prepare", "--task", "classify", "--input", cls_tsv, "--out", cls_dir, "--val-fraction", 0.2])
-run(["prepare", "--task", "translate", "--input", mt_tsv, "--out", mt_dir, "--val-fraction", 0.2])
+cls_dir, mt_dir = prepare_task_dirs()
 
 STEPS, G = 20, 8
 for name, d in (("classify", cls_dir), ("translate", mt_dir)):

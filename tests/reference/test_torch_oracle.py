@@ -629,16 +629,28 @@ def main():
         ("h", lambda: check_grad("h (encoder byte grad)", ENCODER, byte_dir)),
         ("i", lambda: check_train("i (encoder adamw)", ENCODER, byte_dir, 10, 4, 32)),
     ]
+    return run_cases(cases, "torch oracle", t0)
+
+
+def run_cases(cases, title, t0):
+    """Runs the (key, fn) cases named on the command line (default: all) and prints the summary;
+    returns the exit status. A crash in one case does not hide the others."""
     only = set(sys.argv[1:])
+    unknown = sorted(only - {key for key, _ in cases})
+    if unknown:
+        fail(f"unknown case(s) {unknown}")
+    ran = 0
     for key, fn in cases:
         if only and key not in only:
             continue
+        ran += 1
         try:
             fn()
         except Exception as ex:  # a crash in one case should not hide the others
             fail(f"case {key}: {type(ex).__name__}: {ex}")
-
-    print(f"torch oracle ({str(DTYPE).replace('torch.', '')} reference): "
+    if ran == 0:
+        fail("no case ran")
+    print(f"{title} ({str(DTYPE).replace('torch.', '')} reference): "
           f"{'all checks passed' if not failures else f'{len(failures)} failure(s)'} "
           f"in {time.time() - t0:.1f}s", flush=True)
     return 1 if failures else 0

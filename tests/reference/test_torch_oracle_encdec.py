@@ -123,27 +123,7 @@ def main():
         ("l", lambda: check_train("l (encdec adamw)", ENCDEC, byte_dir, 10, 4, 32,
                                   seed=L_SEED)),
     ]
-    only = set(sys.argv[1:])
-    unknown = sorted(only - {key for key, _ in cases})
-    if unknown:
-        fail(f"unknown case(s) {unknown}")
-    ran = 0
-    for key, fn in cases:
-        if only and key not in only:
-            continue
-        ran += 1
-        try:
-            fn()
-        except Exception as ex:  # a crash in one case should not hide the others
-            fail(f"case {key}: {type(ex).__name__}: {ex}")
-    if ran == 0:
-        fail("no case ran")
-
-    failures = oracle.failures
-    print(f"torch oracle encdec ({str(oracle.DTYPE).replace('torch.', '')} reference): "
-          f"{'all checks passed' if not failures else f'{len(failures)} failure(s)'} "
-          f"in {time.time() - t0:.1f}s", flush=True)
-    return 1 if failures else 0
+    return oracle.run_cases(cases, "torch oracle encdec", t0)
 
 
 if __name__ == "__main__":

@@ -272,27 +272,7 @@ def main():
                        check_task_grad("g (image features, 2-4 patches)", ENC_IMG, img_cut, 6,
                                        want_T=4))),
     ]
-    only = set(sys.argv[1:])
-    unknown = sorted(only - {key for key, _ in cases})
-    if unknown:
-        fail(f"unknown case(s) {unknown}")
-    ran = 0
-    for key, fn in cases:
-        if only and key not in only:
-            continue
-        ran += 1
-        try:
-            fn()
-        except Exception as ex:  # a crash in one case should not hide the others
-            fail(f"case {key}: {type(ex).__name__}: {ex}")
-    if ran == 0:
-        fail("no case ran")
-
-    failures = oracle.failures
-    print(f"torch oracle tasks ({str(oracle.DTYPE).replace('torch.', '')} reference): "
-          f"{'all checks passed' if not failures else f'{len(failures)} failure(s)'} "
-          f"in {time.time() - t0:.1f}s", flush=True)
-    return 1 if failures else 0
+    return oracle.run_cases(cases, "torch oracle tasks", t0)
 
 
 if __name__ == "__main__":

@@ -43,36 +43,13 @@ import torch.nn.functional as F
 
 from reference import torch_encdec, torch_encoder, torch_gpt, torch_llama
 from reference.torch_gpt import load_params
+from trellis_test import read_examples  # noqa: E402,F401  (task data files)
 
 # ---------------------------------------------------------------------------
 # task data
 # ---------------------------------------------------------------------------
 
 _MAGIC = b"TRLSEXMP"
-_CODES = {1: "B", 2: "H", 4: "I"}
-
-
-def read_examples(path):
-    """[(label, source, target)] of an examples file (lists of ints)."""
-    with open(path, "rb") as f:
-        blob = f.read()
-    if blob[:8] != _MAGIC:
-        raise ValueError(f"{path}: bad magic {blob[:8]!r}")
-    version, width, n = struct.unpack_from("<IIQ", blob, 8)
-    if version != 1 or width not in _CODES:
-        raise ValueError(f"{path}: version {version}, value width {width}")
-    labels = struct.unpack_from(f"<{n}i", blob, 24)
-    ends = struct.unpack_from(f"<{2 * n}Q", blob, 24 + 4 * n)
-    count = ends[-1] if n else 0
-    if len(blob) != 24 + 20 * n + count * width:
-        raise ValueError(f"{path}: {len(blob)} bytes, its index says {24 + 20 * n + count * width}")
-    values = struct.unpack_from(f"<{count}{_CODES[width]}", blob, 24 + 20 * n)
-    out, begin = [], 0
-    for i in range(n):
-        out.append((labels[i], list(values[begin:ends[2 * i]]),
-                    list(values[ends[2 * i]:ends[2 * i + 1]])))
-        begin = ends[2 * i + 1]
-    return out
 
 
 def write_examples(path, examples):
