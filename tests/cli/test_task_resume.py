@@ -5,7 +5,7 @@ optimizer.safetensors. The runs shuffle (default), 6 steps per epoch, so the res
 also continue the data order inside an epoch and across the next ones."""
 import os
 
-from trellis_test import check, fresh_dir, metrics, prepare_task_dirs, run, TMP
+from trellis_test import check, fresh_dir, metrics, prepare_task_dirs, run
 
 cls_dir, mt_dir = prepare_task_dirs()
 
