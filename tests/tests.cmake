@@ -18,3 +18,7 @@ endforeach()
 # functions over a sweep of float bit patterns, special values exact.
 add_test(NAME kernels.simd_math_check COMMAND simd_math_check)
 set_tests_properties(kernels.simd_math_check PROPERTIES TIMEOUT 120)
+
+# The bf16 kernels again as a CPU without AVX-512 runs them (the emulated GEMM), on any machine.
+add_test(NAME kernels.bf16_on_avx2 COMMAND trellis_tests --gtest_filter=Bf16.*)
+set_tests_properties(kernels.bf16_on_avx2 PROPERTIES TIMEOUT 120 ENVIRONMENT "TRELLIS_ISA=avx2")

@@ -18,9 +18,18 @@ def fresh_dir(name):
     return path
 
 
+def with_precision(args):
+    """`train` defaults to bf16 where the CPU has it; the suite's equivalence and oracle checks are
+    fp32 ones, so a `train` that does not name a precision runs in fp32 (bf16 has its own tests)."""
+    args = [str(a) for a in args]
+    if args and args[0] == "train" and not any(a.startswith("--precision") for a in args):
+        args += ["--precision", "fp32"]
+    return args
+
+
 def run(args, expect=0, timeout=600, env=None):
     """Runs trellis with args; checks the exit code; returns (stdout, stderr)."""
-    cmd = [BIN] + [str(a) for a in args]
+    cmd = [BIN] + with_precision(args)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     if expect is not None and p.returncode != expect:
         fail(f"{' '.join(cmd)}\n  exit {p.returncode}, expected {expect}\n"
@@ -86,7 +95,7 @@ def mpirun(np_, args, expect=0, timeout=300):
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_rmaps_base_oversubscribe="1")
     cmd = ["mpirun", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1", "-np", str(np_),
-           BIN] + [str(a) for a in args]
+           BIN] + with_precision(args)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     if expect is not None and p.returncode != expect:
         fail(f"{' '.join(cmd)}\n  exit {p.returncode}, expected {expect}\n"

@@ -415,7 +415,7 @@ def check_train(case, fam, datadir, steps, G, T, micro=0, optimizer="adamw", see
               "--warmup-steps", warmup, "--weight-decay", wd, "--grad-clip", clip,
               "--beta1", beta1, "--beta2", beta2, "--eps", eps, "--optimizer", optimizer,
               "--momentum", momentum, "--val-every", "0", "--quiet=true", "--tensorboard=false",
-              "--threads", THREADS]
+              "--threads", THREADS, "--precision", "fp32"]
     init = os.path.join(TMP, f"{case}_init")
     out = os.path.join(TMP, f"{case}_train")
     run(["train", *common, "--out", init, "--steps", "0"])

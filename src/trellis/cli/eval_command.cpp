@@ -15,6 +15,7 @@
 #include "trellis/eval/classification.h"
 #include "trellis/io/checkpoint.h"
 #include "trellis/io/safetensors.h"
+#include "trellis/kernels/isa.h"
 #include "trellis/model/decode.h"
 #include "trellis/model/transformer.h"
 #include "trellis/train/batches.h"
@@ -27,6 +28,7 @@ struct EvalArgs {
   std::string checkpoint, data, out;
   int64_t seq_len = 64, batch_size = 4, batches = 1;
   int threads = 0;
+  std::string precision = "fp32";
   int beam = 1;
   int64_t max_len = 0, examples = 0;
 };
@@ -40,6 +42,19 @@ void add_eval_options(CLI::App* sub, EvalArgs& a) {
   sub->add_option("--seq-len", a.seq_len, "tokens per window")->capture_default_str();
   sub->add_option("--batch-size", a.batch_size, "windows per batch")->capture_default_str();
   sub->add_option("--threads", a.threads, "OpenMP threads (0 = all cores)");
+  sub->add_option("--precision", a.precision,
+                  "GEMM precision: fp32, bf16 (bf16 operands, fp32 accumulation) or auto")
+      ->capture_default_str();
+}
+
+// The GEMM precision of a.precision on this CPU (a bf16 request on a CPU without AVX512-BF16
+// says so and runs fp32).
+DType compute_precision(const EvalArgs& a) {
+  const Precision p = choose_precision(a.precision);
+  static bool noticed = false;
+  if (!p.notice.empty() && !noticed) fmt::print(stderr, "trellis: {}\n", p.notice);
+  noticed = true;
+  return p.compute;
 }
 
 // Mean loss over windows [0, rows) (window i = tokens [i*T, i*T+T], targets shifted by one);
@@ -52,7 +67,7 @@ double windows_loss(const EvalArgs& a, int64_t rows, bool with_grad, CheckpointD
                   "seq-len {} exceeds the checkpoint's context length {}", a.seq_len,
                   ck.model.block_size);
   const std::vector<uint16_t> tokens = read_shard(a.data);
-  LocalModel local(ck, grads ? grads->data() : nullptr);
+  LocalModel local(ck, grads ? grads->data() : nullptr, compute_precision(a));
   Transformer& model = local.model;
   Context ctx;
   model.prepare(ctx, a.batch_size, a.seq_len);
@@ -89,7 +104,7 @@ double examples_loss(const EvalArgs& a, CheckpointData& ck, const SequenceFormat
                      const ExampleSet& set, int64_t n, std::vector<float>* grads,
                      std::vector<int>* predictions) {
   if (a.threads > 0) omp_set_num_threads(a.threads);
-  LocalModel local(ck, grads ? grads->data() : nullptr);
+  LocalModel local(ck, grads ? grads->data() : nullptr, compute_precision(a));
   Transformer& model = local.model;
   Context ctx;
   model.prepare(ctx, a.batch_size, f.T);
@@ -133,7 +148,7 @@ nlohmann::json evaluate_task(const EvalArgs& a, CheckpointData& ck) {
   }
   const double loss = examples_loss(a, ck, f, d.val, n, nullptr, nullptr);
   auto tok = make_tokenizer(d.meta.tokenizer, d.meta.tokenizer_dir);
-  LocalModel local(ck);
+  LocalModel local(ck, nullptr, compute_precision(a));
   Transformer& model = local.model;
   const DecodeOptions opt{a.beam, a.max_len, 0.6, f.special, f.T};
   std::vector<std::string> hyps, refs;

@@ -7,9 +7,10 @@
 namespace trellis {
 
 struct LocalModel {
-  // grads: a gradient buffer in the checkpoint's layout, or null for inference.
-  explicit LocalModel(CheckpointData& ck, float* grads = nullptr)
-      : layout(ck.model), model(layout, ck.params.data(), grads, single) {}
+  // grads: a gradient buffer in the checkpoint's layout, or null for inference. compute: the GEMM
+  // precision (see Transformer).
+  explicit LocalModel(CheckpointData& ck, float* grads = nullptr, DType compute = DType::F32)
+      : layout(ck.model), model(layout, ck.params.data(), grads, single, nullptr, compute) {}
   LocalModel(const LocalModel&) = delete;
   LocalModel& operator=(const LocalModel&) = delete;
 

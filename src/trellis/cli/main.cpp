@@ -5,6 +5,7 @@
 #include "trellis/cli/commands.h"
 #include "trellis/comm/communicator.h"
 #include "trellis/core/error.h"
+#include "trellis/kernels/isa.h"
 
 int main(int argc, char** argv) {
   using namespace trellis;
@@ -39,6 +40,7 @@ int main(int argc, char** argv) {
       finalize_communication();
       return code;
     }
+    cpu_isa();  // before any kernel runs: checks TRELLIS_ISA and caps oneDNN's dispatch
     for (const auto& c : commands)
       if (c.sub->parsed()) code = c.run(*world);
   } catch (const Error& e) {

@@ -35,25 +35,33 @@ const Backend kCpu = {
     ops::zero,
 };
 
-// Installed tables by device (null: the built-in one).
-std::atomic<const Backend*> g_installed[2];
+// The autocast table: the same ops, GEMMs on bf16 operands.
+const Backend kCpuBf16 = [] {
+  Backend b = kCpu;
+  b.gemm = ops::gemm_bf16;
+  return b;
+}();
 
-std::atomic<const Backend*>& slot(Device device) {
-  const auto i = static_cast<size_t>(device);
-  TRELLIS_CHECK(i < std::size(g_installed), "unknown device {}", i);
-  return g_installed[i];
+// Installed tables by device and compute precision (null: the built-in one).
+std::atomic<const Backend*> g_installed[2][2];
+
+std::atomic<const Backend*>& slot(Device device, DType compute) {
+  const auto i = static_cast<size_t>(device), j = static_cast<size_t>(compute);
+  TRELLIS_CHECK(i < std::size(g_installed) && j < std::size(g_installed[0]),
+                "unknown device {} or precision {}", i, j);
+  return g_installed[i][j];
 }
 }  // namespace
 
-const Backend& backend(Device device) {
-  if (const Backend* table = slot(device).load(std::memory_order_acquire)) return *table;
+const Backend& backend(Device device, DType compute) {
+  if (const Backend* table = slot(device, compute).load(std::memory_order_acquire)) return *table;
   TRELLIS_REQUIRE(device == Device::CPU, "this build of trellis has no kernels for that device");
-  return kCpu;
+  return compute == DType::BF16 ? kCpuBf16 : kCpu;
 }
 
-const Backend* set_backend(Device device, const Backend* table) {
+const Backend* set_backend(Device device, const Backend* table, DType compute) {
   TRELLIS_CHECK(!table || table->device == device, "a kernel table installed for another device");
-  return slot(device).exchange(table, std::memory_order_acq_rel);
+  return slot(device, compute).exchange(table, std::memory_order_acq_rel);
 }
 
 }  // namespace trellis

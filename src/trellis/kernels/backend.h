@@ -37,10 +37,12 @@ struct Backend {
   decltype(&ops::zero) zero;
 };
 
-// The kernels of a device: the installed table if there is one (set_backend), else the one this
-// build ships (CPU: the functions of kernels/ops.h); an input error if there is neither. Models
-// take it once, at construction.
-const Backend& backend(Device device);
+// The kernels of a device for a compute precision: the installed table if there is one
+// (set_backend), else the one this build ships (CPU: the functions of kernels/ops.h); an input
+// error if there is neither. Models take it once, at construction. With `compute` = BF16 the
+// GEMMs take bf16 operands and accumulate in fp32 (ops::gemm_bf16), as PyTorch's autocast does;
+// every other op, the weights and the gradients stay fp32. Callers check the CPU can (cpu_isa).
+const Backend& backend(Device device, DType compute = DType::F32);
 
 // Installs `table` as the kernels of `device` (null: back to the built-in ones) and returns the
 // table it replaces (null: the built-in ones), so a caller can put it back. This is how a tool
@@ -48,6 +50,6 @@ const Backend& backend(Device device);
 // built-in ones, and a CUDA build can register its table. Objects keep the table they took at
 // construction, so install before building a model. `table` is not copied and must outlive its
 // users; install at start-up, not while other threads run kernels.
-const Backend* set_backend(Device device, const Backend* table);
+const Backend* set_backend(Device device, const Backend* table, DType compute = DType::F32);
 
 }  // namespace trellis

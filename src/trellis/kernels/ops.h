@@ -12,6 +12,16 @@ namespace trellis::ops {
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
+// The GEMM of mixed precision (PyTorch's autocast): op(A) and op(B) rounded to bf16 (nearest
+// even), products accumulated in fp32, C in fp32. Same arguments as gemm. Fast with AVX512-BF16;
+// emulated (an fp32 GEMM of the rounded operands) below AVX-512.
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+               const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+               int64_t ldc);
+// fp32 -> bf16 bits, round to nearest even (subnormals kept, NaN stays NaN); and back (exact).
+void to_bf16(uint16_t* out, const float* in, int64_t n);
+void from_bf16(float* out, const uint16_t* in, int64_t n);
+
 // out[rows,C] += bias[C] (+ residual[rows,C] when not null).
 void add_bias(float* out, const float* bias, const float* residual, int64_t rows, int64_t C);
 // dbias[C] += column sums of dout[rows,C] (rows of stride ld; 0 = C).

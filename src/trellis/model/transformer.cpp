@@ -14,8 +14,8 @@ void grow(Tensor& t, int64_t n) {
 }  // namespace
 
 Transformer::Transformer(const ParamLayout& layout, float* params, float* grads, TensorParallel& tp,
-                         const StageSpec* chunk)
-    : k_(backend(Device::CPU)),
+                         const StageSpec* chunk, DType compute)
+    : k_(backend(Device::CPU, compute)),
       cfg_(layout.config()),
       chunk_(chunk ? *chunk : layout.stage()),
       tp_(tp) {

@@ -60,8 +60,9 @@ class Transformer {
   // params/grads: flat buffers laid out by `layout` (grads may be null for inference). tp: the
   // tensor-parallel group (size 1 for a single rank); it must outlive the model. chunk: the part
   // of layout's stage this object runs (a pipeline model chunk; default: all of it).
+  // compute: the GEMM precision (BF16: bf16 operands, fp32 accumulation; see backend()).
   Transformer(const ParamLayout& layout, float* params, float* grads, TensorParallel& tp,
-              const StageSpec* chunk = nullptr);
+              const StageSpec* chunk = nullptr, DType compute = DType::F32);
 
   const ModelConfig& config() const { return cfg_; }
   // Sizes ctx's buffers for micro-batches of B sequences of T tokens.

@@ -183,6 +183,11 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
                &c.seq_len),
       make_key("seed", "seed of initialisation and data order", &c.seed),
       make_key("threads", "OpenMP threads per rank (0 = cores / ranks on this node)", &c.threads),
+      make_key("precision",
+               "GEMM precision: fp32; bf16 (operands rounded to bf16, fp32 accumulation, weights, "
+               "optimizer and everything else fp32; needs AVX512-BF16, else fp32 with a notice); "
+               "auto = bf16 where the CPU has it",
+               &c.precision),
       make_key("optimizer", "adamw or sgd", &o.name),
       make_key("lr", "peak learning rate", &o.lr),
       make_key("min_lr", "learning rate at the end of the cosine decay", &o.min_lr),
@@ -206,7 +211,8 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       make_key("quiet", "no progress lines (files are still written)", &c.quiet),
       make_key("tensorboard", "write TensorBoard event files to out/tb", &c.tensorboard),
       make_key("peak_gflops_per_core",
-               "per-core peak GFLOP/s that MFU divides by (0 = measure the fp32 FMA peak at start)",
+               "per-core peak GFLOP/s that MFU divides by (0 = measure the peak of the precision in "
+               "use at start: fp32 FMA or bf16 dot products)",
                &c.peak_gflops_per_core),
       make_key("dp", "data-parallel size (0 = world / (tp*pp))", &c.dp),
       make_key("tp", "tensor-parallel size (must divide the number of heads)", &c.tp),

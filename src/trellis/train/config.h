@@ -38,6 +38,7 @@ struct TrainConfig {
   int64_t seq_len = 0;           // 0 = the model's context length
   uint64_t seed = 1337;
   int threads = 0;  // OpenMP threads per rank; 0 = cores / local ranks
+  std::string precision = "auto";  // GEMMs in fp32 | bf16 | auto (bf16 where the CPU has it)
   OptimConfig optim;
   // checkpoints, validation, logging
   int64_t save_every = 0;  // 0 = only at the end

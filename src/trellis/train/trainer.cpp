@@ -18,6 +18,7 @@
 #include "trellis/io/checkpoint.h"
 #include "trellis/io/pretrained.h"
 #include "trellis/kernels/ops.h"
+#include "trellis/kernels/isa.h"
 #include "trellis/kernels/peak.h"
 #include "trellis/model/family.h"
 #include "trellis/model/transformer.h"
@@ -129,6 +130,7 @@ class Trainer {
   Mesh mesh_;
   bool lead_;
   int threads_, V_;
+  DType compute_ = DType::F32;  // the GEMM precision
   ScheduleKind schedule_;
   Corpus corpus_;                   // the language model's data
   std::unique_ptr<TaskData> task_;  // or a task's
@@ -173,6 +175,12 @@ Trainer::Trainer(TrainConfig cfg, Communicator& world)
     c->set_timeout(cfg_.comm_timeout);
   threads_ = cfg_.threads > 0 ? cfg_.threads : default_threads();
   omp_set_num_threads(threads_);
+  // Every rank computes in the same precision: bf16 only if all of them have it.
+  const Precision precision = choose_precision(cfg_.precision);
+  double fp32_somewhere = precision.compute == DType::F32 ? 1.0 : 0.0;
+  world_.all_reduce_max(&fp32_somewhere, 1);
+  compute_ = fp32_somewhere > 0.0 ? DType::F32 : DType::BF16;
+  if (lead_ && !precision.notice.empty()) fmt::print(stderr, "trellis: {}\n", precision.notice);
 
   load_data();
   TRELLIS_REQUIRE(!cfg_.sequence_parallel || T_ % mesh_.tp() == 0,
@@ -209,7 +217,7 @@ Trainer::Trainer(TrainConfig cfg, Communicator& world)
   std::vector<Transformer*> chunk_models;
   for (const StageSpec& c : chunks_) {
     models_.push_back(
-        std::make_unique<Transformer>(*layout_, params_.data(), grads_.data(), *tp_, &c));
+        std::make_unique<Transformer>(*layout_, params_.data(), grads_.data(), *tp_, &c, compute_));
     chunk_models.push_back(models_.back().get());
   }
   pipe_ = std::make_unique<Pipeline>(mesh_.pp_comm(), chunk_models, b_, T_);
@@ -227,13 +235,14 @@ Trainer::Trainer(TrainConfig cfg, Communicator& world)
   const int64_t lookup =
       mc_.tied_lm_head() || mc_.input_features > 0 ? 0 : int64_t(mc_.vocab_size) * mc_.n_embd;
   step_flops_ = flops_per_token(mc_, ParamLayout(mc_).count() - lookup, T_) * double(G_ * T_);
-  // MFU divides by the peak of the cores in use: the user's figure, or a probe of the fp32 FMA
-  // rate (the largest over the ranks: oversubscribed ranks probe while others run).
+  // MFU divides by the peak of the cores in use: the user's figure, or a probe of the FMA rate of
+  // the precision in use (the largest over the ranks: oversubscribed ranks probe while others
+  // run).
   peak_per_core_ = cfg_.peak_gflops_per_core;
   TRELLIS_REQUIRE(peak_per_core_ >= 0.0, "peak_gflops_per_core must be >= 0 (got {})",
                   peak_per_core_);
   if (peak_per_core_ == 0.0) {
-    peak_per_core_ = measure_peak_gflops_per_core(DType::F32);
+    peak_per_core_ = measure_peak_gflops_per_core(compute_);
     world_.all_reduce_max(&peak_per_core_, 1);
   }
   peak_flops_ = peak_per_core_ * 1e9 * threads_ * world_.size();
@@ -381,13 +390,13 @@ void Trainer::print_header() const {
                T_);
   }
   fmt::print(
-      "trellis: world {} (dp {}, tp {}{}, pp {}{}, zero {}) | {} threads/rank | batch {} "
+      "trellis: world {} (dp {}, tp {}{}, pp {}{}, zero {}) | {} threads/rank, {} | batch {} "
       "x {} tokens = {} per rank x {} micro-batches of {}{}\n",
       world_.size(), mesh_.dp(), mesh_.tp(), tp_->sequence_parallel() ? " + sequence parallel" : "",
       pp,
       pp > 1 ? fmt::format(" {}{}", schedule_name(schedule_), V_ > 1 ? fmt::format(" x{}", V_) : "")
              : "",
-      cfg_.zero, threads_, G_, T_, per_rank_, accum_, b_,
+      cfg_.zero, threads_, precision_name(compute_), G_, T_, per_rank_, accum_, b_,
       resumed_from_.empty() ? "" : " | resumed from " + resumed_from_);
   // Next-token targets are inputs an encoder sees (bidirectionally, or through cross-attention).
   if (!task_ && (!mc_.causal || mc_.encoder_decoder()))
@@ -642,7 +651,9 @@ int Trainer::run() {
       "GFLOP/s/core ({}){} | checkpoint {} | metrics {}/metrics.jsonl{}\n",
       trained, trained * G_ * T_, format_duration(seconds_since(run_start_)), mean_tps,
       100.0 * mean_tps / double(G_ * T_) * step_flops_ / peak_flops_, peak_per_core_,
-      cfg_.peak_gflops_per_core > 0 ? "peak_gflops_per_core" : "measured fp32 FMA peak",
+      cfg_.peak_gflops_per_core > 0         ? "peak_gflops_per_core"
+      : compute_ == DType::BF16 ? "measured bf16 dot-product peak"
+                                : "measured fp32 FMA peak",
       std::isfinite(best_val) ? fmt::format(" | best val loss {:.4f}", best_val) : "",
       last_checkpoint.empty() ? "(none)" : last_checkpoint, cfg_.out,
       cfg_.tensorboard ? fmt::format(" | tensorboard --logdir {}/tb", cfg_.out) : "");

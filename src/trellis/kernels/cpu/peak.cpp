@@ -8,6 +8,7 @@
 #include <chrono>
 
 #include "trellis/core/tensor.h"
+#include "trellis/kernels/isa.h"
 
 namespace trellis {
 
@@ -67,12 +68,12 @@ __attribute__((target("avx512f,avx512bf16"))) void dot_bf16(int64_t n) {
 }  // namespace
 
 double measure_peak_gflops_per_core(DType dtype, double seconds) {
-  __builtin_cpu_init();
+  const Isa isa = cpu_isa();  // honours TRELLIS_ISA
   if (dtype == DType::BF16) {
-    if (!__builtin_cpu_supports("avx512bf16")) return 0.0;
+    if (isa < Isa::Avx512Bf16) return 0.0;
     return rate(dot_bf16, kChains * 16 * 4, seconds) / 1e9;
   }
-  if (__builtin_cpu_supports("avx512f")) return rate(fma_avx512, kChains * 16 * 2, seconds) / 1e9;
+  if (isa >= Isa::Avx512) return rate(fma_avx512, kChains * 16 * 2, seconds) / 1e9;
   return rate(fma_avx2, kChains * 8 * 2, seconds) / 1e9;
 }
 

@@ -1,0 +1,199 @@
+// bf16 kernels: the fp32 -> bf16 rounding against an independent nearest-even rule evaluated in
+// double, and the mixed-precision GEMM against a double reference on the rounded operands.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <bit>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "trellis/kernels/ops.h"
+
+namespace {
+
+namespace ops = trellis::ops;
+
+double bf16_value(uint32_t hi16) {  // bf16 bits (as the top half of a float) -> value
+  if ((hi16 & 0x7f80u) == 0x7f80u && (hi16 & 0x7fu) == 0)  // infinity: 2^128 for distances
+    return (hi16 & 0x8000u ? -1.0 : 1.0) * std::ldexp(1.0, 128);
+  return double(std::bit_cast<float>(hi16 << 16));
+}
+
+// Independent rule: of the two bf16 neighbours of x (truncation and one ulp further from zero),
+// the nearer one in exact (double) arithmetic; on a tie the one with an even last bit.
+uint16_t nearest_even_reference(float x) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  const uint32_t lo = u >> 16, hi = lo + 1;
+  const double dlo = std::abs(double(x) - bf16_value(lo)), dhi = std::abs(bf16_value(hi) - x);
+  if (dlo < dhi) return uint16_t(lo);
+  if (dhi < dlo) return uint16_t(hi);
+  return uint16_t(lo % 2 == 0 ? lo : hi);
+}
+
+TEST(Bf16, RoundsToNearestEvenLikeTheExactRule) {
+  std::vector<float> xs = {0.0f, -0.0f, 1.0f, -1.0f, FLT_MIN, -FLT_MIN, FLT_TRUE_MIN,
+                           std::numeric_limits<float>::denorm_min() * 3, 65504.0f, 1e-30f,
+                           std::bit_cast<float>(0x3f808000u),  // tie, even below: stays 0x3f80
+                           std::bit_cast<float>(0x3f818000u),  // tie, odd below: up to 0x3f82
+                           std::bit_cast<float>(0x3f808001u),  // just above a tie: up
+                           std::bit_cast<float>(0x3f807fffu),  // just below a tie: down
+                           std::bit_cast<float>(0x007f8000u),  // subnormal tie
+                           std::bit_cast<float>(0x7f7f0000u), std::bit_cast<float>(0x7f7f7fffu)};
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<uint32_t> bits;
+  for (int i = 0; i < 200000; ++i) {
+    const float x = std::bit_cast<float>(bits(rng));
+    if (std::isfinite(x)) xs.push_back(x);
+  }
+  std::vector<uint16_t> got(xs.size());
+  ops::to_bf16(got.data(), xs.data(), int64_t(xs.size()));
+  int checked = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    ASSERT_EQ(got[i], nearest_even_reference(xs[i]))
+        << "x = " << xs[i] << " (bits 0x" << std::hex << std::bit_cast<uint32_t>(xs[i]) << ")";
+    ++checked;
+  }
+  EXPECT_GT(checked, 190000);  // the random bit patterns that are finite
+  // Values beyond the largest bf16 by half an ulp or more overflow to infinity.
+  EXPECT_EQ(got[15], 0x7f7fu);
+  EXPECT_EQ(got[16], 0x7f7fu);
+  uint16_t big;
+  const float fmax = FLT_MAX;
+  ops::to_bf16(&big, &fmax, 1);
+  EXPECT_EQ(big, 0x7f80u);
+}
+
+TEST(Bf16, SpecialValuesAndRoundTrip) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> xs = {inf, -inf, std::numeric_limits<float>::quiet_NaN(),
+                                 std::bit_cast<float>(0x7f800001u)};  // signalling NaN
+  std::vector<uint16_t> b(xs.size());
+  ops::to_bf16(b.data(), xs.data(), int64_t(xs.size()));
+  EXPECT_EQ(b[0], 0x7f80u);
+  EXPECT_EQ(b[1], 0xff80u);
+  std::vector<float> back(xs.size());
+  ops::from_bf16(back.data(), b.data(), int64_t(b.size()));
+  EXPECT_EQ(back[0], inf);
+  EXPECT_EQ(back[1], -inf);
+  EXPECT_TRUE(std::isnan(back[2]));
+  EXPECT_TRUE(std::isnan(back[3]));  // the payload would have been lost: must stay a NaN
+  // Every bf16 value converts back exactly and rounds to itself.
+  std::vector<uint16_t> all(65536);
+  for (uint32_t i = 0; i < 65536; ++i) all[i] = uint16_t(i);
+  std::vector<float> f(all.size());
+  ops::from_bf16(f.data(), all.data(), int64_t(all.size()));
+  std::vector<uint16_t> again(all.size());
+  ops::to_bf16(again.data(), f.data(), int64_t(f.size()));
+  for (uint32_t i = 0; i < 65536; ++i)
+    if (!std::isnan(f[i])) ASSERT_EQ(again[i], all[i]) << "bf16 0x" << std::hex << i;
+}
+
+float round_trip(float x) {
+  uint16_t b;
+  ops::to_bf16(&b, &x, 1);
+  float y;
+  ops::from_bf16(&y, &b, 1);
+  return y;
+}
+
+// C = alpha * op(A) op(B) + beta * C with A, B rounded to bf16 and summed in double: the bf16 GEMM
+// may differ only by its fp32 accumulation, bounded by gamma_K * sum|terms| as for sgemm.
+void check_gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, float beta,
+                     uint32_t seed) {
+  SCOPED_TRACE(testing::Message() << "ta=" << ta << " tb=" << tb << " M=" << M << " N=" << N
+                                  << " K=" << K << " alpha=" << alpha << " beta=" << beta);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd;
+  const int64_t arows = ta ? K : M, acols = ta ? M : K, brows = tb ? N : K, bcols = tb ? K : N;
+  const int64_t lda = acols + 3, ldb = bcols + 1, ldc = N + 2;
+  std::vector<float> A(size_t(arows * lda)), B(size_t(brows * ldb)), C(size_t(M * ldc));
+  for (float& v : A) v = nd(rng);
+  for (float& v : B) v = nd(rng);
+  for (float& v : C) v = nd(rng);
+  std::vector<float> Ar(A.size()), Br(B.size());  // the operands as bf16 values
+  for (size_t i = 0; i < A.size(); ++i) Ar[i] = round_trip(A[i]);
+  for (size_t i = 0; i < B.size(); ++i) Br[i] = round_trip(B[i]);
+  auto at = [&](int64_t i, int64_t k) { return ta ? size_t(k * lda + i) : size_t(i * lda + k); };
+  auto bt = [&](int64_t k, int64_t j) { return tb ? size_t(j * ldb + k) : size_t(k * ldb + j); };
+  std::vector<float> got = C;
+  ops::gemm_bf16(ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, got.data(), ldc);
+  const double gamma = 2.0 * double(K + 2) * (FLT_EPSILON / 2);
+  double max_unrounded_diff = 0.0;
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double exact = 0.0, bound = 0.0, unrounded = 0.0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double p = double(Ar[at(i, k)]) * double(Br[bt(k, j)]);
+        exact += p;
+        bound += std::abs(p);
+        unrounded += double(A[at(i, k)]) * double(B[bt(k, j)]);
+      }
+      const double c0 = beta == 0.0f ? 0.0 : double(beta) * C[size_t(i * ldc + j)];
+      const double want = double(alpha) * exact + c0;
+      const double tol = gamma * (std::abs(alpha) * bound + std::abs(c0)) + 1e-30;
+      ASSERT_LE(std::abs(got[size_t(i * ldc + j)] - want), tol) << "at (" << i << "," << j << ")";
+      max_unrounded_diff = std::max(max_unrounded_diff,
+                                    std::abs(double(alpha) * unrounded + c0 - want) / (1 + bound));
+    }
+  // The operands really were rounded: bf16 keeps 8 bits, so the product moves by ~1e-3.
+  EXPECT_GT(max_unrounded_diff, 1e-4);
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = N; j < ldc; ++j)
+      EXPECT_EQ(got[size_t(i * ldc + j)], C[size_t(i * ldc + j)]) << "wrote into ldc padding";
+}
+
+TEST(Bf16, GemmAllTransposesAlphaBetaStrides) {
+  uint32_t seed = 10;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      check_gemm_bf16(ta, tb, 5, 7, 6, 1.0f, 0.0f, seed++);
+      check_gemm_bf16(ta, tb, 5, 7, 6, 0.75f, 1.0f, seed++);
+      check_gemm_bf16(ta, tb, 9, 4, 33, -1.5f, 0.5f, seed++);
+    }
+}
+
+TEST(Bf16, GemmSplitAcrossThreadsEqualsOneThread) {
+  // Large enough to be split into one block of C per thread, along N and along M.
+  for (auto [M, N] : {std::pair<int64_t, int64_t>{48, 200}, {200, 48}}) {
+    const int64_t K = 300;
+    std::mt19937 rng(static_cast<uint32_t>(M));
+    std::normal_distribution<float> nd;
+    std::vector<float> A(size_t(M * K)), B(size_t(K * N));
+    for (float& v : A) v = nd(rng);
+    for (float& v : B) v = nd(rng);
+    std::vector<float> one(size_t(M * N), 0.0f), two(one.size(), 0.0f);
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(1);
+    ops::gemm_bf16(false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, one.data(), N);
+    omp_set_num_threads(2);
+    ops::gemm_bf16(false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, two.data(), N);
+    omp_set_num_threads(saved);
+    EXPECT_EQ(one, two) << "M=" << M << " N=" << N;
+    check_gemm_bf16(false, false, M, N, K, 1.0f, 1.0f, 99);
+    check_gemm_bf16(true, true, M, N, K, 0.5f, 0.0f, 98);
+  }
+}
+
+TEST(Bf16, GemmFromInsideAnOpenMPRegion) {
+  const int64_t M = 6, N = 5, K = 7, n = 8;
+  std::mt19937 rng(8);
+  std::normal_distribution<float> nd;
+  std::vector<float> A(size_t(n * M * K)), B(size_t(n * K * N));
+  for (float& v : A) v = nd(rng);
+  for (float& v : B) v = nd(rng);
+  std::vector<float> serial(size_t(n * M * N), 0.0f), parallel(serial.size(), 0.0f);
+  for (int64_t r = 0; r < n; ++r)
+    ops::gemm_bf16(false, false, M, N, K, 1.0f, A.data() + r * M * K, K, B.data() + r * K * N, N,
+                   0.0f, serial.data() + r * M * N, N);
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t r = 0; r < n; ++r)
+    ops::gemm_bf16(false, false, M, N, K, 1.0f, A.data() + r * M * K, K, B.data() + r * K * N, N,
+                   0.0f, parallel.data() + r * M * N, N);
+  EXPECT_EQ(serial, parallel);
+}
+
+}  // namespace
