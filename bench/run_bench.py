@@ -1,24 +1,50 @@
 #!/usr/bin/env python3
 """trellis vs PyTorch-eager training throughput on the CPU, same machine, same run.
 
-For each configuration the two sides run alternately (trellis, torch, trellis, ...,
---repeats times each), so load from other jobs on the machine hits both alike:
+For each configuration and precision the two sides run alternately (trellis, torch, trellis,
+..., --repeats times each), so load from other jobs on the machine hits both alike:
 
   baby  6L/6H/384, batch 8 x 256, vocab 256: trellis' built-in byte corpus
   gpt2  12L/12H/768 (124M), batch 4 x 64, vocab 50257: a data directory prepared from
         /usr/share/common-licenses with the GPT-2 tokenizer (tests/data/gpt2)
 
-Both train with AdamW (weight decay on 2-D weights, grad clip 1.0). The trellis
-ms/step is the median of metrics.jsonl's step_ms over the steps after the first 2;
-torch's comes from bench/torch_gpt_bench.py (median after 2 warm-ups). Over repeats,
-the median of the per-run medians is reported. Prints a markdown table.
+Both train with AdamW (weight decay on 2-D weights, grad clip 1.0) and fp32 master weights.
+--precision fp32,bf16 (default both): fp32 runs everything in float32; bf16 is mixed precision,
+`trellis train --precision bf16` against PyTorch's torch.cpu.amp.autocast(bfloat16) (see
+bench/torch_gpt_bench.py). The trellis ms/step is the median of metrics.jsonl's step_ms over the
+steps after the first 2; torch's comes from bench/torch_gpt_bench.py (median after 2 warm-ups).
+Over repeats, the median of the per-run medians is reported. Prints markdown: the command line,
+the 1-minute load average at start and end, the setup each side ran with, the thread probe, one
+row per config and precision (ms/step, tok/s, trellis/torch time) and, when both precisions
+ran, each side's bf16 speedup over its fp32.
 
-  /usr/bin/python3 bench/run_bench.py --steps 10 --repeats 2 [--configs baby,gpt2]
+PyTorch gets the setup a careful user would give it:
+  * an optimized BLAS: Debian's python3-torch runs on netlib's reference BLAS unless
+    libopenblas0-pthread is installed; this script refuses to run (exit 2) in that case, run
+    bench/setup_peer.sh first;
+  * OpenBLAS's kernels for this CPU: --openblas-coretype auto (default) removes
+    OPENBLAS_CORETYPE from torch's environment, so OpenBLAS picks its kernels by CPUID (some
+    environments pin the twice-slower Haswell kernels; trellis' oneDNN GEMM dispatches by CPUID
+    anyway); `env` keeps the environment's value, any other value is set as is;
+  * its best thread setup: before the measured runs of each config and precision, a short probe
+    (--probe-steps) runs 1 thread (OMP_NUM_THREADS=OPENBLAS_NUM_THREADS=1), --threads threads
+    (OMP_NUM_THREADS=OPENBLAS_NUM_THREADS=N, torch.set_num_threads(N)) and --threads threads with
+    a single-threaded OpenBLAS (OMP_NUM_THREADS=N, OPENBLAS_NUM_THREADS=1); the fastest is used
+    (--torch-setup picks one instead). The variables are set in the subprocess's environment,
+    so they hold before torch is imported;
+  * glibc malloc without mmap and trimming (MALLOC_MMAP_MAX_=0,
+    MALLOC_TRIM_THRESHOLD_=4294967295), which trellis sets for itself with mallopt.
+trellis gets --threads threads.
+
+  bench/setup_peer.sh    # once
+  /usr/bin/python3 bench/run_bench.py --steps 10 --repeats 3 [--configs baby,gpt2] \\
+      [--precision fp32,bf16]
 """
 
 import argparse
 import json
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -28,18 +54,63 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SKIP = 2  # warm-up steps left out on both sides
+PRECISIONS = ("fp32", "bf16")
 
 CONFIGS = {
     "baby": dict(label="baby (6L/384) 8x256", preset="baby", batch=8, seq=256, data=None),
     "gpt2": dict(label="gpt2 124M 4x64", preset="gpt2", batch=4, seq=64, data="gpt2"),
 }
 
+# glibc malloc for the torch process: no mmap for large blocks, no trimming (trellis: mallopt).
+TORCH_MALLOC_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "4294967295"}
 
-def sh(cmd, **kw):
+
+def torch_setups(threads):
+    """{key: (label, torch.set_num_threads, OMP_NUM_THREADS, OPENBLAS_NUM_THREADS)}"""
+    s = {"one": ("1 thread (OMP 1, OpenBLAS 1)", 1, 1, 1)}
+    if threads > 1:
+        n = threads
+        s["all"] = (f"{n} threads (OMP {n}, OpenBLAS {n})", n, n, n)
+        s["all-blas1"] = (f"{n} threads (OMP {n}, OpenBLAS 1)", n, n, 1)
+    return s
+
+
+def sh(cmd, stderr=False, **kw):
+    """stdout of cmd (and its stderr with stderr=True); exits if cmd fails."""
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
     if p.returncode != 0:
         sys.exit(f"command failed ({p.returncode}): {' '.join(cmd)}\n{p.stdout}\n{p.stderr}")
-    return p.stdout
+    return (p.stdout, p.stderr) if stderr else p.stdout
+
+
+def torch_env(setup, coretype):
+    """The torch subprocess's environment for one thread setup (see torch_setups)."""
+    env = dict(os.environ, **TORCH_MALLOC_ENV)
+    _, _, omp, blas = setup
+    env["OMP_NUM_THREADS"] = str(omp)
+    env["OPENBLAS_NUM_THREADS"] = str(blas)
+    if coretype == "auto":
+        env.pop("OPENBLAS_CORETYPE", None)
+    elif coretype != "env":
+        env["OPENBLAS_CORETYPE"] = coretype
+    return env
+
+
+def check_torch_blas(python, coretype):
+    """Exit 2 with one line if torch would run on netlib's reference BLAS; else its BLAS info."""
+    env = torch_env(("", 1, 1, 1), coretype)
+    info = json.loads(sh([python, os.path.join(HERE, "torch_gpt_bench.py"), "--blas-info"],
+                         env=env).strip().splitlines()[-1])
+    if info["reference"]:
+        where = info["sgemm_from"] or ", ".join(info["blas_libs"])
+        print(f"run_bench.py: error: PyTorch ({python}) would run on netlib's reference BLAS "
+              f"({where}); install OpenBLAS with bench/setup_peer.sh", file=sys.stderr)
+        sys.exit(2)
+    return info
+
+
+def trellis_has_precision(trellis):
+    return "--precision" in sh([trellis, "train", "--help"])
 
 
 def prepare_gpt2_data(trellis, work):
@@ -54,16 +125,22 @@ def prepare_gpt2_data(trellis, work):
     return out
 
 
-def run_trellis(trellis, cfg, steps, threads, work, data):
+def run_trellis(trellis, cfg, steps, threads, work, data, precision):
     out = os.path.join(work, "trellis_out")
     shutil.rmtree(out, ignore_errors=True)
     cmd = [trellis, "train", "--model", cfg["preset"], "--batch-size", str(cfg["batch"]),
            "--seq-len", str(cfg["seq"]), "--steps", str(steps), "--val-every", "0",
            "--val-batches", "1", "--tensorboard=false", "--quiet=true", "--out", out,
            "--threads", str(threads)]
+    if precision:  # None: this trellis has no --precision flag (fp32 only)
+        cmd += ["--precision", precision]
     if data:
         cmd += ["--data", data]
-    sh(cmd)
+    _, err = sh(cmd, stderr=True)
+    # trellis falls back to fp32 with a notice on CPUs without AVX512-BF16: not a bf16 run.
+    notices = [ln for ln in err.splitlines() if ln.startswith("trellis:") and "bf16" in ln]
+    if precision == "bf16" and notices:
+        sys.exit(f"run_bench.py: error: trellis did not run bf16: {notices[0]}")
     rows = []
     with open(os.path.join(out, "metrics.jsonl")) as f:
         for line in f:
@@ -80,62 +157,167 @@ def run_trellis(trellis, cfg, steps, threads, work, data):
                 mfu=statistics.median(m["mfu"] for m in rows) if "mfu" in rows[0] else None)
 
 
-def run_torch(python, cfg, steps, threads):
+def run_torch(python, cfg, steps, setup, precision, coretype):
+    _, threads, omp, blas = setup
     out = sh([python, os.path.join(HERE, "torch_gpt_bench.py"), "--preset", cfg["preset"],
               "--batch", str(cfg["batch"]), "--seq", str(cfg["seq"]), "--steps", str(steps),
-              "--threads", str(threads)])
+              "--threads", str(threads), "--precision", precision],
+             env=torch_env(setup, coretype))
     r = json.loads(out.strip().splitlines()[-1])
-    return dict(ms=r["ms_per_step"], tok_s=r["tokens_per_s"])
+    env = r["env"]
+    if (r["torch_threads"], env["OMP_NUM_THREADS"], env["OPENBLAS_NUM_THREADS"]) != (
+            threads, str(omp), str(blas)) or r["precision"] != precision:
+        sys.exit(f"torch_gpt_bench.py ran another setup than asked: {out}")
+    return dict(ms=r["ms_per_step"], tok_s=r["tokens_per_s"], info=r)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=10, help="steps per run, 2 warm-ups included")
-    ap.add_argument("--repeats", type=int, default=1, help="runs of each side per config")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs of each side per config and precision")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--configs", default="baby,gpt2", help="comma list of: baby, gpt2")
+    ap.add_argument("--precision", default="fp32,bf16", help="comma list of: fp32, bf16")
+    ap.add_argument("--torch-setup", default="probe", choices=("probe", "one", "all", "all-blas1"),
+                    help="torch threads: probe the three setups (default), or use one: 1 thread, "
+                         "--threads threads, --threads threads with OPENBLAS_NUM_THREADS=1")
+    ap.add_argument("--probe-steps", type=int, default=5,
+                    help="steps per probe run of each torch thread setup, 2 warm-ups included")
+    ap.add_argument("--openblas-coretype", default="auto",
+                    help="OPENBLAS_CORETYPE for torch: auto (unset: OpenBLAS detects the CPU), "
+                         "env (keep the environment's), or a core name such as SkylakeX")
     ap.add_argument("--trellis", default=os.path.join(ROOT, "build", "trellis"))
     ap.add_argument("--python", default="/usr/bin/python3", help="python with torch")
     ap.add_argument("--work", default="", help="scratch directory (default: a temp dir)")
     a = ap.parse_args()
     if a.steps <= SKIP:
         ap.error(f"--steps must exceed the {SKIP} warm-up steps")
+    if a.probe_steps <= SKIP:
+        ap.error(f"--probe-steps must exceed the {SKIP} warm-up steps")
+    if a.threads < 1:
+        ap.error("--threads must be at least 1")
     names = [c for c in a.configs.split(",") if c]
     for c in names:
         if c not in CONFIGS:
             ap.error(f"unknown config {c!r} (choose from {', '.join(CONFIGS)})")
+    precisions = [p for p in a.precision.split(",") if p]
+    for p in precisions:
+        if p not in PRECISIONS:
+            ap.error(f"unknown precision {p!r} (choose from {', '.join(PRECISIONS)})")
+    if not names or not precisions:
+        ap.error("nothing to run")
+    setups = torch_setups(a.threads)
+    if a.torch_setup != "probe" and a.torch_setup not in setups:
+        ap.error(f"--torch-setup {a.torch_setup} needs --threads > 1")
+    blas = check_torch_blas(a.python, a.openblas_coretype)
+    if not os.access(a.trellis, os.X_OK):
+        sys.exit(f"run_bench.py: error: no trellis binary at {a.trellis} (cmake --build build)")
+    has_precision = trellis_has_precision(a.trellis)
+    if "bf16" in precisions and not has_precision:
+        print(f"run_bench.py: error: {a.trellis} has no --precision flag (rebuild it, or pass "
+              "--precision fp32)", file=sys.stderr)
+        sys.exit(2)
+
+    command = shlex.join(getattr(sys, "orig_argv", [sys.executable] + sys.argv))
+    load_start = os.getloadavg()[0]
     work = a.work or tempfile.mkdtemp(prefix="trellis_bench_")
     os.makedirs(work, exist_ok=True)
 
-    results = []
+    def log(msg):
+        print(f"# {msg}", file=sys.stderr, flush=True)
+
+    results, probes = [], []
     for name in names:
         cfg = CONFIGS[name]
         data = prepare_gpt2_data(a.trellis, work) if cfg["data"] == "gpt2" else None
-        tr, to = [], []
-        for r in range(a.repeats):
-            tr.append(run_trellis(a.trellis, cfg, a.steps, a.threads, work, data))
-            print(f"# {name} run {r + 1}/{a.repeats} trellis: {tr[-1]['ms']:.1f} ms/step",
-                  file=sys.stderr, flush=True)
-            to.append(run_torch(a.python, cfg, a.steps, a.threads))
-            print(f"# {name} run {r + 1}/{a.repeats} torch:   {to[-1]['ms']:.1f} ms/step",
-                  file=sys.stderr, flush=True)
-        med = lambda rs, k: statistics.median(x[k] for x in rs)  # noqa: E731
-        mfus = [x["mfu"] for x in tr if x["mfu"] is not None]
-        results.append(dict(label=cfg["label"], t_ms=med(tr, "ms"), p_ms=med(to, "ms"),
-                            t_tok=med(tr, "tok_s"), p_tok=med(to, "tok_s"),
-                            mfu=statistics.median(mfus) if mfus else None))
+        for prec in precisions:
+            if a.torch_setup != "probe":
+                best = a.torch_setup
+            elif len(setups) == 1:
+                best = next(iter(setups))
+            else:
+                times = {}
+                for key, setup in setups.items():
+                    times[key] = run_torch(a.python, cfg, a.probe_steps, setup, prec,
+                                           a.openblas_coretype)["ms"]
+                    log(f"{name} {prec} probe torch {setup[0]}: {times[key]:.1f} ms/step")
+                best = min(times, key=times.get)
+                probes.append(dict(label=cfg["label"], prec=prec, times=times, best=best))
+            setup = setups[best]
+            tr, to = [], []
+            for r in range(a.repeats):
+                tr.append(run_trellis(a.trellis, cfg, a.steps, a.threads, work, data,
+                                      prec if has_precision else None))
+                log(f"{name} {prec} run {r + 1}/{a.repeats} trellis: {tr[-1]['ms']:.1f} ms/step")
+                to.append(run_torch(a.python, cfg, a.steps, setup, prec, a.openblas_coretype))
+                log(f"{name} {prec} run {r + 1}/{a.repeats} torch:   {to[-1]['ms']:.1f} ms/step "
+                    f"({setup[0]})")
+            med = lambda rs, k: statistics.median(x[k] for x in rs)  # noqa: E731
+            mfus = [x["mfu"] for x in tr if x["mfu"] is not None]
+            results.append(dict(name=name, label=cfg["label"], prec=prec, setup=setup[0],
+                                t_ms=med(tr, "ms"), p_ms=med(to, "ms"),
+                                t_tok=med(tr, "tok_s"), p_tok=med(to, "tok_s"),
+                                mfu=statistics.median(mfus) if mfus else None,
+                                info=to[-1]["info"]))
     if not a.work:
         shutil.rmtree(work, ignore_errors=True)
+    load_end = os.getloadavg()[0]
 
-    print(f"\n{a.threads} threads each, {a.steps} steps per run ({a.steps - SKIP} timed), "
-          f"{a.repeats} run(s) per side, AdamW, fp32\n")
-    print("| config | trellis ms/step | torch ms/step | trellis/torch time | "
-          "trellis tok/s | torch tok/s | trellis MFU |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    info = results[0]["info"]
+    core_env = {"auto": "OPENBLAS_CORETYPE unset for it, OpenBLAS detects the CPU",
+                "env": f"OPENBLAS_CORETYPE from the environment: "
+                       f"{os.environ.get('OPENBLAS_CORETYPE', 'unset')}"}.get(
+        a.openblas_coretype, f"OPENBLAS_CORETYPE={a.openblas_coretype} set for it")
+    if blas["openblas_config"]:
+        blas_text = f"{info['openblas_config']} (core {info['openblas_core']}; {core_env})"
+    else:
+        blas_text = blas["sgemm_from"] or "its bundled BLAS"
+    malloc = " ".join(f"{k}={v}" for k, v in TORCH_MALLOC_ENV.items())
+    print("\n## trellis vs PyTorch eager, one process\n")
+    print(f"- command: `{command}`")
+    print(f"- 1-minute load average: {load_start:.2f} at start, {load_end:.2f} at end")
+    print(f"- {a.steps} steps per run ({a.steps - SKIP} timed), {a.repeats} run(s) per side, "
+          "trellis and torch alternating; median of the per-run medians; AdamW, fp32 master "
+          "weights")
+    print(f"- trellis: `{a.trellis}`, {a.threads} thread(s)"
+          + ("" if has_precision else ", no --precision flag (fp32)"))
+    print(f"- PyTorch {info['torch']} (`{a.python}`): {blas_text}; {malloc}; bf16 = "
+          "torch.cpu.amp.autocast(dtype=torch.bfloat16) around forward and loss")
+    if a.torch_setup != "probe":
+        print(f"- torch thread setup fixed by --torch-setup: {setups[a.torch_setup][0]}")
+    elif probes:
+        print(f"- torch thread setup: the fastest of a {a.probe_steps}-step probe "
+              f"({a.probe_steps - SKIP} timed) per config and precision\n")
+        keys = list(setups)
+        print("| config | precision | " + " | ".join(setups[k][0] for k in keys) + " | used |")
+        print("|---|---|" + "---:|" * len(keys) + "---|")
+        for p in probes:
+            cells = [(f"**{p['times'][k]:.1f}**" if k == p["best"] else f"{p['times'][k]:.1f}")
+                     for k in keys]
+            print(f"| {p['label']} | {p['prec']} | " + " | ".join(cells)
+                  + f" | {setups[p['best']][0]} |")
+    print("\n| config | precision | trellis ms/step | trellis tok/s | torch ms/step | torch tok/s "
+          "| trellis/torch time | torch threads | trellis MFU |")
+    print("|---|---|---:|---:|---:|---:|---:|---|---:|")
     for r in results:
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
-        print(f"| {r['label']} | {r['t_ms']:.1f} | {r['p_ms']:.1f} | {r['t_ms'] / r['p_ms']:.2f} | "
-              f"{r['t_tok']:.0f} | {r['p_tok']:.0f} | {mfu} |")
+        print(f"| {r['label']} | {r['prec']} | {r['t_ms']:.1f} | {r['t_tok']:.0f} | "
+              f"{r['p_ms']:.1f} | {r['p_tok']:.0f} | {r['t_ms'] / r['p_ms']:.2f} | {r['setup']} "
+              f"| {mfu} |")
+    by = {(r["name"], r["prec"]): r for r in results}
+    both = [n for n in names if (n, "fp32") in by and (n, "bf16") in by]
+    if both:
+        print("\nbf16 speedup over fp32 (fp32 ms/step ÷ bf16 ms/step), each side against "
+              "itself:\n")
+        print("| config | trellis fp32 ms | trellis bf16 ms | trellis bf16 speedup "
+              "| torch fp32 ms | torch bf16 ms | torch bf16 speedup |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for n in both:
+            f, b = by[(n, "fp32")], by[(n, "bf16")]
+            print(f"| {f['label']} | {f['t_ms']:.1f} | {b['t_ms']:.1f} | "
+                  f"{f['t_ms'] / b['t_ms']:.2f}× | {f['p_ms']:.1f} | {b['p_ms']:.1f} | "
+                  f"{f['p_ms'] / b['p_ms']:.2f}× |")
 
 
 if __name__ == "__main__":
