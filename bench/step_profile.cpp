@@ -5,7 +5,7 @@
 // The per-op times come from the model's own kernel calls: before the model is built, a copy of
 // the CPU backend table whose entries time the real ones is installed with set_backend.
 //   step_profile [--model PRESET=baby] [--batch B=8] [--seq T=min(256, context)]
-//                [--threads N=2] [--steps K=5] [--vocab V=256]
+//                [--threads N=2] [--steps K=5] [--vocab V=256] [--precision fp32|bf16]
 #include <omp.h>
 
 #include <algorithm>
@@ -86,7 +86,8 @@ Backend timed_table(const Backend& base) {
   TRELLIS_TIME(gemm), TRELLIS_TIME(add_bias), TRELLIS_TIME(fill_rows);
   TRELLIS_TIME(bias_backward), TRELLIS_TIME(layernorm_forward), TRELLIS_TIME(layernorm_backward);
   TRELLIS_TIME(rmsnorm_forward), TRELLIS_TIME(rmsnorm_backward), TRELLIS_TIME(gelu_forward);
-  TRELLIS_TIME(gelu_backward), TRELLIS_TIME(swiglu_forward), TRELLIS_TIME(swiglu_backward);
+  TRELLIS_TIME(gelu_backward), TRELLIS_TIME(gelu_bias_forward);
+  TRELLIS_TIME(swiglu_forward), TRELLIS_TIME(swiglu_backward);
   TRELLIS_TIME(rope_forward), TRELLIS_TIME(rope_backward), TRELLIS_TIME(attention_forward);
   TRELLIS_TIME(attention_backward), TRELLIS_TIME(embedding_forward);
   TRELLIS_TIME(embedding_backward), TRELLIS_TIME(position_forward);
@@ -94,7 +95,7 @@ Backend timed_table(const Backend& base) {
   TRELLIS_TIME(zero);
 #undef TRELLIS_TIME
   // The device and one pointer per op: an op added to Backend must be added above too.
-  static_assert(sizeof(Backend) == (1 + 23) * sizeof(void*), "time every op of Backend");
+  static_assert(sizeof(Backend) == (1 + 24) * sizeof(void*), "time every op of Backend");
   return t;
 }
 
@@ -107,6 +108,7 @@ double median(std::vector<double> v) {
 
 struct Args {
   std::string model = "baby";
+  bool bf16 = false;
   int64_t B = 8, T = 0;
   int threads = 2, steps = 5, vocab = 256;
 };
@@ -114,7 +116,8 @@ struct Args {
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "step_profile: %s\nusage: step_profile [--model PRESET=baby] [--batch B=8] "
-               "[--seq T=min(256, context)] [--threads N=2] [--steps K=5] [--vocab V=256]\n",
+               "[--seq T=min(256, context)] [--threads N=2] [--steps K=5] [--vocab V=256] "
+               "[--precision fp32|bf16]\n",
                why);
   std::exit(2);
 }
@@ -128,6 +131,11 @@ Args parse(int argc, char** argv) {
     const char* v = argv[++i];
     if (key == "--model") {
       a.model = v;
+      continue;
+    }
+    if (key == "--precision") {
+      if (std::string(v) != "fp32" && std::string(v) != "bf16") usage("--precision: fp32 or bf16");
+      a.bf16 = std::string(v) == "bf16";
       continue;
     }
     char* end = nullptr;
@@ -158,15 +166,16 @@ int run(const Args& a) {
   omp_set_num_threads(a.threads);
 
   // Install the timing table before the model takes backend(Device::CPU) in its constructor.
-  static const Backend timed = timed_table(backend(Device::CPU));
-  set_backend(Device::CPU, &timed);
+  const DType compute = a.bf16 ? DType::BF16 : DType::F32;
+  static const Backend timed = timed_table(backend(Device::CPU, compute));
+  set_backend(Device::CPU, &timed, compute);
 
   ParamLayout layout(cfg);
   const int64_t n = int64_t(layout.size());
   std::vector<float> params(static_cast<size_t>(n)), grads(static_cast<size_t>(n));
   init_params(layout, 1337, params.data());
   TensorParallel tp(nullptr, false);
-  Transformer model(layout, params.data(), grads.data(), tp);
+  Transformer model(layout, params.data(), grads.data(), tp, nullptr, compute);
   OptimConfig oc;
   Optimizer opt(oc, layout, 0, size_t(n));
   Context ctx;
@@ -278,7 +287,7 @@ int run(const Args& a) {
         [](const StepRecord& r) { return r.wall[kNorm] + r.wall[kOptim]; });
   phase("  of which grad norm", [](const StepRecord& r) { return r.wall[kNorm]; });
   std::printf("%-36s %9.2f  (%.0f tokens/s)\n", "step", step_ms, double(BT) * 1000.0 / step_ms);
-  set_backend(Device::CPU, nullptr);
+  set_backend(Device::CPU, nullptr, compute);
   return 0;
 }
 

@@ -35,14 +35,23 @@ uint16_t nearest_even_reference(float x) {
 }
 
 TEST(Bf16, RoundsToNearestEvenLikeTheExactRule) {
-  std::vector<float> xs = {0.0f, -0.0f, 1.0f, -1.0f, FLT_MIN, -FLT_MIN, FLT_TRUE_MIN,
-                           std::numeric_limits<float>::denorm_min() * 3, 65504.0f, 1e-30f,
+  std::vector<float> xs = {0.0f,
+                           -0.0f,
+                           1.0f,
+                           -1.0f,
+                           FLT_MIN,
+                           -FLT_MIN,
+                           FLT_TRUE_MIN,
+                           std::numeric_limits<float>::denorm_min() * 3,
+                           65504.0f,
+                           1e-30f,
                            std::bit_cast<float>(0x3f808000u),  // tie, even below: stays 0x3f80
                            std::bit_cast<float>(0x3f818000u),  // tie, odd below: up to 0x3f82
                            std::bit_cast<float>(0x3f808001u),  // just above a tie: up
                            std::bit_cast<float>(0x3f807fffu),  // just below a tie: down
                            std::bit_cast<float>(0x007f8000u),  // subnormal tie
-                           std::bit_cast<float>(0x7f7f0000u), std::bit_cast<float>(0x7f7f7fffu)};
+                           std::bit_cast<float>(0x7f7f0000u),
+                           std::bit_cast<float>(0x7f7f7fffu)};
   std::mt19937 rng(3);
   std::uniform_int_distribution<uint32_t> bits;
   for (int i = 0; i < 200000; ++i) {

@@ -617,6 +617,20 @@ TEST(KernelsGelu, ForwardAndGradient) {
   expect_grad("dinp", x, dinp, pre, [&](const DVec& v) { return dot(gelu_ref(v), dR); });
 }
 
+TEST(KernelsGelu, BiasFusedIntoForwardEqualsBiasThenGelu) {
+  std::mt19937 rng(32);
+  const int64_t rows = 5, C = 19;  // C odd: per-row SIMD tails
+  const Vec x = randn(rng, sz(rows * C), 2.0f), bias = randn(rng, sz(C));
+  Vec want_in = x, want_out(x.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < C; ++c) want_in[sz(r * C + c)] += bias[sz(c)];
+  ops::gelu_forward(want_out.data(), want_in.data(), rows * C);
+  Vec in = x, out(x.size(), std::numeric_limits<float>::quiet_NaN());
+  ops::gelu_bias_forward(out.data(), in.data(), bias.data(), rows, C);
+  EXPECT_EQ(in, want_in);  // the pre-activation is kept for gelu_backward
+  EXPECT_EQ(out, want_out);
+}
+
 // ---------------------------------------------------------------------------------------------
 // swiglu
 

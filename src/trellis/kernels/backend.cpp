@@ -20,6 +20,7 @@ const Backend kCpu = {
     ops::rmsnorm_backward,
     ops::gelu_forward,
     ops::gelu_backward,
+    ops::gelu_bias_forward,
     ops::swiglu_forward,
     ops::swiglu_backward,
     ops::rope_forward,

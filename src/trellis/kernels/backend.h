@@ -19,6 +19,7 @@ struct Backend {
   decltype(&ops::rmsnorm_backward) rmsnorm_backward;
   decltype(&ops::gelu_forward) gelu_forward;
   decltype(&ops::gelu_backward) gelu_backward;
+  decltype(&ops::gelu_bias_forward) gelu_bias_forward;
   decltype(&ops::swiglu_forward) swiglu_forward;
   decltype(&ops::swiglu_backward) swiglu_backward;
   decltype(&ops::rope_forward) rope_forward;

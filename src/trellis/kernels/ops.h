@@ -64,6 +64,9 @@ void rope_backward(float* dx, int64_t ld, int64_t rows, int64_t row0, int64_t T,
 // GELU, tanh approximation (GPT-2's "gelu_new").
 void gelu_forward(float* out, const float* inp, int64_t n);
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n);
+// The bias of the layer before GELU, fused into it (one pass instead of a bias fill and a GEMM
+// that reads it back): inp[r, :] += bias (kept: it is what gelu_backward needs), out = GELU(inp).
+void gelu_bias_forward(float* out, float* inp, const float* bias, int64_t rows, int64_t C);
 
 // SwiGLU: out[r, j] = silu(gu[r, j]) * gu[r, F + j]; each row of gu is gate | up (width 2F).
 void swiglu_forward(float* out, const float* gu, int64_t rows, int64_t F);

@@ -22,7 +22,8 @@ class Linear {
   int64_t out() const { return out_; }
   // Adds the bias only when add_bias (a row-parallel layer adds it after summing its partials).
   void forward(float* y, const float* x, int64_t rows, bool add_bias = true) const;
-  // dx (may be null) and the parameter gradients accumulate.
+  // dx (may be null) is written (not accumulated: no zero-fill needed before); the parameter
+  // gradients accumulate.
   void backward(float* dx, const float* dy, const float* x, int64_t rows,
                 bool bias_grad = true) const;
   const float* bias() const { return pieces_.size() == 1 ? pieces_[0].b : nullptr; }

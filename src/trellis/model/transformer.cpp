@@ -244,9 +244,12 @@ void Transformer::block_forward(Context& ctx, int l, const float* x) {
   }
   p.ln2.forward(a.ln2.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(), mid, R);
   in = tp_.enter(a.ln2.f32(), a.ln2_full.f32(), BT, C);
-  p.up.forward(a.up.f32(), in, BT);
+  const bool fused_bias = cfg_.mlp == MlpKind::Gelu && p.up.bias();  // added by the GELU pass
+  p.up.forward(a.up.f32(), in, BT, !fused_bias);
   if (cfg_.mlp == MlpKind::SwiGLU)
     k_.swiglu_forward(a.act.f32(), a.up.f32(), BT, Fl_);
+  else if (fused_bias)
+    k_.gelu_bias_forward(a.act.f32(), a.up.f32(), p.up.bias(), BT, Fl_);
   else
     k_.gelu_forward(a.act.f32(), a.up.f32(), BT * Fl_);
   partial = sp ? full_.f32() : a.res_out.f32();
@@ -324,14 +327,12 @@ void Transformer::mlp_backward(Context& ctx, int l) {
   float* dlocal = sp ? dfull : dln;  // where entering's backward leaves d(norm output)
   if (p.down.bias_grad()) k_.bias_backward(p.down.bias_grad(), dres, R, C, C);
   const float* dy = tp_.leave_backward(dres, dfull, BT, C);
-  k_.zero(dact_.f32(), BT * Fl_);
   p.down.backward(dact_.f32(), dy, a.act.f32(), BT, false);
   k_.zero(dup_.f32(), BT * p.up.out());
   if (cfg_.mlp == MlpKind::SwiGLU)
     k_.swiglu_backward(dup_.f32(), a.up.f32(), dact_.f32(), BT, Fl_);
   else
     k_.gelu_backward(dup_.f32(), a.up.f32(), dact_.f32(), BT * Fl_);
-  k_.zero(dln, BT * C);
   p.up.backward(dln, dup_.f32(), sp ? a.ln2_full.f32() : a.ln2.f32(), BT);
   tp_.enter_backward(dln, dlocal, BT, C);
   p.ln2.backward(dres, dlocal, p.decoder ? a.res_x.f32() : a.res_mid.f32(), a.ln2_mean.f32(),
@@ -352,7 +353,6 @@ void Transformer::block_backward(Context& ctx, int l, const float* x) {
 
   if (p.proj.bias_grad()) k_.bias_backward(p.proj.bias_grad(), dres, R, C, C);
   const float* dy = tp_.leave_backward(dres, dfull, BT, C);
-  k_.zero(datt_.f32(), BT * Hl_ * hd_);
   p.proj.backward(datt_.f32(), dy, a.att.f32(), BT, false);
   const int64_t W = p.qkv.out(), Q = Hl_ * hd_, KV = Hkvl_ * hd_;
   float* dqkv = dqkv_.f32();
@@ -362,7 +362,6 @@ void Transformer::block_backward(Context& ctx, int l, const float* x) {
                         W, a.probs.f32(), attention_shape(ctx, p));
   if (cfg_.positions == PositionKind::Rope)
     k_.rope_backward(dqkv, W, BT, 0, ctx.T, Hl_ + Hkvl_, hd_, cfg_.rope_theta);
-  k_.zero(dln, BT * C);
   p.qkv.backward(dln, dqkv, sp ? a.ln1_full.f32() : a.ln1.f32(), BT);
   tp_.enter_backward(dln, dlocal, BT, C);
   p.ln1.backward(dres, dlocal, x, a.ln1_mean.f32(), a.ln1_rstd.f32(), R);
@@ -378,7 +377,6 @@ void Transformer::cross_backward(Context& ctx, int l) {
   float *dres = dres_.f32(), *dln = dln_.f32(), *dfull = dfull_.f32();
   if (p.xproj.bias_grad()) k_.bias_backward(p.xproj.bias_grad(), dres, R, C, C);
   const float* dy = tp_.leave_backward(dres, dfull, BT, C);
-  k_.zero(datt_.f32(), BT * Q);
   p.xproj.backward(datt_.f32(), dy, a.xatt.f32(), BT, false);
   k_.zero(dxq_.f32(), BT * Q);
   k_.zero(dxkv_.f32(), BT * 2 * KV);
@@ -389,13 +387,11 @@ void Transformer::cross_backward(Context& ctx, int l) {
                         a.xkv.f32(), a.xkv.f32() + KV, 2 * KV, a.xprobs.f32(), shape);
   // Keys and values: gradient of the encoder output (summed over the decoder blocks).
   float* denc_full = denc_full_.f32();
-  k_.zero(denc_full, BT * C);
   p.xkv.backward(denc_full, dxkv_.f32(), sp ? a.enc_full.f32() : encoder_output(ctx), BT);
   float* denc_local = sp ? dfull : denc_full;
   tp_.enter_backward(denc_full, denc_local, BT, C);
   k_.accumulate(denc_.f32(), denc_local, R * C);
   // Queries: through the cross-attention norm into the residual.
-  k_.zero(dln, BT * C);
   p.xq.backward(dln, dxq_.f32(), sp ? a.lnx_full.f32() : a.lnx.f32(), BT);
   float* dlocal = sp ? dfull : dln;
   tp_.enter_backward(dln, dlocal, BT, C);

@@ -17,8 +17,8 @@
 #include "trellis/io/atomic_file.h"
 #include "trellis/io/checkpoint.h"
 #include "trellis/io/pretrained.h"
-#include "trellis/kernels/ops.h"
 #include "trellis/kernels/isa.h"
+#include "trellis/kernels/ops.h"
 #include "trellis/kernels/peak.h"
 #include "trellis/model/family.h"
 #include "trellis/model/transformer.h"
@@ -651,9 +651,9 @@ int Trainer::run() {
       "GFLOP/s/core ({}){} | checkpoint {} | metrics {}/metrics.jsonl{}\n",
       trained, trained * G_ * T_, format_duration(seconds_since(run_start_)), mean_tps,
       100.0 * mean_tps / double(G_ * T_) * step_flops_ / peak_flops_, peak_per_core_,
-      cfg_.peak_gflops_per_core > 0         ? "peak_gflops_per_core"
-      : compute_ == DType::BF16 ? "measured bf16 dot-product peak"
-                                : "measured fp32 FMA peak",
+      cfg_.peak_gflops_per_core > 0 ? "peak_gflops_per_core"
+      : compute_ == DType::BF16     ? "measured bf16 dot-product peak"
+                                    : "measured fp32 FMA peak",
       std::isfinite(best_val) ? fmt::format(" | best val loss {:.4f}", best_val) : "",
       last_checkpoint.empty() ? "(none)" : last_checkpoint, cfg_.out,
       cfg_.tensorboard ? fmt::format(" | tensorboard --logdir {}/tb", cfg_.out) : "");

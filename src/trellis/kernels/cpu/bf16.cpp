@@ -102,12 +102,13 @@ void gemm_bf16_emulated(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_
     out.resize(size_t(rows * cols));
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c)
-        out[size_t(r * cols + c)] = std::bit_cast<float>(uint32_t(round_bf16(in[r * ld + c])) << 16);
+        out[size_t(r * cols + c)] =
+            std::bit_cast<float>(uint32_t(round_bf16(in[r * ld + c])) << 16);
   };
   rounded(s.fa, A, trans_a ? K : M, trans_a ? M : K, lda);
   rounded(s.fb, B, trans_b ? N : K, trans_b ? K : N, ldb);
-  gemm(trans_a, trans_b, M, N, K, alpha, s.fa.data(), trans_a ? M : K, s.fb.data(),
-       trans_b ? K : N, beta, C, ldc);
+  gemm(trans_a, trans_b, M, N, K, alpha, s.fa.data(), trans_a ? M : K, s.fb.data(), trans_b ? K : N,
+       beta, C, ldc);
 }
 }  // namespace
 

@@ -43,6 +43,25 @@ void gelu_forward(float* out, const float* inp, int64_t n) {
   }
 }
 
+void gelu_bias_forward(float* out, float* inp, const float* bias, int64_t rows, int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    float *x = inp + r * C, *y = out + r * C;
+    int64_t c = 0;
+    for (; c + 4 <= C; c += 4) {
+      const simd::d4 v = simd::load4(x + c) + simd::load4(bias + c);
+      simd::store4(x + c, v);
+      simd::store4(y + c, gelu_fwd4(simd::load4(x + c)));
+    }
+    if (c < C) {
+      const int64_t n = C - c;
+      const simd::d4 v = simd::load_partial(x + c, n) + simd::load_partial(bias + c, n);
+      simd::store_partial(x + c, v, n);
+      simd::store_partial(y + c, gelu_fwd4(simd::load_partial(x + c, n)), n);
+    }
+  }
+}
+
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < n; c += kChunk) {
