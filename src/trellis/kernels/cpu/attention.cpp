@@ -3,6 +3,7 @@
 // each query row a prefix of visible keys, so one prefix softmax serves every variant.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "trellis/core/error.h"
@@ -33,6 +34,23 @@ void softmax_causal_row(float* row, int64_t n, int64_t T) {
   const float inv = float(1.0 / sum);
   for (j = 0; j < n; ++j) row[j] *= inv;
   for (j = n; j < T; ++j) row[j] = 0.0f;
+}
+
+// sum of a[j] * b[j], j < n, in 8 float lanes combined in a fixed order (a plain float loop is a
+// serial chain of adds).
+float dot_f8(const float* a, const float* b, int64_t n) {
+  using f8 = float __attribute__((vector_size(32)));
+  f8 acc = {};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    f8 x, y;
+    std::memcpy(&x, a + j, sizeof x);
+    std::memcpy(&y, b + j, sizeof y);
+    acc += x * y;
+  }
+  float sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+  for (; j < n; ++j) sum += a[j] * b[j];
+  return sum;
 }
 
 void check_shape(const AttentionShape& s) {
@@ -101,8 +119,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
           const int64_t n = visible_keys(s, b, i);
           const float* prow = p + i * Tk;
           float* drow = dp.data() + i * Tk;
-          float dot = 0.0f;
-          for (int64_t j = 0; j < n; ++j) dot += prow[j] * drow[j];
+          const float dot = dot_f8(prow, drow, n);
           for (int64_t j = 0; j < n; ++j) drow[j] = prow[j] * (drow[j] - dot) * scale;
           for (int64_t j = n; j < nk; ++j) drow[j] = 0.0f;
         }

@@ -9,27 +9,31 @@
 
 namespace trellis::ops {
 
+// GELU (tanh form) in 8 float lanes: 0.5 x (1 + tanh(u)) = x * sigmoid(2u), u = sqrt(2/pi) (x +
+// 0.044715 x^3), with exp clamped to [-80, 80] (beyond it sigmoid is 0 or 1 to float precision).
+// A few float ulps from the exact function, 10x faster than the double lanes it replaced (GELU
+// was a seventh of a small model's step). Element-wise: results do not depend on threads.
 namespace {
-constexpr double kSqrt2OverPi = 0.7978845608028654;
-}
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kCubic = 0.044715f;
 
-// Both GELU directions evaluate in double, 4 lanes at a time (simd_math.h): libm's scalar tanhf
-// was a third of a small model's step. Element-wise, so the result does not depend on threads.
-namespace {
-inline simd::d4 gelu_u(simd::d4 x) {
-  return simd::splat(kSqrt2OverPi) * (x + simd::splat(0.044715) * x * x * x);
+inline simd::f8 clamp80(simd::f8 v) {
+  v = v > simd::splat8(80.0f) ? simd::splat8(80.0f) : v;
+  return v < simd::splat8(-80.0f) ? simd::splat8(-80.0f) : v;
 }
-inline simd::d4 gelu_fwd4(simd::d4 x) {
-  return simd::splat(0.5) * x * (simd::splat(1.0) + simd::tanh(gelu_u(x)));
+// sigmoid(2u) for u = u(x).
+inline simd::f8 gelu_gate(simd::f8 x) {
+  const simd::f8 u = simd::splat8(kSqrt2OverPi) * (x + simd::splat8(kCubic) * x * x * x);
+  return simd::splat8(1.0f) / (simd::splat8(1.0f) + simd::exp8_clamped(clamp80(-2.0f * u)));
 }
-inline simd::d4 gelu_bwd4(simd::d4 x, simd::d4 dy) {
-  const simd::d4 th = simd::tanh(gelu_u(x));
-  const simd::d4 sech2 = simd::splat(1.0) - th * th;
-  const simd::d4 du =
-      simd::splat(kSqrt2OverPi) * (simd::splat(1.0) + simd::splat(3.0 * 0.044715) * x * x);
-  return dy * (simd::splat(0.5) * (simd::splat(1.0) + th) + simd::splat(0.5) * x * sech2 * du);
+inline simd::f8 gelu_fwd8(simd::f8 x) { return x * gelu_gate(x); }
+// d/dx x*s(2u) = s + x * 2 s (1 - s) u', u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
+inline simd::f8 gelu_bwd8(simd::f8 x, simd::f8 dy) {
+  const simd::f8 s = gelu_gate(x);
+  const simd::f8 du = simd::splat8(kSqrt2OverPi) * (simd::splat8(1.0f) + 3.0f * kCubic * x * x);
+  return dy * (s + x * 2.0f * s * (simd::splat8(1.0f) - s) * du);
 }
-constexpr int64_t kChunk = 2048;  // elements per OpenMP work item (a multiple of 4)
+constexpr int64_t kChunk = 2048;  // elements per OpenMP work item (a multiple of 8)
 }  // namespace
 
 void gelu_forward(float* out, const float* inp, int64_t n) {
@@ -37,9 +41,9 @@ void gelu_forward(float* out, const float* inp, int64_t n) {
   for (int64_t c = 0; c < n; c += kChunk) {
     const int64_t end = std::min(n, c + kChunk);
     int64_t i = c;
-    for (; i + 4 <= end; i += 4) simd::store4(out + i, gelu_fwd4(simd::load4(inp + i)));
+    for (; i + 8 <= end; i += 8) simd::store8(out + i, gelu_fwd8(simd::load8(inp + i)));
     if (i < end)
-      simd::store_partial(out + i, gelu_fwd4(simd::load_partial(inp + i, end - i)), end - i);
+      simd::store8_partial(out + i, gelu_fwd8(simd::load8_partial(inp + i, end - i)), end - i);
   }
 }
 
@@ -48,16 +52,16 @@ void gelu_bias_forward(float* out, float* inp, const float* bias, int64_t rows, 
   for (int64_t r = 0; r < rows; ++r) {
     float *x = inp + r * C, *y = out + r * C;
     int64_t c = 0;
-    for (; c + 4 <= C; c += 4) {
-      const simd::d4 v = simd::load4(x + c) + simd::load4(bias + c);
-      simd::store4(x + c, v);
-      simd::store4(y + c, gelu_fwd4(simd::load4(x + c)));
+    for (; c + 8 <= C; c += 8) {
+      const simd::f8 v = simd::load8(x + c) + simd::load8(bias + c);
+      simd::store8(x + c, v);
+      simd::store8(y + c, gelu_fwd8(v));
     }
     if (c < C) {
       const int64_t n = C - c;
-      const simd::d4 v = simd::load_partial(x + c, n) + simd::load_partial(bias + c, n);
-      simd::store_partial(x + c, v, n);
-      simd::store_partial(y + c, gelu_fwd4(simd::load_partial(x + c, n)), n);
+      const simd::f8 v = simd::load8_partial(x + c, n) + simd::load8_partial(bias + c, n);
+      simd::store8_partial(x + c, v, n);
+      simd::store8_partial(y + c, gelu_fwd8(v), n);
     }
   }
 }
@@ -67,15 +71,15 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) 
   for (int64_t c = 0; c < n; c += kChunk) {
     const int64_t end = std::min(n, c + kChunk);
     int64_t i = c;
-    for (; i + 4 <= end; i += 4)
-      simd::store4(dinp + i,
-                   simd::load4(dinp + i) + gelu_bwd4(simd::load4(inp + i), simd::load4(dout + i)));
+    for (; i + 8 <= end; i += 8)
+      simd::store8(dinp + i,
+                   simd::load8(dinp + i) + gelu_bwd8(simd::load8(inp + i), simd::load8(dout + i)));
     if (i < end) {
       const int64_t r = end - i;
-      simd::store_partial(
+      simd::store8_partial(
           dinp + i,
-          simd::load_partial(dinp + i, r) +
-              gelu_bwd4(simd::load_partial(inp + i, r), simd::load_partial(dout + i, r)),
+          simd::load8_partial(dinp + i, r) +
+              gelu_bwd8(simd::load8_partial(inp + i, r), simd::load8_partial(dout + i, r)),
           r);
     }
   }

@@ -86,4 +86,49 @@ inline d4 tanh(d4 x) {
   return x != x ? x : t;
 }
 
+// 8 float lanes (one AVX2 register), for element-wise ops where float accuracy is enough and
+// double lanes cost 4x: GELU.
+using f8 = float __attribute__((vector_size(32)));
+using i8 = int32_t __attribute__((vector_size(32)));
+
+inline f8 splat8(float x) { return f8{x, x, x, x, x, x, x, x}; }
+inline f8 load8(const float* p) {
+  f8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store8(float* p, f8 x) { std::memcpy(p, &x, sizeof x); }
+// The first n (< 8) lanes; the rest are 0.
+inline f8 load8_partial(const float* p, int64_t n) {
+  f8 v = {};
+  for (int64_t i = 0; i < n; ++i) v[i] = p[i];
+  return v;
+}
+inline void store8_partial(float* p, f8 x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) p[i] = x[i];
+}
+
+// exp(x) in float for x in [-80, 80] (callers clamp): Cody-Waite reduction x = n ln2 + r,
+// |r| <= ln2/2, and Cephes' degree-6 minimax polynomial for expf; within 2 float ulps (checked by
+// bench/simd_math_check).
+inline f8 exp8_clamped(f8 x) {
+  const f8 magic = splat8(12582912.0f);  // 1.5 * 2^23: adding it rounds to integer
+  const f8 kn = x * splat8(1.44269504088896341f) + magic;
+  const f8 n = kn - magic;
+  const f8 r = (x - n * splat8(0.693359375f)) - n * splat8(-2.12194440e-4f);
+  f8 p = splat8(1.9875691500e-4f);
+  p = p * r + splat8(1.3981999507e-3f);
+  p = p * r + splat8(8.3334519073e-3f);
+  p = p * r + splat8(4.1665795894e-2f);
+  p = p * r + splat8(1.6666665459e-1f);
+  p = p * r + splat8(5.0000001201e-1f);
+  p = p * r * r + r + splat8(1.0f);
+  i8 ni;
+  std::memcpy(&ni, &kn, sizeof ni);
+  const i8 e = ((ni - 0x4b400000) + 127) << 23;  // n from kn's low mantissa bits, into 2^n
+  f8 scale;
+  std::memcpy(&scale, &e, sizeof scale);
+  return p * scale;
+}
+
 }  // namespace trellis::simd
