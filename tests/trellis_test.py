@@ -18,6 +18,18 @@ def fresh_dir(name):
     return path
 
 
+def cpu_has_bf16():
+    """Whether this CPU has AVX512-BF16 (and the AVX-512 F/BW/VL that trellis asks for with it),
+    from /proc/cpuinfo: what the hardware has, whatever TRELLIS_ISA caps trellis to."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f
+                          if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"} <= set(flags)
+
+
 def with_precision(args):
     """`train` defaults to bf16 where the CPU has it; the suite's equivalence and oracle checks are
     fp32 ones, so a `train` that does not name a precision runs in fp32 (bf16 has its own tests)."""
@@ -146,8 +158,10 @@ class LayoutCheck:
         return [r["loss"] for r in train], [v["val_loss"] for v in val], params
 
     def check(self, name, ranks, layout_args):
+        """Runs the layout as `name` (its output directory is TMP/name) and compares it; returns
+        the run's stdout."""
         out = fresh_dir(name)
-        mpirun(ranks, self.args + [str(a) for a in layout_args] + ["--out", out])
+        stdout, _ = mpirun(ranks, self.args + [str(a) for a in layout_args] + ["--out", out])
         loss, val, params = self._result(out)
         base_loss, base_val, base_params = self.base
         check(len(loss) == self.steps, f"{name}: {self.steps} steps logged")
@@ -160,6 +174,7 @@ class LayoutCheck:
         check(worst_p <= self.tol and whole <= self.tol,
               f"{name}: final parameters match (worst tensor {worst_p:.1e} in {where}, "
               f"all parameters {whole:.1e})")
+        return stdout
 
 
 # ---- task data (classification, translation, images) for `trellis prepare --task` ----
