@@ -180,7 +180,12 @@ Trainer::Trainer(TrainConfig cfg, Communicator& world)
   double fp32_somewhere = precision.compute == DType::F32 ? 1.0 : 0.0;
   world_.all_reduce_max(&fp32_somewhere, 1);
   compute_ = fp32_somewhere > 0.0 ? DType::F32 : DType::BF16;
-  if (lead_ && !precision.notice.empty()) fmt::print(stderr, "trellis: {}\n", precision.notice);
+  if (lead_ && !precision.notice.empty())
+    fmt::print(stderr, "trellis: {}\n", precision.notice);
+  else if (lead_ && precision.compute == DType::BF16 && compute_ == DType::F32 &&
+           cfg_.precision == "bf16")
+    fmt::print(stderr, "trellis: precision bf16 needs AVX512-BF16 on every rank, and another "
+                       "rank's CPU lacks it: running in fp32\n");
 
   load_data();
   TRELLIS_REQUIRE(!cfg_.sequence_parallel || T_ % mesh_.tp() == 0,
