@@ -9,11 +9,14 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "trellis/core/error.h"
 #include "trellis/data/corpus.h"
+#include "trellis/data/loader.h"
 #include "trellis/data/prepare.h"
 #include "trellis/data/shard.h"
 #include "trellis/data/tokenizer.h"
@@ -76,7 +79,13 @@ void expect_input_error(F&& f, const std::vector<std::string>& needles) {
   }
 }
 
-std::vector<int> to_int(const std::vector<uint16_t>& v) { return {v.begin(), v.end()}; }
+std::vector<int> to_int(const std::vector<uint32_t>& v) { return {v.begin(), v.end()}; }
+
+// Version-1 shards from brace lists, as llm.c writes them.
+using trellis::write_shard;
+void write_shard(const std::string& path, std::initializer_list<uint32_t> tokens) {
+  trellis::write_shard(path, std::span<const uint32_t>(tokens.begin(), tokens.size()));
+}
 
 const Tokenizer& gpt2() {
   static const auto tok = load_gpt2_tokenizer(gpt2_dir());
@@ -196,7 +205,7 @@ TEST(Gpt2Tokenizer, CorruptFilesNameTheFile) {
 
 TEST(Shard, RoundTrip) {
   TempDir dir;
-  const std::vector<uint16_t> tokens = {0, 1, 2, 50256, 65535, 7};
+  const std::vector<uint32_t> tokens = {0, 1, 2, 50256, 65535, 7};
   write_shard(dir / "s.bin", tokens);
   EXPECT_EQ(fs::file_size(dir / "s.bin"), 1024u + 2 * tokens.size());
   EXPECT_EQ(read_shard(dir / "s.bin"), tokens);
@@ -221,7 +230,7 @@ TEST(Shard, RoundTrip) {
 TEST(Shard, TruncatedFileNamesFileAndCounts) {
   TempDir dir;
   const std::string p = dir / "train_000000.bin";
-  write_shard(p, std::vector<uint16_t>(1000, 3));
+  write_shard(p, std::vector<uint32_t>(1000, 3));
   fs::resize_file(p, 1024 + 2 * 998);
   expect_input_error([&] { read_shard(p); },
                      {p, "truncated", "header says 1000 tokens, file holds 998"});
@@ -266,14 +275,14 @@ TEST(Shard, MissingFileNamesTheFile) {
 // prepare
 
 // Concatenation of all shards with the given prefix, in name order.
-std::vector<uint16_t> read_split(const std::string& dir, const std::string& prefix) {
+std::vector<uint32_t> read_split(const std::string& dir, const std::string& prefix) {
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(dir)) {
     const auto name = e.path().filename().string();
     if (name.starts_with(prefix)) names.push_back(e.path().string());
   }
   std::sort(names.begin(), names.end());
-  std::vector<uint16_t> out;
+  std::vector<uint32_t> out;
   for (const auto& n : names) {
     const auto t = read_shard(n);
     out.insert(out.end(), t.begin(), t.end());
@@ -324,8 +333,8 @@ TEST(Prepare, ByteCorpusRoundTripsThroughShards) {
   EXPECT_EQ(meta["val_tokens"], r.val_tokens);
 
   const Corpus c = load_corpus_dir(dir / "out");
-  EXPECT_EQ(c.train, train);
-  EXPECT_EQ(c.val, val);
+  EXPECT_EQ(c.train.to_vector(), train);
+  EXPECT_EQ(c.val.to_vector(), val);
   EXPECT_EQ(c.tokenizer, "byte");
   EXPECT_EQ(c.vocab_size, 256);
   EXPECT_NE(c.source.find("out"), std::string::npos);
@@ -377,7 +386,7 @@ TEST(Prepare, RemovesStaleShardsFromAnEarlierRun) {
   EXPECT_FALSE(fs::exists(dir / "out/train_000001.bin"));
   EXPECT_FALSE(fs::exists(dir / "out/train_000008.bin"));
   const Corpus c = load_corpus_dir(dir / "out");
-  EXPECT_EQ(c.train.size() + c.val.size(), 100u);
+  EXPECT_EQ(c.train.size() + c.val.size(), 100);
 }
 
 TEST(Prepare, InputErrors) {
@@ -446,14 +455,14 @@ TEST(Corpus, InfersTokenizerWithoutMeta) {
   write_shard(dir / "train_000001.bin", {3, 255});
   write_shard(dir / "val_000000.bin", {4});
   Corpus c = load_corpus_dir(dir.str());
-  EXPECT_EQ(c.train, (std::vector<uint16_t>{1, 2, 3, 255}));
-  EXPECT_EQ(c.val, (std::vector<uint16_t>{4}));
+  EXPECT_EQ(c.train.to_vector(), (std::vector<uint32_t>{1, 2, 3, 255}));
+  EXPECT_EQ(c.val.to_vector(), (std::vector<uint32_t>{4}));
   EXPECT_EQ(c.tokenizer, "byte");
   EXPECT_EQ(c.vocab_size, 256);
 
   write_shard(dir / "val_000001.bin", {50256});
   c = load_corpus_dir(dir.str());
-  EXPECT_EQ(c.val, (std::vector<uint16_t>{4, 50256}));
+  EXPECT_EQ(c.val.to_vector(), (std::vector<uint32_t>{4, 50256}));
   EXPECT_EQ(c.tokenizer, "gpt2");
   EXPECT_EQ(c.vocab_size, 50257);
 
@@ -467,15 +476,115 @@ TEST(Corpus, DefaultCorpusIsDebianLicences) {
   const Corpus c = load_default_corpus();
   EXPECT_EQ(c.tokenizer, "byte");
   EXPECT_EQ(c.vocab_size, 256);
-  ASSERT_GT(c.train.size(), 1000u);
-  const size_t total = c.train.size() + c.val.size();
+  ASSERT_GT(c.train.size(), 1000);
+  const int64_t total = c.train.size() + c.val.size();
   EXPECT_EQ(c.val.size(), total / 10);
   EXPECT_NE(c.source.find("/usr/share/common-licenses"), std::string::npos);
   EXPECT_NE(c.source.find(fmt::format("{} bytes", total)), std::string::npos);
   // Deterministic: a second load gives the same streams.
   const Corpus again = load_default_corpus();
-  EXPECT_EQ(again.train, c.train);
-  EXPECT_EQ(again.val, c.val);
+  EXPECT_EQ(again.train.to_vector(), c.train.to_vector());
+  EXPECT_EQ(again.val.to_vector(), c.val.to_vector());
+}
+
+// ---------------------------------------------------------------------------------------------
+// 32-bit shards, mapped streams, the global order
+
+TEST(Shard, Version2HoldsUint32Tokens) {
+  TempDir dir;
+  const std::vector<uint32_t> tokens = {0, 65535, 65536, 128255, 4000000000u};
+  write_shard(dir / "w.bin", tokens, kShardVersion32);
+  EXPECT_EQ(fs::file_size(dir / "w.bin"), 1024u + 4 * tokens.size());
+  const std::string raw = read_bytes(dir / "w.bin");
+  int32_t header[256];
+  std::memcpy(header, raw.data(), sizeof header);
+  EXPECT_EQ(header[0], 20240520);
+  EXPECT_EQ(header[1], 2);
+  EXPECT_EQ(header[2], 5);
+  EXPECT_EQ(header[3], 4);
+  EXPECT_EQ(read_shard(dir / "w.bin"), tokens);
+  EXPECT_EQ(Shard(dir / "w.bin").version(), 2);
+
+  // A count that disagrees with the file's size names the file.
+  fs::resize_file(dir / "w.bin", 1024 + 4 * 4);
+  expect_input_error([&] { Shard(dir / "w.bin"); },
+                     {dir / "w.bin", "header says 5 tokens, file holds 4"});
+  // Version 1 cannot hold a token >= 65536.
+  EXPECT_THROW(write_shard(dir / "n.bin", std::vector<uint32_t>{65536}), Error);
+}
+
+TEST(Shard, VersionForVocabulary) {
+  EXPECT_EQ(shard_version_for_vocab(256), 1);
+  EXPECT_EQ(shard_version_for_vocab(65536), 1);
+  EXPECT_EQ(shard_version_for_vocab(65537), 2);
+  EXPECT_EQ(shard_version_for_vocab(128256), 2);
+  expect_input_error([&] { shard_version_for_vocab((int64_t(1) << 32) + 1); },
+                     {"4294967297", "uint32"});
+}
+
+TEST(TokenStream, ReadsAcrossShardsAndChecksTheVocabulary) {
+  TempDir dir;
+  write_shard(dir / "a.bin", {1, 2, 3});
+  write_shard(dir / "b.bin", {});
+  write_shard(dir / "c.bin", std::vector<uint32_t>{4, 70000, 6}, kShardVersion32);
+  TokenStream s = TokenStream::map_files({dir / "a.bin", dir / "b.bin", dir / "c.bin"});
+  EXPECT_EQ(s.size(), 6);
+  std::vector<int32_t> out(4);
+  s.read(1, 4, out.data());
+  EXPECT_EQ(out, (std::vector<int32_t>{2, 3, 4, 70000}));
+  EXPECT_EQ(s.max_token_sampled(1), 4u);
+  EXPECT_EQ(s.max_token_sampled(2), 70000u);
+  s.set_vocab(1000);
+  s.read(0, 4, out.data());  // tokens below the vocabulary read as before
+  expect_input_error([&] { s.read(2, 3, out.data()); }, {dir / "c.bin", "70000", "position 1"});
+}
+
+TEST(Corpus, MapsVersion2ShardsAndRefusesTooLargeAVocabulary) {
+  TempDir dir;
+  write_shard(dir / "train_000000.bin", std::vector<uint32_t>{1, 100000, 3, 4}, kShardVersion32);
+  write_shard(dir / "val_000000.bin", std::vector<uint32_t>{5, 6}, kShardVersion32);
+  write_text(dir / "meta.json", R"({"tokenizer": "gpt2", "vocab_size": 128256})");
+  const Corpus c = load_corpus_dir(dir.str());
+  EXPECT_EQ(c.vocab_size, 128256);
+  EXPECT_EQ(c.train.to_vector(), (std::vector<uint32_t>{1, 100000, 3, 4}));
+
+  // A vocabulary beyond uint16 with version-1 shards cannot be what they were written with.
+  write_shard(dir / "train_000000.bin", {1, 2, 3, 4});
+  write_shard(dir / "val_000000.bin", {5, 6});
+  expect_input_error([&] { load_corpus_dir(dir.str()); }, {"vocab_size 128256", "65536"});
+}
+
+TEST(GlobalOrder, EveryEpochIsAPermutation) {
+  for (int64_t n : {1, 2, 3, 5, 17, 64, 1000, 4097}) {
+    const GlobalOrder order(n, 7, 42, true);
+    for (int64_t epoch = 0; epoch < 3; ++epoch) {
+      std::set<int64_t> seen;
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t v = order.at(epoch * n + i);
+        ASSERT_GE(v, 0);
+        ASSERT_LT(v, n);
+        seen.insert(v);
+      }
+      EXPECT_EQ(int64_t(seen.size()), n) << "n " << n << " epoch " << epoch;
+    }
+    // item(step, j) is position step*G + j.
+    EXPECT_EQ(order.item(3, 2), order.at(3 * 7 + 2));
+  }
+  // Shuffled: epochs and seeds differ; unshuffled: the identity.
+  const GlobalOrder a(1000, 8, 1, true), b(1000, 8, 2, true), plain(1000, 8, 1, false);
+  int same_epoch = 0, same_seed = 0, identity = 0;
+  for (int64_t i = 0; i < 1000; ++i) {
+    same_epoch += a.at(i) == a.at(1000 + i);
+    same_seed += a.at(i) == b.at(i);
+    identity += a.at(i) == i;
+    EXPECT_EQ(plain.at(1000 + i), i);
+  }
+  EXPECT_LT(same_epoch, 20);
+  EXPECT_LT(same_seed, 20);
+  EXPECT_LT(identity, 20);
+  // Nothing is stored per item: an order over 2^40 windows costs what a small one does.
+  const GlobalOrder huge(int64_t(1) << 40, 512, 3, true);
+  EXPECT_LT(huge.at(123456789), int64_t(1) << 40);
 }
 
 }  // namespace

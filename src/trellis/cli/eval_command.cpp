@@ -66,7 +66,8 @@ double windows_loss(const EvalArgs& a, int64_t rows, bool with_grad, CheckpointD
   TRELLIS_REQUIRE(a.seq_len <= ck.model.block_size,
                   "seq-len {} exceeds the checkpoint's context length {}", a.seq_len,
                   ck.model.block_size);
-  const std::vector<uint16_t> tokens = read_shard(a.data);
+  TokenStream tokens = TokenStream::map_files({a.data});
+  tokens.set_vocab(ck.model.vocab_size);
   LocalModel local(ck, grads ? grads->data() : nullptr, compute_precision(a));
   Transformer& model = local.model;
   Context ctx;

@@ -32,15 +32,6 @@ std::vector<std::string> shard_files(const std::string& dir, const std::string& 
   return out;
 }
 
-std::vector<uint16_t> read_shards(const std::vector<std::string>& files) {
-  std::vector<uint16_t> out;
-  for (const auto& f : files) {
-    const auto t = read_shard(f);
-    out.insert(out.end(), t.begin(), t.end());
-  }
-  return out;
-}
-
 void read_meta(const std::string& dir, Corpus& c) {
   const std::string path = (fs::path(dir) / "meta.json").string();
   nlohmann::json j;
@@ -59,8 +50,7 @@ void read_meta(const std::string& dir, Corpus& c) {
   }
   TRELLIS_REQUIRE(c.tokenizer == "byte" || c.tokenizer == "gpt2",
                   "{}: unknown tokenizer '{}' (expected 'byte' or 'gpt2')", path, c.tokenizer);
-  TRELLIS_REQUIRE(c.vocab_size > 0 && c.vocab_size <= 65536,
-                  "{}: vocab_size {} is outside 1..65536", path, c.vocab_size);
+  TRELLIS_REQUIRE(c.vocab_size > 0, "{}: vocab_size {} is not positive", path, c.vocab_size);
   // prepare writes an absolute path; a hand-written relative one is taken relative to the data
   // directory, the only base that does not depend on where trellis happens to be started.
   if (!c.tokenizer_dir.empty() && fs::path(c.tokenizer_dir).is_relative())
@@ -83,19 +73,28 @@ Corpus load_corpus_dir(const std::string& dir) {
                   dir);
 
   Corpus c;
-  c.train = read_shards(train_files);
-  c.val = read_shards(val_files);
-  TRELLIS_REQUIRE(!c.train.empty(), "{}: the train*.bin shards hold no tokens", dir);
-  TRELLIS_REQUIRE(!c.val.empty(), "{}: the val*.bin shards hold no tokens", dir);
+  c.train = TokenStream::map_files(train_files);
+  c.val = TokenStream::map_files(val_files);
+  TRELLIS_REQUIRE(c.train.size() > 0, "{}: the train*.bin shards hold no tokens", dir);
+  TRELLIS_REQUIRE(c.val.size() > 0, "{}: the val*.bin shards hold no tokens", dir);
+  bool wide = false;  // any version-2 (uint32) shard
+  for (const TokenStream* s : {&c.train, &c.val})
+    for (size_t i = 0; i < s->parts(); ++i) wide |= s->part(i).version() == kShardVersion32;
 
-  const int max_token = std::max(*std::max_element(c.train.begin(), c.train.end()),
-                                 *std::max_element(c.val.begin(), c.val.end()));
+  // A bounded look at the tokens: startup must not grow with the corpus. Every token read later
+  // is checked against the vocabulary anyway.
+  const int64_t max_token =
+      std::max(c.train.max_token_sampled(kInferTokens), c.val.max_token_sampled(kInferTokens));
   const bool has_meta = fs::exists(fs::path(dir) / "meta.json");
   if (has_meta) {
     read_meta(dir, c);
     TRELLIS_REQUIRE(max_token < c.vocab_size,
                     "{}: shards hold token {} but meta.json says vocab_size {}", dir, max_token,
                     c.vocab_size);
+    TRELLIS_REQUIRE(c.vocab_size <= 65536 || wide,
+                    "{}: meta.json says vocab_size {}, more than the uint16 tokens of its "
+                    "version-1 shards can hold (65536)",
+                    dir, c.vocab_size);
   } else if (max_token < 256) {
     c.tokenizer = "byte";
     c.vocab_size = 256;
@@ -107,6 +106,8 @@ Corpus load_corpus_dir(const std::string& dir) {
     c.tokenizer = "gpt2";
     c.vocab_size = kGpt2VocabSize;
   }
+  c.train.set_vocab(c.vocab_size);
+  c.val.set_vocab(c.vocab_size);
   c.source = fmt::format("{} ({} train + {} val tokens, {} tokenizer{})",
                          fs::absolute(dir).lexically_normal().string(), c.train.size(),
                          c.val.size(), c.tokenizer, has_meta ? "" : ", no meta.json");
@@ -135,8 +136,13 @@ Corpus load_default_corpus() {
   const size_t n_val = std::max<size_t>(1, tokens.size() / 10);
   const size_t n_train = tokens.size() - n_val;
   Corpus c;
-  c.train.assign(tokens.begin(), tokens.begin() + n_train);
-  c.val.assign(tokens.begin() + n_train, tokens.end());
+  // Small enough to hold in memory: no shards to map.
+  auto part = [&](size_t begin, size_t end, const char* name) {
+    std::vector<uint32_t> t(tokens.begin() + ptrdiff_t(begin), tokens.begin() + ptrdiff_t(end));
+    return TokenStream({std::make_shared<const Shard>(std::move(t), name)});
+  };
+  c.train = part(0, n_train, "default corpus (train)");
+  c.val = part(n_train, tokens.size(), "default corpus (val)");
   c.tokenizer = "byte";
   c.vocab_size = 256;
   c.source = fmt::format("Debian licence texts ({}, {} bytes)", kDefaultCorpusDir, text.size());

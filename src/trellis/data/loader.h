@@ -6,44 +6,57 @@
 #include <cstdint>
 #include <vector>
 
+#include "trellis/data/token_stream.h"
+
 namespace trellis {
 
 // Which item (window or example) sequence j of global step s reads: item order[(s*G + j) mod n],
 // the order a seeded permutation per epoch ((s*G + j) / n), or the identity without shuffling.
+// The permutation is computed per position (a Feistel network over the next power of four, cycle-
+// walked into [0, n)), never stored: its cost does not grow with the corpus, and any rank can
+// compute any epoch's order without replaying earlier ones.
 class GlobalOrder {
  public:
-  GlobalOrder(int64_t items, int64_t global_batch, uint64_t seed, bool shuffle);
+  // `stream` keys the permutations (mixtures give each dataset its own).
+  GlobalOrder(int64_t items, int64_t global_batch, uint64_t seed, bool shuffle,
+              uint64_t stream = 0x5eed0000ull);
   int64_t items() const { return n_; }
-  int64_t item(int64_t step, int64_t j);
+  int64_t item(int64_t step, int64_t j) const { return at(step * G_ + j); }
+  // The item at position pos of the endless sequence of epochs.
+  int64_t at(int64_t pos) const;
 
  private:
-  const std::vector<int64_t>& order(int64_t epoch);
+  uint64_t permute(uint64_t epoch, uint64_t x) const;
   int64_t n_, G_;
-  uint64_t seed_;
+  uint64_t seed_, stream_;
   bool shuffle_;
-  int64_t cached_epoch_ = -1;
-  std::vector<int64_t> order_;
+  int half_bits_ = 0;
 };
 
 class BatchLoader {
  public:
-  BatchLoader(const std::vector<uint16_t>& tokens, int64_t seq_len, int64_t global_batch,
-              uint64_t seed, bool shuffle);
+  BatchLoader(const TokenStream& tokens, int64_t seq_len, int64_t global_batch, uint64_t seed,
+              bool shuffle);
   int64_t windows() const { return order_.items(); }
   // Fills inputs/targets (rows*T each) with sequences [first, first+rows) of global step `step`
   // (0-based).
-  void fill(int64_t step, int64_t first, int64_t rows, int32_t* inputs, int32_t* targets);
+  void fill(int64_t step, int64_t first, int64_t rows, int32_t* inputs, int32_t* targets) const;
   // Window index of sequence j of step s.
-  int64_t window(int64_t step, int64_t j) { return order_.item(step, j); }
+  int64_t window(int64_t step, int64_t j) const { return order_.item(step, j); }
 
  private:
-  const std::vector<uint16_t>& tokens_;
+  const TokenStream& tokens_;
   int64_t T_;
   GlobalOrder order_;
 };
 
+// Windows of T+1 tokens (stride T) in a stream; at least one, or an input error.
+int64_t window_count(const TokenStream& tokens, int64_t T);
+// Window w of a stream into one row of inputs/targets (T each).
+void fill_window(const TokenStream& tokens, int64_t T, int64_t w, int32_t* inputs,
+                 int32_t* targets);
 // Fixed evaluation windows: window i = tokens [i*T, i*T + T] (used by eval and validation).
-void fill_eval_windows(const std::vector<uint16_t>& tokens, int64_t T, int64_t first, int64_t rows,
+void fill_eval_windows(const TokenStream& tokens, int64_t T, int64_t first, int64_t rows,
                        int32_t* inputs, int32_t* targets);
 
 }  // namespace trellis

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <span>
 
 #include "trellis/core/error.h"
 #include "trellis/data/shard.h"
@@ -42,14 +43,15 @@ std::vector<std::string> collect_input_files(const std::vector<std::string>& inp
   return files;
 }
 
-void write_split(const std::string& out_dir, const std::string& prefix, const uint16_t* tokens,
-                 size_t n, size_t shard_tokens, std::vector<std::string>& written) {
+void write_split(const std::string& out_dir, const std::string& prefix, const uint32_t* tokens,
+                 size_t n, size_t shard_tokens, int32_t version,
+                 std::vector<std::string>& written) {
   size_t shard = 0;
   for (size_t begin = 0; begin < n; begin += shard_tokens, ++shard) {
     const size_t end = std::min(n, begin + shard_tokens);
     const std::string name = fmt::format("{}_{:06d}.bin", prefix, shard);
     write_shard((fs::path(out_dir) / name).string(),
-                std::vector<uint16_t>(tokens + begin, tokens + end));
+                std::span<const uint32_t>(tokens + begin, end - begin), version);
     written.push_back(name);
   }
 }
@@ -63,21 +65,19 @@ PrepareResult prepare_dataset(const PrepareOptions& opt) {
   TRELLIS_REQUIRE(opt.shard_tokens > 0, "prepare: shard_tokens must be positive");
   const auto files = collect_input_files(opt.inputs);
   const auto tok = make_tokenizer(opt.tokenizer, opt.tokenizer_dir);
-  TRELLIS_REQUIRE(tok->vocab_size() <= 65536,
-                  "prepare: the {} tokenizer has {} tokens; shards store uint16 ids (at most "
-                  "65536)",
-                  tok->kind(), tok->vocab_size());
+  // uint16 shards (llm.c's version 1) where the vocabulary fits, uint32 (version 2) beyond.
+  const int32_t version = shard_version_for_vocab(tok->vocab_size());
 
-  std::vector<uint16_t> tokens;
+  std::vector<uint32_t> tokens;
   bool first_doc = true;
   for (const auto& f : files) {
     const std::string text = read_file(f);
     if (text.empty()) continue;
     // A separator between documents tells the model where one text ends and the next begins.
     if (!first_doc && tok->eot_token() >= 0)
-      tokens.push_back(static_cast<uint16_t>(tok->eot_token()));
+      tokens.push_back(static_cast<uint32_t>(tok->eot_token()));
     first_doc = false;
-    for (int t : tok->encode(text)) tokens.push_back(static_cast<uint16_t>(t));
+    for (int t : tok->encode(text)) tokens.push_back(static_cast<uint32_t>(t));
   }
   TRELLIS_REQUIRE(!tokens.empty(), "prepare: empty corpus: the {} input file(s) hold no text",
                   files.size());
@@ -94,8 +94,9 @@ PrepareResult prepare_dataset(const PrepareOptions& opt) {
   fs::create_directories(opt.out_dir, ec);
   TRELLIS_REQUIRE(!ec, "{}: cannot create output directory: {}", opt.out_dir, ec.message());
   std::vector<std::string> written;
-  write_split(opt.out_dir, "train", tokens.data(), n_train, opt.shard_tokens, written);
-  write_split(opt.out_dir, "val", tokens.data() + n_train, n_val, opt.shard_tokens, written);
+  write_split(opt.out_dir, "train", tokens.data(), n_train, opt.shard_tokens, version, written);
+  write_split(opt.out_dir, "val", tokens.data() + n_train, n_val, opt.shard_tokens, version,
+              written);
 
   nlohmann::json meta;
   meta["tokenizer"] = tok->kind();

@@ -21,7 +21,7 @@ class LmBatches : public Batches {
   }
   int64_t step_targets(int64_t) override { return G_ * T_; }
   int64_t val_items() const override {
-    return corpus_.val.size() > 1 ? (int64_t(corpus_.val.size()) - 1) / T_ : 0;
+    return corpus_.val.size() > 1 ? (corpus_.val.size() - 1) / T_ : 0;
   }
   void fill_val(int64_t first, int64_t rows, Context& ctx) override {
     fill_eval_windows(corpus_.val, T_, first, rows, ctx.tokens.data(), ctx.targets.data());

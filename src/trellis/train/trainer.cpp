@@ -97,6 +97,7 @@ struct EvalResult {
 struct StepStats {
   double loss = 0.0, grad_norm = 0.0, lr = 0.0, seconds = 0.0;
   double comm_exposed = 0.0, tp_comm = 0.0, bubble = 0.0, peak_micro = 0.0;
+  double start = 0.0;  // seconds from the trainer's start to the step's start
 };
 
 // One rank's part of a training run: the model chunks of its pipeline stage (its tensor-parallel
@@ -391,7 +392,7 @@ void Trainer::print_header() const {
                mc_.num_classes ? fmt::format(", {} pooling", pooling_name(mc_.pooling)) : "");
   } else {
     fmt::print("trellis: data {} | {} train / {} val tokens | {} windows of {}\n", corpus_.source,
-               corpus_.train.size(), corpus_.val.size(), (corpus_.train.size() - 1) / size_t(T_),
+               corpus_.train.size(), corpus_.val.size(), (corpus_.train.size() - 1) / T_,
                T_);
   }
   fmt::print(
@@ -592,6 +593,7 @@ void Trainer::log_step(int64_t step, const StepStats& st) {
                {"tokens_per_s", tokens_per_s},
                {"mfu", step_flops_ / st.seconds / peak_flops_},
                {"step_ms", st.seconds * 1e3},
+               {"start_s", st.start},
                {"compute_ms", (st.seconds - st.comm_exposed - st.tp_comm) * 1e3},
                {"comm_exposed_ms", st.comm_exposed * 1e3},
                {"tp_comm_ms", st.tp_comm * 1e3},
@@ -628,6 +630,7 @@ int Trainer::run() {
     StepStats st = forward_backward_step(step);
     optimizer_step(step, st);
     st.seconds = seconds_since(t0);
+    st.start = std::chrono::duration<double>(t0 - run_start_).count();
     st.tp_comm = tp_->take_comm_seconds();
     if (step > start_step_ + 1 || cfg_.steps == start_step_ + 1) {
       tokens_per_s_sum += double(G_ * T_) / st.seconds;

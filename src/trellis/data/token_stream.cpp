@@ -1,0 +1,56 @@
+#include "trellis/data/token_stream.h"
+
+#include <algorithm>
+
+#include "trellis/core/error.h"
+
+namespace trellis {
+
+TokenStream::TokenStream(std::vector<std::shared_ptr<const Shard>> parts)
+    : parts_(std::move(parts)) {
+  int64_t end = 0;
+  for (const auto& p : parts_) ends_.push_back(end += p->size());
+}
+
+TokenStream TokenStream::map_files(const std::vector<std::string>& files) {
+  std::vector<std::shared_ptr<const Shard>> parts;
+  for (const auto& f : files) parts.push_back(std::make_shared<const Shard>(f));
+  return TokenStream(std::move(parts));
+}
+
+void TokenStream::read(int64_t begin, int64_t n, int32_t* out) const {
+  TRELLIS_CHECK(begin >= 0 && n >= 0 && begin + n <= size(), "tokens [{}, {}) of a stream of {}",
+                begin, begin + n, size());
+  // The part holding `begin`: the first whose end lies beyond it.
+  size_t i = size_t(std::upper_bound(ends_.begin(), ends_.end(), begin) - ends_.begin());
+  for (int64_t pos = begin; pos < begin + n; ++i) {
+    const Shard& s = *parts_[i];
+    const int64_t start = ends_[i] - s.size();
+    const int64_t stop = std::min(begin + n, ends_[i]);
+    for (int64_t k = pos; k < stop; ++k) {
+      const uint32_t v = s.token(k - start);
+      TRELLIS_REQUIRE(int64_t(v) < vocab_,
+                      "{}: token {} at position {} is outside the vocabulary ({} tokens)", s.name(),
+                      v, k - start, vocab_);
+      *out++ = int32_t(v);
+    }
+    pos = stop;
+  }
+}
+
+uint32_t TokenStream::max_token_sampled(int64_t per_part) const {
+  uint32_t m = 0;
+  for (const auto& p : parts_)
+    for (int64_t k = 0, n = std::min(per_part, p->size()); k < n; ++k) m = std::max(m, p->token(k));
+  return m;
+}
+
+std::vector<uint32_t> TokenStream::to_vector() const {
+  std::vector<uint32_t> out;
+  out.reserve(size_t(size()));
+  for (const auto& p : parts_)
+    for (int64_t k = 0; k < p->size(); ++k) out.push_back(p->token(k));
+  return out;
+}
+
+}  // namespace trellis

@@ -1,0 +1,40 @@
+#pragma once
+// One split of a corpus (train or val): its shards read as one concatenated stream of tokens.
+// The shards stay mapped (data/shard.h), so a stream of any length costs its headers to open and
+// the pages of the windows read from it.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "trellis/data/shard.h"
+
+namespace trellis {
+
+class TokenStream {
+ public:
+  TokenStream() = default;
+  explicit TokenStream(std::vector<std::shared_ptr<const Shard>> parts);
+  // Maps each file in order.
+  static TokenStream map_files(const std::vector<std::string>& files);
+
+  int64_t size() const { return ends_.empty() ? 0 : ends_.back(); }
+  size_t parts() const { return parts_.size(); }
+  const Shard& part(size_t i) const { return *parts_[i]; }
+  // Tokens [begin, begin + n) of the concatenation into out. A token >= the vocabulary (see
+  // set_vocab) is an input error naming its shard and position: shards are not scanned whole
+  // when opened, so every token is checked where it is read.
+  void read(int64_t begin, int64_t n, int32_t* out) const;
+  void set_vocab(int64_t vocab) { vocab_ = vocab; }
+  // The largest of the first `per_part` tokens of each shard (a bounded look at the data).
+  uint32_t max_token_sampled(int64_t per_part) const;
+  // The whole stream in memory (tests and small tools).
+  std::vector<uint32_t> to_vector() const;
+
+ private:
+  std::vector<std::shared_ptr<const Shard>> parts_;
+  std::vector<int64_t> ends_;  // ends_[i]: end of part i in the concatenation
+  int64_t vocab_ = int64_t(1) << 32;
+};
+
+}  // namespace trellis
