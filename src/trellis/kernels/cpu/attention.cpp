@@ -65,6 +65,13 @@ void check_shape(const AttentionShape& s) {
 
 // Keys [0, n) that batch row b can see at all; masked keys are then never read.
 int64_t valid_keys(const AttentionShape& s, int64_t b) { return s.key_len ? s.key_len[b] : s.Tk; }
+// Causal attention runs in blocks of query rows, each against only the keys its last row sees,
+// which skips most of the masked upper triangle (a block of 64 rows keeps the GEMMs efficient).
+int64_t query_block(const AttentionShape& s) { return s.causal ? 64 : s.Tq; }
+// Keys the query rows before i1 see at all.
+int64_t block_keys(const AttentionShape& s, int64_t b, int64_t i1) {
+  return std::min(valid_keys(s, b), s.causal ? i1 : s.Tk);
+}
 // Keys [0, n) that query i of batch row b sees.
 int64_t visible_keys(const AttentionShape& s, int64_t b, int64_t i) {
   return std::min(valid_keys(s, b), s.causal ? i + 1 : s.Tk);
@@ -78,14 +85,18 @@ void attention_forward(float* out, float* probs, const float* q, int64_t ldq, co
   const float scale = 1.0f / std::sqrt(float(hd));
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t bh = 0; bh < s.B * s.H; ++bh) {
-    const int64_t b = bh / s.H, h = bh % s.H, kv = (h / group) * hd, nk = valid_keys(s, b);
+    const int64_t b = bh / s.H, h = bh % s.H, kv = (h / group) * hd;
     const float* qh = q + b * Tq * ldq + h * hd;
     const float* kh = k + b * Tk * ldkv + kv;
     const float* vh = v + b * Tk * ldkv + kv;
     float* p = probs + bh * Tq * Tk;
-    gemm(false, true, Tq, nk, hd, scale, qh, ldq, kh, ldkv, 0.0f, p, Tk);
-    for (int64_t i = 0; i < Tq; ++i) softmax_causal_row(p + i * Tk, visible_keys(s, b, i), Tk);
-    gemm(false, false, Tq, hd, nk, 1.0f, p, Tk, vh, ldkv, 0.0f, out + b * Tq * C + h * hd, C);
+    float* oh = out + b * Tq * C + h * hd;
+    for (int64_t i0 = 0; i0 < Tq; i0 += query_block(s)) {
+      const int64_t i1 = std::min(Tq, i0 + query_block(s)), n = block_keys(s, b, i1);
+      gemm(false, true, i1 - i0, n, hd, scale, qh + i0 * ldq, ldq, kh, ldkv, 0.0f, p + i0 * Tk, Tk);
+      for (int64_t i = i0; i < i1; ++i) softmax_causal_row(p + i * Tk, visible_keys(s, b, i), Tk);
+      gemm(false, false, i1 - i0, hd, n, 1.0f, p + i0 * Tk, Tk, vh, ldkv, 0.0f, oh + i0 * C, C);
+    }
   }
 }
 
@@ -102,7 +113,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
     std::vector<float> dp(size_t(Tq * Tk));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bg = 0; bg < s.B * s.Hkv; ++bg) {
-      const int64_t b = bg / s.Hkv, g = bg % s.Hkv, kv = g * hd, nk = valid_keys(s, b);
+      const int64_t b = bg / s.Hkv, g = bg % s.Hkv, kv = g * hd;
       const float* kh = k + b * Tk * ldkv + kv;
       const float* vh = v + b * Tk * ldkv + kv;
       float* dkh = dk + b * Tk * ldkv + kv;
@@ -112,20 +123,27 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
         float* dqh = dq + b * Tq * ldq + h * hd;
         const float* p = probs + (b * s.H + h) * Tq * Tk;
         const float* dy = dout + b * Tq * C + h * hd;
-        gemm(false, true, Tq, nk, hd, 1.0f, dy, C, vh, ldkv, 0.0f, dp.data(), Tk);  // dP = dY V^T
-        gemm(true, false, nk, hd, Tq, 1.0f, p, Tk, dy, C, 1.0f, dvh, ldkv);         // dV += P^T dY
-        // Softmax backward, with the 1/sqrt(hd) of the scores folded in: dS = P*(dP - <P,dP>).
-        for (int64_t i = 0; i < Tq; ++i) {
-          const int64_t n = visible_keys(s, b, i);
-          const float* prow = p + i * Tk;
-          float* drow = dp.data() + i * Tk;
-          const float dot = dot_f8(prow, drow, n);
-          for (int64_t j = 0; j < n; ++j) drow[j] = prow[j] * (drow[j] - dot) * scale;
-          for (int64_t j = n; j < nk; ++j) drow[j] = 0.0f;
+        for (int64_t i0 = 0; i0 < Tq; i0 += query_block(s)) {
+          const int64_t i1 = std::min(Tq, i0 + query_block(s)), m = i1 - i0;
+          const int64_t n = block_keys(s, b, i1);
+          const float* pb = p + i0 * Tk;
+          const float* dyb = dy + i0 * C;
+          float* db = dp.data() + i0 * Tk;
+          gemm(false, true, m, n, hd, 1.0f, dyb, C, vh, ldkv, 0.0f, db, Tk);   // dP = dY V^T
+          gemm(true, false, n, hd, m, 1.0f, pb, Tk, dyb, C, 1.0f, dvh, ldkv);  // dV += P^T dY
+          // Softmax backward, with the 1/sqrt(hd) of the scores folded in: dS = P*(dP - <P,dP>).
+          for (int64_t i = i0; i < i1; ++i) {
+            const int64_t v = visible_keys(s, b, i);
+            const float* prow = p + i * Tk;
+            float* drow = dp.data() + i * Tk;
+            const float dot = dot_f8(prow, drow, v);
+            for (int64_t j = 0; j < v; ++j) drow[j] = prow[j] * (drow[j] - dot) * scale;
+            for (int64_t j = v; j < n; ++j) drow[j] = 0.0f;
+          }
+          // dQ += dS K, dK += dS^T Q.
+          gemm(false, false, m, hd, n, 1.0f, db, Tk, kh, ldkv, 1.0f, dqh + i0 * ldq, ldq);
+          gemm(true, false, n, hd, m, 1.0f, db, Tk, qh + i0 * ldq, ldq, 1.0f, dkh, ldkv);
         }
-        // dQ += dS K, dK += dS^T Q.
-        gemm(false, false, Tq, hd, nk, 1.0f, dp.data(), Tk, kh, ldkv, 1.0f, dqh, ldq);
-        gemm(true, false, nk, hd, Tq, 1.0f, dp.data(), Tk, qh, ldq, 1.0f, dkh, ldkv);
       }
     }
   }
