@@ -5,6 +5,7 @@
 
 #include "trellis/core/error.h"
 #include "trellis/io/tfevents.h"
+#include "trellis/train/fault.h"
 
 namespace trellis {
 
@@ -30,8 +31,11 @@ MetricsLog::~MetricsLog() {
 }
 
 void MetricsLog::write(const nlohmann::json& record, const std::string& tb_prefix) {
+  // Rows written after `trellis launch` restarted the job say which restart wrote them.
+  nlohmann::json row = record;
+  if (restart_count() > 0) row["restart"] = restart_count();
   // Shortest round-trip formatting keeps every float exact in the text.
-  const std::string line = record.dump() + "\n";
+  const std::string line = row.dump() + "\n";
   std::fwrite(line.data(), 1, line.size(), jsonl_);
   std::fflush(jsonl_);
   if (!tb_) return;

@@ -29,6 +29,7 @@
 #include "trellis/parallel/tied.h"
 #include "trellis/parallel/zero.h"
 #include "trellis/train/batches.h"
+#include "trellis/train/fault.h"
 #include "trellis/train/metrics.h"
 #include "trellis/train/trace.h"
 
@@ -625,7 +626,9 @@ int Trainer::run() {
   world_.barrier();  // a common time origin for the trace
   pipe_->record_trace(!cfg_.trace.empty());
   loop_start_ = Clock::now();
+  fault_point(world_.rank(), 0);  // start-up, fresh or resumed
   for (int64_t step = start_step_ + 1; step <= cfg_.steps; ++step) {
+    fault_point(world_.rank(), step);
     const auto t0 = Clock::now();
     StepStats st = forward_backward_step(step);
     optimizer_step(step, st);
