@@ -42,6 +42,8 @@ class Shard {
   }
   // Tokens [begin, begin + n) into out (the range must lie inside the shard).
   void read(int64_t begin, int64_t n, uint32_t* out) const;
+  // Unmaps the pages read so far from the resident set (a no-op for tokens in memory).
+  void release_pages() const { file_.release_pages(); }
 
  private:
   std::string name_;

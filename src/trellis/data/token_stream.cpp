@@ -21,6 +21,12 @@ TokenStream TokenStream::map_files(const std::vector<std::string>& files) {
 void TokenStream::read(int64_t begin, int64_t n, int32_t* out) const {
   TRELLIS_CHECK(begin >= 0 && n >= 0 && begin + n <= size(), "tokens [{}, {}) of a stream of {}",
                 begin, begin + n, size());
+  // A read faults in at most a 2 MB folio at each end, plus what lies between.
+  mapped_bytes_ += 2 * (int64_t(2) << 20) + 4 * n;
+  if (mapped_bytes_ > kReleaseBytes) {
+    for (const auto& p : parts_) p->release_pages();
+    mapped_bytes_ = 0;
+  }
   // The part holding `begin`: the first whose end lies beyond it.
   size_t i = size_t(std::upper_bound(ends_.begin(), ends_.end(), begin) - ends_.begin());
   for (int64_t pos = begin; pos < begin + n; ++i) {

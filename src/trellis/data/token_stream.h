@@ -1,7 +1,10 @@
 #pragma once
 // One split of a corpus (train or val): its shards read as one concatenated stream of tokens.
 // The shards stay mapped (data/shard.h), so a stream of any length costs its headers to open and
-// the pages of the windows read from it.
+// the pages of the windows read from it. Those pages count in the resident set, and the kernel
+// maps file pages in large folios (up to 2 MB per fault), so after every kReleaseBytes of
+// (pessimistically counted) faults the stream drops its mappings: a long run's resident set stays
+// bounded however much of the corpus it has read.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -13,6 +16,8 @@ namespace trellis {
 
 class TokenStream {
  public:
+  static constexpr int64_t kReleaseBytes = int64_t(128) << 20;
+
   TokenStream() = default;
   explicit TokenStream(std::vector<std::shared_ptr<const Shard>> parts);
   // Maps each file in order.
@@ -35,6 +40,7 @@ class TokenStream {
   std::vector<std::shared_ptr<const Shard>> parts_;
   std::vector<int64_t> ends_;  // ends_[i]: end of part i in the concatenation
   int64_t vocab_ = int64_t(1) << 32;
+  mutable int64_t mapped_bytes_ = 0;  // an upper bound of what reads have mapped since a release
 };
 
 }  // namespace trellis

@@ -22,6 +22,9 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // Drops this process's mappings of the pages (they stay in the page cache; the next read
+  // faults them back in cheaply), so what was read stops counting in the resident set.
+  void release_pages() const;
 
  private:
   void release();

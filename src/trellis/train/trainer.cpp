@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <thread>
 
@@ -38,6 +39,9 @@ namespace trellis {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+// Taken when the program is loaded (static initialisation, before main): `start_s` counts all of
+// start-up, MPI and data included.
+const Clock::time_point kProcessStart = Clock::now();
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
@@ -50,7 +54,17 @@ int default_threads() {
   return std::max(1, hw / ranks_here);
 }
 
+// This process's own high-water mark (VmHWM). getrusage's ru_maxrss is not: after a vfork+exec
+// (Python's subprocess, posix_spawn) it starts from the parent's peak.
 int64_t peak_rss_bytes() {
+  if (std::FILE* f = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    long long kb = -1;
+    while (std::fgets(line, sizeof line, f))
+      if (std::sscanf(line, "VmHWM: %lld kB", &kb) == 1) break;
+    std::fclose(f);
+    if (kb >= 0) return int64_t(kb) * 1024;
+  }
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
   return int64_t(ru.ru_maxrss) * 1024;
@@ -98,7 +112,7 @@ struct EvalResult {
 struct StepStats {
   double loss = 0.0, grad_norm = 0.0, lr = 0.0, seconds = 0.0;
   double comm_exposed = 0.0, tp_comm = 0.0, bubble = 0.0, peak_micro = 0.0;
-  double start = 0.0;  // seconds from the trainer's start to the step's start
+  double start = 0.0;  // seconds from the process's start to the step's start
 };
 
 // One rank's part of a training run: the model chunks of its pipeline stage (its tensor-parallel
@@ -633,7 +647,7 @@ int Trainer::run() {
     StepStats st = forward_backward_step(step);
     optimizer_step(step, st);
     st.seconds = seconds_since(t0);
-    st.start = std::chrono::duration<double>(t0 - run_start_).count();
+    st.start = std::chrono::duration<double>(t0 - kProcessStart).count();
     st.tp_comm = tp_->take_comm_seconds();
     if (step > start_step_ + 1 || cfg_.steps == start_step_ + 1) {
       tokens_per_s_sum += double(G_ * T_) / st.seconds;
