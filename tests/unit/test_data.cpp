@@ -17,6 +17,7 @@
 #include "trellis/core/error.h"
 #include "trellis/data/corpus.h"
 #include "trellis/data/loader.h"
+#include "trellis/data/mixture.h"
 #include "trellis/data/prepare.h"
 #include "trellis/data/shard.h"
 #include "trellis/data/tokenizer.h"
@@ -585,6 +586,56 @@ TEST(GlobalOrder, EveryEpochIsAPermutation) {
   // Nothing is stored per item: an order over 2^40 windows costs what a small one does.
   const GlobalOrder huge(int64_t(1) << 40, 512, 3, true);
   EXPECT_LT(huge.at(123456789), int64_t(1) << 40);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mixtures
+
+TEST(Mixture, ParsesSpecsAndRefusesBadWeights) {
+  auto one = parse_data_spec("data/a");
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0].dir, "data/a");
+  EXPECT_EQ(one[0].weight, 1.0);
+  auto two = parse_data_spec("data/a:0.7,/x/b:0.3");
+  ASSERT_EQ(two.size(), 2u);
+  EXPECT_EQ(two[1].dir, "/x/b");
+  EXPECT_EQ(two[1].weight, 0.3);
+  // A suffix that is no number belongs to the path.
+  EXPECT_EQ(parse_data_spec("c:/data:x")[0].dir, "c:/data:x");
+  expect_input_error([] { parse_data_spec("a:0.7,b:-0.3"); }, {"b", "negative", "-0.3"});
+  expect_input_error([] { parse_data_spec("a:0,b:0"); }, {"sum to 0"});
+  expect_input_error([] { parse_data_spec("a:0.7,b"); }, {"b", "no weight"});
+  expect_input_error([] { parse_data_spec("a:inf,b:1"); }, {"a", "finite"});
+}
+
+TEST(MixtureOrder, QuotasPerBlockAndEachDatasetInOrder) {
+  MixtureOrder m({0.7, 0.3}, 5);
+  EXPECT_EQ(m.quotas(), (std::vector<int64_t>{2867, 1229}));  // 0.7 * 4096 = 2867.2
+  // Over three blocks every dataset reads its samples 0, 1, 2, ... in order, once each.
+  std::vector<int64_t> next(2, 0);
+  for (int64_t pos = 0; pos < 3 * kMixBlock; ++pos) {
+    const auto [d, k] = m.at(pos);
+    ASSERT_EQ(k, next[size_t(d)]++) << "position " << pos;
+  }
+  EXPECT_EQ(next[0], 3 * 2867);
+  EXPECT_EQ(next[1], 3 * 1229);
+  // A pure function of (seed, position): a fresh order, visited backwards, agrees; another seed
+  // interleaves differently.
+  MixtureOrder again({0.7, 0.3}, 5), other({0.7, 0.3}, 6);
+  int differ = 0;
+  for (int64_t pos = 2 * kMixBlock + 100; pos >= 0; pos -= 7) {
+    EXPECT_EQ(again.at(pos), m.at(pos));
+    differ += other.at(pos).first != m.at(pos).first;
+  }
+  EXPECT_GT(differ, 50);
+  // One dataset (or zero weight for the rest) is the unmixed order: position pos reads sample pos.
+  MixtureOrder single({1.0}, 5), zero({1.0, 0.0}, 5);
+  for (int64_t pos : {0, 1, 4095, 4096, 123457}) {
+    EXPECT_EQ(single.at(pos), (std::pair<int, int64_t>{0, pos}));
+    EXPECT_EQ(zero.at(pos), (std::pair<int, int64_t>{0, pos}));
+  }
+  // A tiny positive weight still gets a slot.
+  EXPECT_EQ(MixtureOrder({1.0, 1e-9}, 1).quotas()[1], 1);
 }
 
 }  // namespace

@@ -14,17 +14,28 @@ namespace {
 
 class LmBatches : public Batches {
  public:
-  LmBatches(const Corpus& corpus, int64_t T, int64_t G, uint64_t seed, bool shuffle)
-      : corpus_(corpus), T_(T), G_(G), loader_(corpus.train, T, G, seed, shuffle) {}
+  LmBatches(const Mixture& data, int64_t T, int64_t G, uint64_t seed, bool shuffle)
+      : data_(data), T_(T), G_(G), mix_(data.weights, seed) {
+    for (size_t d = 0; d < data.corpora.size(); ++d)
+      // Each dataset its own permutations; dataset 0's are those of an unmixed run.
+      orders_.emplace_back(window_count(data.corpora[d].train, T), G, seed, shuffle,
+                           0x5eed0000ull + (uint64_t(d) << 40));
+  }
   void fill(int64_t step, int64_t first, int64_t rows, Context& ctx) override {
-    loader_.fill(step, first, rows, ctx.tokens.data(), ctx.targets.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      const auto [d, k] = mix_.at(step * G_ + first + r);
+      fill_window(data_.corpora[size_t(d)].train, T_, orders_[size_t(d)].at(k),
+                  ctx.tokens.data() + r * T_, ctx.targets.data() + r * T_);
+    }
   }
   int64_t step_targets(int64_t) override { return G_ * T_; }
   int64_t val_items() const override {
-    return corpus_.val.size() > 1 ? (corpus_.val.size() - 1) / T_ : 0;
+    const TokenStream& val = data_.corpora[size_t(val_set_)].val;
+    return val.size() > 1 ? (val.size() - 1) / T_ : 0;
   }
   void fill_val(int64_t first, int64_t rows, Context& ctx) override {
-    fill_eval_windows(corpus_.val, T_, first, rows, ctx.tokens.data(), ctx.targets.data());
+    fill_eval_windows(data_.corpora[size_t(val_set_)].val, T_, first, rows, ctx.tokens.data(),
+                      ctx.targets.data());
     // Padding rows copy the first one; the pipeline counts the first `rows` rows' losses only.
     for (int64_t r = rows; r < ctx.B; ++r) {
       std::copy_n(ctx.tokens.data(), T_, ctx.tokens.data() + r * T_);
@@ -32,11 +43,16 @@ class LmBatches : public Batches {
     }
   }
   int64_t val_targets(int64_t n) override { return n * T_; }
+  int val_sets() const override { return int(data_.corpora.size()); }
+  std::string val_set_name(int i) const override { return data_.names[size_t(i)]; }
+  void select_val(int i) override { val_set_ = i; }
 
  private:
-  const Corpus& corpus_;
+  const Mixture& data_;
   int64_t T_, G_;
-  BatchLoader loader_;
+  MixtureOrder mix_;
+  std::vector<GlobalOrder> orders_;
+  int val_set_ = 0;
 };
 
 class TaskBatches : public Batches {
@@ -80,9 +96,9 @@ class TaskBatches : public Batches {
 
 }  // namespace
 
-std::unique_ptr<Batches> make_lm_batches(const Corpus& corpus, int64_t T, int64_t global_batch,
+std::unique_ptr<Batches> make_lm_batches(const Mixture& data, int64_t T, int64_t global_batch,
                                          uint64_t seed, bool shuffle) {
-  return std::make_unique<LmBatches>(corpus, T, global_batch, seed, shuffle);
+  return std::make_unique<LmBatches>(data, T, global_batch, seed, shuffle);
 }
 
 TaskData load_task_data(const std::string& dir) {

@@ -9,6 +9,7 @@
 
 #include "trellis/data/corpus.h"
 #include "trellis/data/examples.h"
+#include "trellis/data/mixture.h"
 #include "trellis/model/transformer.h"
 
 namespace trellis {
@@ -27,9 +28,17 @@ class Batches {
   virtual void fill_val(int64_t first, int64_t rows, Context& ctx) = 0;
   // Targets of validation items [0, n).
   virtual int64_t val_targets(int64_t n) = 0;
+  // Validation sets (a mixture's datasets, each reported on its own; one otherwise), and which
+  // of them val_items / fill_val / val_targets read.
+  virtual int val_sets() const { return 1; }
+  virtual std::string val_set_name(int) const { return ""; }
+  virtual void select_val(int) {}
 };
 
-std::unique_ptr<Batches> make_lm_batches(const Corpus& corpus, int64_t T, int64_t global_batch,
+// Language-model windows of a mixture (one directory, or the built-in corpus, is a mixture of
+// one): sequence j of step s is the window MixtureOrder and the dataset's GlobalOrder give
+// position s*G + j.
+std::unique_ptr<Batches> make_lm_batches(const Mixture& data, int64_t T, int64_t global_batch,
                                          uint64_t seed, bool shuffle);
 
 // A prepared task directory (`trellis prepare --task`).

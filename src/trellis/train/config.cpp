@@ -154,10 +154,10 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
                "Hugging Face model directory to start from (model.safetensors or a sharded "
                "index, F32/F16/BF16); the model's sizes come from its config.json",
                &c.init_from),
-      make_key(
-          "data",
-          "data directory from `trellis prepare` (train*.bin, val*.bin); empty = built-in corpus",
-          &c.data),
+      make_key("data",
+               "data directory from `trellis prepare` (train*.bin, val*.bin), or a mixture "
+               "DIR:WEIGHT,DIR:WEIGHT,... sampled by weight; empty = built-in corpus",
+               &c.data),
       make_key("task",
                "lm (next-token prediction), classify or translate (`trellis prepare --task`); "
                "empty = what the data directory holds",

@@ -25,7 +25,8 @@ struct TrainConfig {
   // so the preset, sizes and block choices above stay unset.
   std::string init_from;
   // data
-  std::string data;  // directory with train*.bin / val*.bin; empty = embedded default corpus
+  // directory with train*.bin / val*.bin, or a mixture "A:0.7,B:0.3"; empty = default corpus
+  std::string data;
   // lm | classify | translate; empty = the data's (a task directory names its task).
   std::string task;
   std::string pooling;  // a classifier's: mean | cls | last; empty = last for decoders, else mean

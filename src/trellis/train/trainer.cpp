@@ -14,6 +14,7 @@
 #include "trellis/comm/communicator.h"
 #include "trellis/core/error.h"
 #include "trellis/data/corpus.h"
+#include "trellis/data/mixture.h"
 #include "trellis/eval/classification.h"
 #include "trellis/io/atomic_file.h"
 #include "trellis/io/checkpoint.h"
@@ -106,6 +107,7 @@ struct EvalResult {
   double loss = 0.0;
   int64_t items = 0;
   ConfusionMatrix confusion;
+  std::vector<std::pair<std::string, double>> per_set;  // a mixture's datasets' losses
 };
 
 // What one training step measured, for the metrics and the progress line.
@@ -136,6 +138,8 @@ class Trainer {
   // Clip, update, and share the updated parameters.
   void optimizer_step(int64_t step, StepStats& st);
   EvalResult evaluate();
+  EvalResult evaluate_set(int64_t items);
+  int64_t val_items_of(int set);
   void log_validation(int64_t step, const EvalResult& r);
   void print_confusion(const ConfusionMatrix& m) const;
   std::string save(int64_t step);
@@ -148,7 +152,7 @@ class Trainer {
   int threads_, V_;
   DType compute_ = DType::F32;  // the GEMM precision
   ScheduleKind schedule_;
-  Corpus corpus_;                   // the language model's data
+  Mixture lm_data_;                 // the language model's data (one corpus or a mixture)
   std::unique_ptr<TaskData> task_;  // or a task's
   TokenizerInfo tokenizer_;
   ModelConfig mc_;
@@ -244,10 +248,9 @@ Trainer::Trainer(TrainConfig cfg, Communicator& world)
   pipe_ = std::make_unique<Pipeline>(mesh_.pp_comm(), chunk_models, b_, T_);
   tied_ = std::make_unique<TiedWeights>(mesh_.pp_comm(), *layout_, cfg_.comm_timeout);
   batches_ = task_ ? make_task_batches(*task_, T_, G_, cfg_.seed, cfg_.shuffle)
-                   : make_lm_batches(corpus_, T_, G_, cfg_.seed, cfg_.shuffle);
+                   : make_lm_batches(lm_data_, T_, G_, cfg_.seed, cfg_.shuffle);
   TRELLIS_REQUIRE(cfg_.val_batches >= 0, "val_batches must be >= 0");
-  val_items_ = cfg_.val_batches > 0 ? std::min(cfg_.val_batches * G_, batches_->val_items())
-                                    : batches_->val_items();
+  for (int i = 0; i < batches_->val_sets(); ++i) val_items_ += val_items_of(i);
   if (lead_)
     log_ = std::make_unique<MetricsLog>(cfg_.out, cfg_.tensorboard,
                                         resumed_from_.empty() ? -1 : start_step_);
@@ -280,9 +283,9 @@ void Trainer::load_data() {
                   cfg_.task, cfg_.data.empty() ? "the built-in corpus" : cfg_.data,
                   task == "lm" ? "language-model shards" : task + " examples");
   if (!task_dir) {
-    corpus_ = cfg_.data.empty() ? load_default_corpus() : load_corpus_dir(cfg_.data);
-    tokenizer_ = {corpus_.tokenizer, corpus_.tokenizer_dir};
-    mc_ = cfg_.model_config(corpus_.vocab_size);
+    lm_data_ = cfg_.data.empty() ? default_mixture() : load_mixture(cfg_.data);
+    tokenizer_ = {lm_data_.tokenizer, lm_data_.tokenizer_dir};
+    mc_ = cfg_.model_config(lm_data_.vocab_size);
     T_ = cfg_.seq_len > 0 ? cfg_.seq_len : mc_.block_size;
     TRELLIS_REQUIRE(T_ <= mc_.block_size, "seq_len {} exceeds the model's context length {}", T_,
                     mc_.block_size);
@@ -406,9 +409,10 @@ void Trainer::print_header() const {
                task_->train.size(), task_->val.size(), m.val_split, T_,
                mc_.num_classes ? fmt::format(", {} pooling", pooling_name(mc_.pooling)) : "");
   } else {
-    fmt::print("trellis: data {} | {} train / {} val tokens | {} windows of {}\n", corpus_.source,
-               corpus_.train.size(), corpus_.val.size(), (corpus_.train.size() - 1) / T_,
-               T_);
+    int64_t windows = 0;
+    for (const Corpus& c : lm_data_.corpora) windows += (c.train.size() - 1) / T_;
+    fmt::print("trellis: data {} | {} train / {} val tokens | {} windows of {}\n", lm_data_.source,
+               lm_data_.train_tokens(), lm_data_.val_tokens(), windows, T_);
   }
   fmt::print(
       "trellis: world {} (dp {}, tp {}{}, pp {}{}, zero {}) | {} threads/rank, {} | batch {} "
@@ -489,7 +493,39 @@ void Trainer::optimizer_step(int64_t step, StepStats& st) {
 // ranks and run forward-only through the pipeline in micro-batches of b; a classifier's
 // predictions also fill a confusion matrix.
 EvalResult Trainer::evaluate() {
-  const int64_t items = val_items_, b = b_;
+  const int sets = batches_->val_sets();
+  if (sets == 1) return evaluate_set(val_items_);
+  // A mixture: each dataset's validation windows on their own; the overall loss is the mean over
+  // all their targets.
+  EvalResult all;
+  double sum = 0.0, targets = 0.0;
+  for (int i = 0; i < sets; ++i) {
+    const int64_t items = val_items_of(i);
+    if (items == 0) continue;
+    batches_->select_val(i);
+    const EvalResult r = evaluate_set(items);
+    const double n = double(batches_->val_targets(items));
+    sum += r.loss * n;
+    targets += n;
+    all.items += items;
+    all.per_set.emplace_back(batches_->val_set_name(i), r.loss);
+  }
+  batches_->select_val(0);
+  all.loss = sum / targets;
+  return all;
+}
+
+// Validation items of set i: val_batches global batches of them (all with val_batches 0). Leaves
+// set 0 selected.
+int64_t Trainer::val_items_of(int set) {
+  batches_->select_val(set);
+  const int64_t n = batches_->val_items();
+  batches_->select_val(0);
+  return cfg_.val_batches > 0 ? std::min(cfg_.val_batches * G_, n) : n;
+}
+
+EvalResult Trainer::evaluate_set(int64_t items) {
+  const int64_t b = b_;
   const int64_t lo = items * mesh_.dp_rank() / mesh_.dp();
   const int64_t hi = items * (mesh_.dp_rank() + 1) / mesh_.dp();
   const int micro = int((hi - lo + b - 1) / b);
@@ -525,6 +561,10 @@ void Trainer::log_validation(int64_t step, const EvalResult& r) {
   if (!lead_) return;
   nlohmann::json row = {{"step", step}, {"val_loss", r.loss}};
   std::string extra;
+  for (const auto& [name, loss] : r.per_set) {
+    row["val_loss/" + name] = loss;
+    extra += fmt::format(" | {} {:.4f}", name, loss);
+  }
   if (mc_.num_classes > 0) {
     row["val_accuracy"] = accuracy(r.confusion);
     row["val_macro_f1"] = macro_f1(r.confusion);
