@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "trellis/core/error.h"
+#include "trellis/kernels/cpu/gemm_split.h"
 #include "trellis/kernels/isa.h"
 #include "trellis/kernels/ops.h"
 
@@ -140,38 +141,20 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
   const int64_t b0 = trans_b ? 1 : N, b1 = trans_b ? K : 1;
   const uint16_t *pa = s.a.data(), *pb = s.b.data();
 
-  // As the fp32 gemm: outside a parallel region, one block of C per thread along its larger
-  // dimension, each on its own thread, so the split depends only on the thread count.
-  const int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
-  constexpr double kMinFlopsToSplit = 4e6;
-  if (nt <= 1 || 2.0 * double(M) * double(N) * double(K) < kMinFlopsToSplit) {
-    matmul(M, N, K, pa, a0, a1, pb, b0, b1, alpha, beta, C, ldc);
-    return;
-  }
-  const bool split_n = N >= M;
-  const int64_t D = split_n ? N : M;
-  constexpr int64_t kAlign = 16;
-  std::vector<std::string> errors(static_cast<size_t>(nt));
-#pragma omp parallel num_threads(nt)
-  {
-    const int t = omp_get_thread_num(), n_threads = omp_get_num_threads();
-    auto edge = [&](int i) {
-      return std::min(D, (D * i / n_threads + kAlign / 2) / kAlign * kAlign);
-    };
-    const int64_t lo = t == 0 ? 0 : edge(t), hi = t == n_threads - 1 ? D : edge(t + 1);
-    if (hi > lo) {
-      try {
-        if (split_n)
-          matmul(M, hi - lo, K, pa, a0, a1, pb + lo * (trans_b ? K : 1), b0, b1, alpha, beta,
-                 C + lo, ldc);
-        else
-          matmul(hi - lo, N, K, pa + lo * (trans_a ? 1 : K), a0, a1, pb, b0, b1, alpha, beta,
-                 C + lo * ldc, ldc);
-      } catch (const std::exception& e) {
-        errors[size_t(t)] = e.what();
-      }
+  // Threads share the work as in the fp32 gemm (gemm_split.h).
+  std::vector<std::string> errors(static_cast<size_t>(omp_get_max_threads()));
+  for_each_gemm_block(M, N, K, [&](int t, bool split_n, int64_t lo, int64_t hi) {
+    try {
+      if (split_n)
+        matmul(M, hi - lo, K, pa, a0, a1, pb + lo * (trans_b ? K : 1), b0, b1, alpha, beta, C + lo,
+               ldc);
+      else
+        matmul(hi - lo, N, K, pa + lo * (trans_a ? 1 : K), a0, a1, pb, b0, b1, alpha, beta,
+               C + lo * ldc, ldc);
+    } catch (const std::exception& e) {
+      errors[size_t(t)] = e.what();
     }
-  }
+  });
   for (const std::string& e : errors) TRELLIS_CHECK(e.empty(), "oneDNN bf16 matmul: {}", e);
 }
 

@@ -6,56 +6,25 @@
 #include <vector>
 
 #include "trellis/core/error.h"
+#include "trellis/kernels/cpu/gemm_split.h"
 #include "trellis/kernels/ops.h"
 
 namespace trellis::ops {
 
-namespace {
-void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  const dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A,
-                                      lda, B, ldb, beta, C, ldc);
-  TRELLIS_CHECK(st == dnnl_success, "dnnl_sgemm failed with status {}", int(st));
-}
-}  // namespace
-
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
-  // Outside a parallel region we split C ourselves into one block per thread along its larger
-  // dimension and let oneDNN run each block on its own thread. oneDNN's own partitioning of the
-  // GPT-2 shapes is poor for some of them (measured by bench/gemm_shapes: [256 x 768] x
-  // [768 x 3072] ran at ~40% of the speed of two half-width calls). Each element of C is still
-  // computed by one call over the full K, and the split depends only on the thread count, so
-  // results are reproducible run to run.
-  const int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
-  constexpr double kMinFlopsToSplit = 4e6;
-  if (nt <= 1 || 2.0 * double(M) * double(N) * double(K) < kMinFlopsToSplit) {
-    sgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    return;
-  }
-  const bool split_n = N >= M;
-  const int64_t D = split_n ? N : M;
-  constexpr int64_t kAlign = 16;  // block edges on 64-byte boundaries of C's rows
-  std::vector<dnnl_status_t> status(size_t(nt), dnnl_success);
-#pragma omp parallel num_threads(nt)
-  {
-    const int t = omp_get_thread_num(), n_threads = omp_get_num_threads();
-    auto edge = [&](int i) {
-      return std::min(D, (D * i / n_threads + kAlign / 2) / kAlign * kAlign);
-    };
-    const int64_t lo = t == 0 ? 0 : edge(t), hi = t == n_threads - 1 ? D : edge(t + 1);
-    if (hi > lo) {
-      if (split_n)
-        status[size_t(t)] =
-            dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, hi - lo, K, alpha, A, lda,
-                       trans_b ? B + lo * ldb : B + lo, ldb, beta, C + lo, ldc);
-      else
-        status[size_t(t)] =
-            dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', hi - lo, N, K, alpha,
-                       trans_a ? A + lo : A + lo * lda, lda, B, ldb, beta, C + lo * ldc, ldc);
-    }
-  }
+  std::vector<dnnl_status_t> status(size_t(omp_get_max_threads()), dnnl_success);
+  for_each_gemm_block(M, N, K, [&](int t, bool split_n, int64_t lo, int64_t hi) {
+    dnnl_status_t& st = status[size_t(t)];
+    const char ta = trans_a ? 'T' : 'N', tb = trans_b ? 'T' : 'N';
+    if (split_n)
+      st = dnnl_sgemm(ta, tb, M, hi - lo, K, alpha, A, lda, trans_b ? B + lo * ldb : B + lo, ldb,
+                      beta, C + lo, ldc);
+    else
+      st = dnnl_sgemm(ta, tb, hi - lo, N, K, alpha, trans_a ? A + lo : A + lo * lda, lda, B, ldb,
+                      beta, C + lo * ldc, ldc);
+  });
   for (dnnl_status_t st : status)
     TRELLIS_CHECK(st == dnnl_success, "dnnl_sgemm failed with status {}", int(st));
 }
