@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 packages=(cmake ninja-build g++ pkg-config libdnnl-dev libopenmpi-dev openmpi-bin libfmt-dev
           nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libgtest-dev libpcre2-dev zlib1g-dev)
 if [[ "${1:-}" == "--tests" ]]; then
-  packages+=(python3 python3-torch python3-numpy dataset-fashion-mnist gettext)
+  packages+=(python3 python3-torch python3-numpy dataset-fashion-mnist gettext iproute2)
 fi
 
 missing=()

@@ -102,12 +102,13 @@ def rel_err(a, b):
     return float(np.linalg.norm(a - b) / (nb if nb > 0 else 1.0))
 
 
-def mpirun(np_, args, expect=0, timeout=300):
-    """Runs trellis under mpirun (oversubscribed: this suite runs on 2 cores)."""
+def mpirun(np_, args, expect=0, timeout=300, launcher=None):
+    """Runs trellis under mpirun (oversubscribed: this suite runs on 2 cores). `launcher` replaces
+    the mpirun command in front of the binary (tests/netns.py: mpirun across namespaces)."""
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_rmaps_base_oversubscribe="1")
-    cmd = ["mpirun", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1", "-np", str(np_),
-           BIN] + with_precision(args)
+    cmd = (launcher or ["mpirun", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1", "-np",
+                        str(np_)]) + [BIN] + with_precision(args)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     if expect is not None and p.returncode != expect:
         fail(f"{' '.join(cmd)}\n  exit {p.returncode}, expected {expect}\n"
@@ -157,11 +158,12 @@ class LayoutCheck:
         params = read_safetensors(os.path.join(out, f"step_{self.steps:08d}", "model.safetensors"))
         return [r["loss"] for r in train], [v["val_loss"] for v in val], params
 
-    def check(self, name, ranks, layout_args):
-        """Runs the layout as `name` (its output directory is TMP/name) and compares it; returns
-        the run's stdout."""
+    def check(self, name, ranks, layout_args, launch=mpirun):
+        """Runs the layout as `name` (its output directory is TMP/name) through `launch` (an
+        mpirun-like function: tests/netns.py's runs it across namespaces) and compares it;
+        returns the run's stdout."""
         out = fresh_dir(name)
-        stdout, _ = mpirun(ranks, self.args + [str(a) for a in layout_args] + ["--out", out])
+        stdout, _ = launch(ranks, self.args + [str(a) for a in layout_args] + ["--out", out])
         loss, val, params = self._result(out)
         base_loss, base_val, base_params = self.base
         check(len(loss) == self.steps, f"{name}: {self.steps} steps logged")
