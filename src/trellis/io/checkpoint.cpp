@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <limits>
 
 #include "trellis/core/error.h"
 #include "trellis/io/atomic_file.h"
@@ -97,8 +98,13 @@ T json_get(const nlohmann::json& j, const char* key, const std::string& path) {
   return T{};
 }
 
-nlohmann::json read_json(const std::string& path) {
-  const std::string text = read_file(path);
+// Paths and config values are bytes, not necessarily UTF-8, and dump() throws on invalid UTF-8;
+// a checkpoint is still written (those bytes become U+FFFD), not lost at the end of a run.
+std::string dump_json(const nlohmann::json& j) {
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+nlohmann::json parse_json(const std::string& text, const std::string& path) {
   try {
     return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
@@ -106,6 +112,8 @@ nlohmann::json read_json(const std::string& path) {
   }
   return {};
 }
+
+nlohmann::json read_json(const std::string& path) { return parse_json(read_file(path), path); }
 
 // The model a config.json describes (see read_model_config).
 ModelConfig model_config_from_json(const nlohmann::json& cfg, const std::string& cfg_path) {
@@ -116,7 +124,11 @@ ModelConfig model_config_from_json(const nlohmann::json& cfg, const std::string&
   fam.from_hf_config(HfConfigReader(cfg, cfg_path), m);
   if (cfg.contains("trellis")) {
     const auto& t = cfg["trellis"];
-    m.vocab_multiple = json_get<int>(t, "vocab_multiple", cfg_path);
+    const int64_t multiple = json_get<int64_t>(t, "vocab_multiple", cfg_path);
+    TRELLIS_REQUIRE(multiple >= 1 && multiple <= kMaxVocab,
+                    "{}: key 'trellis.vocab_multiple' is {}; it must be between 1 and {}", cfg_path,
+                    multiple, kMaxVocab);
+    m.vocab_multiple = int(multiple);
     if (t.contains("blocks")) {
       set_block_choices(t["blocks"], m, cfg_path + " trellis.blocks");
       // trellis wrote both parts: they must still describe the same model.
@@ -127,13 +139,32 @@ ModelConfig model_config_from_json(const nlohmann::json& cfg, const std::string&
                         cfg[key].dump(), value.dump());
     }
   }
+  int64_t count = 0;
   try {
     m.validate();
-    ParamLayout check(m);  // the family's own shape rules
+    count = ParamLayout(m).count();  // the family's own shape rules
   } catch (const Error& e) {
     TRELLIS_REQUIRE(false, "{}: {}", cfg_path, e.what());
   }
+  // Each size is bounded, so the count cannot overflow; their product still can be absurd.
+  TRELLIS_REQUIRE(count <= kMaxParams,
+                  "{}: the sizes describe a model of {} parameters (at most {})", cfg_path, count,
+                  kMaxParams);
   return m;
+}
+
+// state.json's step (where a resumed run starts). An unsigned value above int64's range is
+// refused before get<int64_t>() could wrap it.
+int64_t json_step(const nlohmann::json& state, const std::string& path) {
+  TRELLIS_REQUIRE(state.is_object(), "{}: not a JSON object", path);
+  TRELLIS_REQUIRE(state.contains("step"), "{}: missing key 'step'", path);
+  const nlohmann::json& v = state["step"];
+  TRELLIS_REQUIRE(v.is_number_integer() &&
+                      !(v.is_number_unsigned() &&
+                        v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max())) &&
+                      v.get<int64_t>() >= 0,
+                  "{}: key 'step' must be a non-negative integer (got {})", path, v.dump());
+  return v.get<int64_t>();
 }
 
 }  // namespace
@@ -150,7 +181,7 @@ std::string save_checkpoint(const std::string& out_dir, int64_t step, const Chec
   write_safetensors((tmp_dir / "model.safetensors").string(),
                     tensor_refs(layout, ck.params.data(), ""), {{"format", "pt"}});
   write_file_atomic((tmp_dir / "config.json").string(),
-                    hf_config(ck.model, ck.tokenizer, ck.task).dump(2));
+                    dump_json(hf_config(ck.model, ck.tokenizer, ck.task)));
   if (!ck.optimizer.buffers.empty()) {
     std::vector<TensorRef> refs;
     for (const auto& [name, buf] : ck.optimizer.buffers) {
@@ -159,7 +190,7 @@ std::string save_checkpoint(const std::string& out_dir, int64_t step, const Chec
     }
     write_safetensors((tmp_dir / "optimizer.safetensors").string(), refs, {{"format", "pt"}});
   }
-  write_file_atomic((tmp_dir / "state.json").string(), ck.state.dump(2));
+  write_file_atomic((tmp_dir / "state.json").string(), dump_json(ck.state));
   // Replace an older copy of the same step only once the new one is complete.
   fs::remove_all(final_dir);
   fs::rename(tmp_dir, final_dir);
@@ -182,6 +213,16 @@ ModelConfig read_model_config(const std::string& config_path) {
   return model_config_from_json(read_json(config_path), config_path);
 }
 
+ModelConfig parse_model_config(const std::string& text, const std::string& path) {
+  return model_config_from_json(parse_json(text, path), path);
+}
+
+nlohmann::json parse_checkpoint_state(const std::string& text, const std::string& path) {
+  nlohmann::json state = parse_json(text, path);
+  json_step(state, path);
+  return state;
+}
+
 CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
   TRELLIS_REQUIRE(fs::is_directory(dir), "{}: checkpoint directory not found", dir);
   CheckpointData ck;
@@ -198,13 +239,18 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
     ck.tokenizer.kind = ck.model.vocab_size == 50257 ? "gpt2" : "byte";
   }
   const ParamLayout layout(ck.model);
-  ck.params.assign(layout.size(), 0.0f);
   const std::string model_path = (fs::path(dir) / "model.safetensors").string();
+  // Before allocating what config.json describes: the weights must be there to fill it.
+  std::error_code ec;
+  const uintmax_t file_bytes = fs::file_size(model_path, ec);
+  TRELLIS_REQUIRE(ec || file_bytes >= uintmax_t(layout.count()) * 4,
+                  "{}: {} bytes cannot hold the {} parameters (float32) that {} describes",
+                  model_path, file_bytes, layout.count(), cfg_path);
+  ck.params.assign(layout.size(), 0.0f);
   read_tensors(SafetensorsFile(model_path), model_path, layout, "", ck.params.data());
   if (!with_optimizer) return ck;
   const std::string state_path = (fs::path(dir) / "state.json").string();
-  ck.state = read_json(state_path);
-  json_get<int64_t>(ck.state, "step", state_path);
+  ck.state = parse_checkpoint_state(read_file(state_path), state_path);
   const std::string opt_path = (fs::path(dir) / "optimizer.safetensors").string();
   if (fs::exists(opt_path)) {
     SafetensorsFile f(opt_path);

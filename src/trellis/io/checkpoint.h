@@ -43,6 +43,10 @@ std::string find_latest_checkpoint(const std::string& out_dir);
 // family), plus vocabulary padding and block choices from the "trellis" section of the configs
 // trellis writes. Input errors name the file and key.
 ModelConfig read_model_config(const std::string& config_path);
+// The same from config.json's text; `path` names it in errors.
+ModelConfig parse_model_config(const std::string& text, const std::string& path);
+// A state.json: a JSON object whose "step" is a non-negative integer. Input errors name the file.
+nlohmann::json parse_checkpoint_state(const std::string& text, const std::string& path);
 // Loads and validates (names, shapes, config). with_optimizer: also optimizer.safetensors and
 // state.json.
 CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer);

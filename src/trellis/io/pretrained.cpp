@@ -99,7 +99,27 @@ std::string shape_str(const std::vector<int64_t>& shape) {
 
 ModelConfig pretrained_model_config(const std::string& dir) {
   TRELLIS_REQUIRE(fs::is_directory(dir), "{}: --init-from directory not found", dir);
-  return read_model_config((fs::path(dir) / "config.json").string());
+  const std::string cfg_path = (fs::path(dir) / "config.json").string();
+  const ModelConfig m = read_model_config(cfg_path);
+  // The model is allocated before its tensors are read: sizes the weights on disk cannot fill
+  // (at two bytes a value, F16/BF16) are refused here, not by running out of memory.
+  int64_t values = 0;
+  const ParamLayout layout(m);
+  for (const ParamSpec& s : layout.specs())
+    if (!s.tied_copy && !is_task_head(s))
+      values += int64_t(s.numel()) / s.shape[0] * (s.export_rows >= 0 ? s.export_rows : s.shape[0]);
+  uintmax_t bytes = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() != ".safetensors") continue;
+    std::error_code ec;
+    const uintmax_t n = e.file_size(ec);
+    if (!ec) bytes += n;
+  }
+  TRELLIS_REQUIRE(bytes >= uintmax_t(values) * 2,
+                  "{}: its .safetensors files ({} bytes) cannot hold the {} parameters that {} "
+                  "describes",
+                  dir, bytes, values, cfg_path);
+  return m;
 }
 
 PretrainedReport load_pretrained(const std::string& dir, const ParamLayout& global, float* params) {

@@ -2,12 +2,28 @@
 
 #include <fmt/ranges.h>
 
+#include <cmath>
+
 #include "trellis/core/error.h"
 #include "trellis/model/family.h"
 
 namespace trellis {
 
 void ModelConfig::validate() const {
+  auto at_most = [](const char* key, int64_t v, int64_t max) {
+    TRELLIS_REQUIRE(v <= max, "model: {} = {} is too large (at most {})", key, v, max);
+  };
+  at_most("n_layer", n_layer, kMaxLayers);
+  at_most("n_dec_layer", n_dec_layer, kMaxLayers);
+  at_most("n_head", n_head, kMaxHeads);
+  at_most("n_kv_head", n_kv_head, kMaxHeads);
+  at_most("n_embd", n_embd, kMaxWidth);
+  at_most("ffn_hidden", ffn_hidden, kMaxFfn);
+  at_most("block_size", block_size, kMaxPositions);
+  at_most("vocab_size", vocab_size, kMaxVocab);
+  at_most("vocab_multiple", vocab_multiple, kMaxVocab);
+  at_most("num_classes", num_classes, kMaxVocab);
+  at_most("input_features", input_features, kMaxFeatures);
   TRELLIS_REQUIRE(n_layer >= 1, "model: n_layer must be >= 1 (got {})", n_layer);
   TRELLIS_REQUIRE(n_dec_layer >= 0, "model: n_dec_layer must be >= 0 (got {})", n_dec_layer);
   TRELLIS_REQUIRE(n_head >= 1 && n_embd >= 1, "model: n_head and n_embd must be >= 1");
@@ -16,9 +32,12 @@ void ModelConfig::validate() const {
   TRELLIS_REQUIRE(n_kv_head >= 0, "model: n_kv_head must be >= 0 (got {})", n_kv_head);
   TRELLIS_REQUIRE(n_head % kv_heads() == 0, "model: n_kv_head={} does not divide n_head={}",
                   kv_heads(), n_head);
-  TRELLIS_REQUIRE(norm_eps > 0.0f, "model: the norm epsilon must be > 0 (got {})", norm_eps);
-  TRELLIS_REQUIRE(positions != PositionKind::Rope || rope_theta > 0.0f,
-                  "model: rope_theta must be > 0 (got {})", rope_theta);
+  // Finite too: a config.json's 1e300 becomes an infinite float.
+  TRELLIS_REQUIRE(norm_eps > 0.0f && std::isfinite(norm_eps),
+                  "model: the norm epsilon must be finite and > 0 (got {})", norm_eps);
+  TRELLIS_REQUIRE(
+      positions != PositionKind::Rope || (rope_theta > 0.0f && std::isfinite(rope_theta)),
+      "model: rope_theta must be > 0 (got {})", rope_theta);
   TRELLIS_REQUIRE(positions != PositionKind::Rope || head_size() % 2 == 0,
                   "model: rotary positions need an even head size (got {})", head_size());
   TRELLIS_REQUIRE(ffn_hidden >= 0, "model: ffn_hidden must be >= 0 (got {})", ffn_hidden);
@@ -110,6 +129,11 @@ nlohmann::json block_choices(const ModelConfig& c) {
 }
 
 void set_block_choices(const nlohmann::json& j, ModelConfig& c, const std::string& where) {
+  // A value as the message shows it. Values from flags and --set are raw bytes, which need not be
+  // UTF-8: dump() would throw on them (a find of fuzz/fuzz_config), so they are shown with U+FFFD.
+  auto shown = [&](const char* key) {
+    return j[key].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  };
   // The index of j[key] among the choices; -1 when absent or empty.
   auto text = [&](const char* key, std::initializer_list<const char*> choices) -> int {
     if (!j.contains(key) || j[key] == "") return -1;
@@ -119,19 +143,20 @@ void set_block_choices(const nlohmann::json& j, ModelConfig& c, const std::strin
       ++i;
     }
     TRELLIS_REQUIRE(false, "{}: {} must be {} (got {})", where, key, fmt::join(choices, " or "),
-                    j[key].dump());
+                    shown(key));
     return -1;
   };
   auto number = [&](const char* key, int& out) {
     if (!j.contains(key)) return;
-    TRELLIS_REQUIRE(j[key].is_number_integer(), "{}: {} must be an integer (got {})", where, key,
-                    j[key].dump());
+    TRELLIS_REQUIRE(j[key].is_number_integer() && j[key] >= 0 && j[key] <= kMaxVocab,
+                    "{}: {} must be an integer between 0 and {} (got {})", where, key, kMaxVocab,
+                    shown(key));
     out = j[key].get<int>();
   };
   auto flag = [&](const char* key, bool& out) {
     if (!j.contains(key) || j[key] == "") return;
     TRELLIS_REQUIRE(j[key].is_boolean() || j[key] == "true" || j[key] == "false",
-                    "{}: {} must be true or false (got {})", where, key, j[key].dump());
+                    "{}: {} must be true or false (got {})", where, key, shown(key));
     out = j[key] == true || j[key] == "true";
   };
   if (const int v = text("norm", {"layernorm", "rmsnorm"}); v >= 0)

@@ -15,6 +15,17 @@ enum class MlpKind : uint8_t { Gelu, SwiGLU, None };  // None: attention-only bl
 // How a classifier reduces the final hidden states of a sequence to one vector.
 enum class Pooling : uint8_t { Mean, Cls, Last };
 
+// The largest sizes a model may have: far above what trellis can train on a CPU, low enough that
+// products of sizes stay within int64 and a malformed config cannot ask for absurd allocations.
+constexpr int kMaxLayers = 4096;
+constexpr int kMaxHeads = 4096;
+constexpr int kMaxWidth = 1 << 17;      // n_embd
+constexpr int kMaxFfn = 1 << 20;        // ffn_hidden
+constexpr int kMaxPositions = 1 << 24;  // block_size
+constexpr int kMaxVocab = 1 << 24;      // vocab_size, vocab_multiple, num_classes
+constexpr int kMaxFeatures = 1 << 24;   // input_features
+constexpr int64_t kMaxParams = int64_t(1) << 36;
+
 struct ModelConfig {
   std::string arch = "gpt2";  // the family: gpt2 | llama | encoder | encdec (model/families/)
   int n_layer = 2;            // blocks (an encoder-decoder's encoder blocks)

@@ -41,10 +41,17 @@ void HfConfigReader::expect(const char* key, const nlohmann::json& value, const 
                   key, j_.at(key).dump(), value.dump(), why);
 }
 
-int HfConfigReader::get_int(const char* key) const {
+int HfConfigReader::get_int(const char* key, int lo, int hi) const {
   TRELLIS_REQUIRE(has(key), "{}: missing key '{}'", path_, key);
-  TRELLIS_REQUIRE(j_.at(key).is_number_integer(), "{}: key '{}' must be an integer", path_, key);
-  return j_.at(key).get<int>();
+  const nlohmann::json& v = j_.at(key);
+  TRELLIS_REQUIRE(v.is_number_integer(), "{}: key '{}' must be an integer (got {})", path_, key,
+                  v.dump());
+  // An unsigned value above int64's range would wrap in get<int64_t>().
+  const bool in_range = v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t(hi)
+                                               : v.get<int64_t>() >= lo && v.get<int64_t>() <= hi;
+  TRELLIS_REQUIRE(in_range, "{}: key '{}' is {}; it must be between {} and {}", path_, key,
+                  v.dump(), lo, hi);
+  return int(v.get<int64_t>());
 }
 
 double HfConfigReader::get_number(const char* key) const {

@@ -15,7 +15,8 @@ class HfConfigReader {
  public:
   HfConfigReader(const nlohmann::json& j, std::string path) : j_(j), path_(std::move(path)) {}
   bool has(const char* key) const { return j_.contains(key) && !j_.at(key).is_null(); }
-  int get_int(const char* key) const;
+  // An integer in [lo, hi]; anything else (a float, a string, 1e9 layers) names the key.
+  int get_int(const char* key, int lo, int hi) const;
   double get_number(const char* key) const;
   bool get_bool(const char* key) const;
   // Refuses a present key whose value is not one trellis implements (e.g. another activation).

@@ -71,14 +71,14 @@ nlohmann::json to_hf_config(const ModelConfig& m) {
 }
 
 void from_hf_config(const HfConfigReader& r, ModelConfig& m) {
-  m.n_embd = r.get_int("d_model");
-  m.n_layer = r.get_int("encoder_layers");
-  m.n_dec_layer = r.get_int("decoder_layers");
-  m.n_head = r.get_int("encoder_attention_heads");
-  m.n_kv_head = r.has("num_key_value_heads") ? r.get_int("num_key_value_heads") : 0;
-  m.ffn_hidden = r.get_int("encoder_ffn_dim");
-  m.block_size = r.get_int("max_position_embeddings");
-  m.vocab_size = r.get_int("vocab_size");
+  m.n_embd = r.get_int("d_model", 1, kMaxWidth);
+  m.n_layer = r.get_int("encoder_layers", 1, kMaxLayers);
+  m.n_dec_layer = r.get_int("decoder_layers", 0, kMaxLayers);
+  m.n_head = r.get_int("encoder_attention_heads", 1, kMaxHeads);
+  m.n_kv_head = r.has("num_key_value_heads") ? r.get_int("num_key_value_heads", 0, kMaxHeads) : 0;
+  m.ffn_hidden = r.get_int("encoder_ffn_dim", 0, kMaxFfn);
+  m.block_size = r.get_int("max_position_embeddings", 1, kMaxPositions);
+  m.vocab_size = r.get_int("vocab_size", 1, kMaxVocab);
   if (r.has("layer_norm_eps")) m.norm_eps = float(r.get_number("layer_norm_eps"));
   r.expect("decoder_attention_heads", m.n_head, "as many heads as the encoder");
   r.expect("decoder_ffn_dim", m.ffn_hidden, "the encoder's MLP width");

@@ -67,12 +67,12 @@ nlohmann::json to_hf_config(const ModelConfig& m) {
 }
 
 void from_hf_config(const HfConfigReader& r, ModelConfig& m) {
-  m.n_layer = r.get_int("n_layer");
-  m.n_head = r.get_int("n_head");
-  m.n_embd = r.get_int("n_embd");
-  m.block_size = r.get_int("n_positions");
-  m.vocab_size = r.get_int("vocab_size");
-  if (r.has("n_inner")) m.ffn_hidden = r.get_int("n_inner");
+  m.n_layer = r.get_int("n_layer", 1, kMaxLayers);
+  m.n_head = r.get_int("n_head", 1, kMaxHeads);
+  m.n_embd = r.get_int("n_embd", 1, kMaxWidth);
+  m.block_size = r.get_int("n_positions", 1, kMaxPositions);
+  m.vocab_size = r.get_int("vocab_size", 1, kMaxVocab);
+  if (r.has("n_inner")) m.ffn_hidden = r.get_int("n_inner", 0, kMaxFfn);
   if (r.has("layer_norm_epsilon")) m.norm_eps = float(r.get_number("layer_norm_epsilon"));
   if (r.has("tie_word_embeddings")) m.tied_head = r.get_bool("tie_word_embeddings");
   r.expect("activation_function", "gelu_new", "GPT-2's tanh GELU");
