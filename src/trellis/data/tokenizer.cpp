@@ -190,6 +190,11 @@ class Gpt2Tokenizer final : public Tokenizer {
       max_id = std::max(max_id, static_cast<int>(id));
     }
     vocab_size_ = max_id + 1;
+    // Checked before allocating per id: otherwise a 20-byte file naming id 16,777,215 would
+    // allocate half a GiB of strings only to be refused below.
+    TRELLIS_REQUIRE(size_t(vocab_size_) == j.size(),
+                    "{}: ids are not contiguous: {} tokens, but the largest id is {}", path,
+                    j.size(), max_id);
     decoded_.assign(vocab_size_, std::string());
     std::vector<bool> seen(vocab_size_, false);
 

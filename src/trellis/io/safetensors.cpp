@@ -95,6 +95,20 @@ void write_safetensors(const std::string& path, const std::vector<TensorRef>& te
 }
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), bytes_(read_file(path)) {
+  parse();
+}
+
+SafetensorsFile::SafetensorsFile(std::string bytes, const std::string& name, bool)
+    : path_(name), bytes_(std::move(bytes)) {
+  parse();
+}
+
+SafetensorsFile SafetensorsFile::from_bytes(std::string bytes, const std::string& name) {
+  return SafetensorsFile(std::move(bytes), name, true);
+}
+
+void SafetensorsFile::parse() {
+  const std::string& path = path_;
   TRELLIS_REQUIRE(bytes_.size() >= 8, "{}: not a safetensors file: {} bytes, need at least 8", path,
                   bytes_.size());
   const uint64_t header_len = get_u64_le(bytes_);

@@ -26,6 +26,8 @@ class SafetensorsFile {
   // offsets within the file, no overlap, size == product(shape) * element size. Errors are input
   // errors naming the file.
   explicit SafetensorsFile(const std::string& path);
+  // The same over a file's bytes already in memory; `name` names it in errors.
+  static SafetensorsFile from_bytes(std::string bytes, const std::string& name);
   bool has(const std::string& name) const;
   std::vector<std::string> names() const;
   const std::vector<int64_t>& shape(const std::string& name) const;
@@ -45,6 +47,8 @@ class SafetensorsFile {
     std::string dtype;
     size_t offset = 0, count = 0, bytes = 0;
   };
+  SafetensorsFile(std::string bytes, const std::string& name, bool);
+  void parse();
   const Entry& entry(const std::string& name) const;
   std::string path_;
   std::string bytes_;
