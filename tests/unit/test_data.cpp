@@ -583,7 +583,21 @@ TEST(GlobalOrder, EveryEpochIsAPermutation) {
   EXPECT_LT(same_epoch, 20);
   EXPECT_LT(same_seed, 20);
   EXPECT_LT(identity, 20);
-  // Nothing is stored per item: an order over 2^40 windows costs what a small one does.
+  // Beyond kStoredOrderMax nothing is stored per item (a Feistel permutation): still one
+  // permutation per epoch, and an order over 2^40 windows costs what a small one does.
+  const int64_t big = GlobalOrder::kStoredOrderMax + 12345;
+  const GlobalOrder feistel(big, 512, 3, true);
+  for (int64_t epoch = 0; epoch < 2; ++epoch) {
+    std::vector<bool> seen(size_t(big), false);
+    int64_t fixed = 0;
+    for (int64_t i = 0; i < big; ++i) {
+      const int64_t v = feistel.at(epoch * big + i);
+      ASSERT_TRUE(v >= 0 && v < big && !seen[size_t(v)]) << "epoch " << epoch << " item " << i;
+      seen[size_t(v)] = true;
+      fixed += v == i;
+    }
+    EXPECT_LT(fixed, 20);
+  }
   const GlobalOrder huge(int64_t(1) << 40, 512, 3, true);
   EXPECT_LT(huge.at(123456789), int64_t(1) << 40);
 }

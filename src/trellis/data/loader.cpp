@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <numeric>
 #include <vector>
 
 #include "trellis/core/error.h"
@@ -42,9 +43,24 @@ uint64_t GlobalOrder::permute(uint64_t epoch, uint64_t x) const {
   return (left << h) | right;
 }
 
+const std::vector<int64_t>& GlobalOrder::stored(int64_t epoch) const {
+  if (epoch == cached_epoch_) return order_;
+  order_.resize(size_t(n_));
+  std::iota(order_.begin(), order_.end(), int64_t(0));
+  // Fisher-Yates driven by a counter-based stream keyed by (seed, epoch).
+  const uint64_t stream = stream_ + uint64_t(epoch);
+  for (int64_t i = n_ - 1; i > 0; --i) {
+    const int64_t k = int64_t(philox_uniform(seed_, stream, uint64_t(i)) * double(i + 1));
+    std::swap(order_[size_t(i)], order_[size_t(std::min(k, i))]);
+  }
+  cached_epoch_ = epoch;
+  return order_;
+}
+
 int64_t GlobalOrder::at(int64_t pos) const {
   const int64_t epoch = pos / n_, i = pos % n_;
   if (!shuffle_ || n_ == 1) return i;
+  if (n_ <= kStoredOrderMax) return stored(epoch)[size_t(i)];
   // Cycle-walking: apply the permutation of the larger domain until the value lands in [0, n).
   // The values form cycles of that permutation, so this is a permutation of [0, n).
   uint64_t x = uint64_t(i);

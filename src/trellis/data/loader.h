@@ -12,11 +12,14 @@ namespace trellis {
 
 // Which item (window or example) sequence j of global step s reads: item order[(s*G + j) mod n],
 // the order a seeded permutation per epoch ((s*G + j) / n), or the identity without shuffling.
-// The permutation is computed per position (a Feistel network over the next power of four, cycle-
-// walked into [0, n)), never stored: its cost does not grow with the corpus, and any rank can
+// Up to kStoredOrderMax items the permutation is a stored Fisher-Yates shuffle (at most 8 MB; the
+// order every earlier trellis used, so existing runs resume onto the same data); beyond, it is
+// computed per position (a Feistel network over the next power of four, cycle-walked into
+// [0, n)) and never stored, so its cost does not grow with the corpus. Either way any rank can
 // compute any epoch's order without replaying earlier ones.
 class GlobalOrder {
  public:
+  static constexpr int64_t kStoredOrderMax = int64_t(1) << 20;
   // `stream` keys the permutations (mixtures give each dataset its own).
   GlobalOrder(int64_t items, int64_t global_batch, uint64_t seed, bool shuffle,
               uint64_t stream = 0x5eed0000ull);
@@ -27,10 +30,13 @@ class GlobalOrder {
 
  private:
   uint64_t permute(uint64_t epoch, uint64_t x) const;
+  const std::vector<int64_t>& stored(int64_t epoch) const;
   int64_t n_, G_;
   uint64_t seed_, stream_;
   bool shuffle_;
   int half_bits_ = 0;
+  mutable int64_t cached_epoch_ = -1;
+  mutable std::vector<int64_t> order_;
 };
 
 class BatchLoader {
