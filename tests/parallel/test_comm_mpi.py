@@ -11,7 +11,8 @@ Runs tests/mpi/comm_check.cpp (built next to the trellis binary) under
     the job with a message naming the rank and the operation.
 
 Usage: under ctest (TRELLIS_BIN set), or `test_comm_mpi.py [BUILD_DIR]`.
-Skips (exit 0) when trellis was built without MPI or mpirun is missing.
+A missing dependency fails (exit 1) with a message saying what is missing: trellis built
+without MPI, or no mpirun on PATH. A test that cannot run must not pass.
 """
 import os
 import re
@@ -53,12 +54,15 @@ def main():
         return 1
     has = subprocess.run([exe, "--has-mpi"], capture_output=True, text=True, timeout=30)
     if has.stdout.strip() != "mpi: yes":
-        print("SKIP: trellis was built without MPI")
-        return 0
+        print(f"FAIL: {exe} was built without MPI ({exe} --has-mpi said "
+              f"{(has.stdout + has.stderr).strip()!r}): install the MPI development files "
+              "(Debian: libopenmpi-dev openmpi-bin) and reconfigure the build")
+        return 1
     mpirun = shutil.which("mpirun")
     if mpirun is None:
-        print("SKIP: mpirun not found")
-        return 0
+        print("FAIL: mpirun not found on PATH (Debian: openmpi-bin): the MPI communicator "
+              "tests cannot run")
+        return 1
 
     env = dict(os.environ)
     env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
