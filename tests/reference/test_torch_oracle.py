@@ -38,6 +38,12 @@ comparison with trellis measures trellis and not the rounding noise of ill-condi
 
 A case that compares nothing (no gradient, no parameter, no optimizer tensor) fails.
 
+Training cases: each step's learning rate is computed here from the schedule the README
+documents (linear warmup, then cosine decay to min_lr at the last step) and drives the
+reference; trellis's logged lr must equal it (1e-6 relative). The final checkpoint must hold
+every optimizer tensor torch has (exp_avg/exp_avg_sq, or momentum_buffer, of every parameter):
+a missing optimizer.safetensors or tensor fails.
+
 Usage: test_torch_oracle.py [a b c d e f g h i]  (default: all cases)
 
 Exit status 0 when every check passes; otherwise 1, with the failing case, step and
@@ -45,6 +51,7 @@ tensor named.
 """
 
 import json
+import math
 import os
 import random
 import subprocess
@@ -290,6 +297,19 @@ def check_rope(case, datadir):
 # ---------------------------------------------------------------------------
 
 
+def expected_lr(step, steps, lr, min_lr, warmup):
+    """The learning rate of 1-based step `step` of a `steps`-step run, as README and `train --help`
+    describe the schedule, written out here rather than read from trellis: linear warmup to lr
+    over the first `warmup` steps (step s of them: lr * s / warmup), then cosine decay from lr to
+    min_lr, reaching min_lr at the last step (progress (s - warmup) / (steps - warmup))."""
+    if warmup > 0 and step <= warmup:
+        return lr * step / warmup
+    if steps <= warmup:
+        return lr
+    progress = min(1.0, (step - warmup) / (steps - warmup))
+    return min_lr + (lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
 def read_metrics(path):
     steps = {}
     with open(path) as f:
@@ -442,6 +462,18 @@ def check_train(case, fam, datadir, steps, G, T, micro=0, optimizer="adamw", see
         def batches(s):
             return windows(tokens, T, [(s * G + j) % W for j in range(G)])
 
+    # The learning rates: the schedule computed here (not trellis's logged lr) drives the
+    # reference, and trellis's logged lr must match it (trellis keeps it in float32: 1e-6).
+    lrs = [expected_lr(s + 1, steps, lr, min_lr, warmup) for s in range(steps)]
+    worst_lr = 0.0
+    for s, want in enumerate(lrs):
+        e = abs(float(metrics[s]["lr"]) - want) / want
+        worst_lr = max(worst_lr, e)
+        if not e <= 1e-6:
+            fail(f"{case}: step {s + 1}: learning rate trellis {metrics[s]['lr']!r}, schedule "
+                 f"{want!r} (warmup {warmup}, cosine from {lr} to {min_lr} over {steps} steps)")
+            ok = False
+
     worst_loss = worst_norm = 0.0
     cond, cond_name = 0.0, ""  # worst float32-vs-float64 difference of the reference
     culprit = ""
@@ -449,8 +481,8 @@ def check_train(case, fam, datadir, steps, G, T, micro=0, optimizer="adamw", see
     for s in range(steps):
         m = metrics[s]
         x, y = batches(s)
-        loss, norm, grads = ref.step(x, y, float(m["lr"]), clip)
-        t_loss, t_norm, t_grads = twin.step(x, y, float(m["lr"]), clip)
+        loss, norm, grads = ref.step(x, y, lrs[s], clip)
+        t_loss, t_norm, t_grads = twin.step(x, y, lrs[s], clip)
         if s == 0:
             culprit = step1_culprit(fam, cfg, ref, twin,
                                     grads if ref.dtype == torch.float64 else t_grads)
@@ -548,18 +580,30 @@ def check_train(case, fam, datadir, steps, G, T, micro=0, optimizer="adamw", see
         fail(f"{case}: no final parameter compared")
         ok = False
 
-    # optimizer state, where trellis names it like torch (exp_avg.<name>, ...)
-    worst_o, worst_on, n_state = 0.0, "", 0
+    # optimizer state: trellis names it like torch (exp_avg.<name>, ...); every state tensor torch
+    # has must be in the checkpoint and match, and at least one must be compared
+    worst_o, worst_on, n_state, n_want = 0.0, "", 0, 0
     opath = os.path.join(final_dir, "optimizer.safetensors")
-    if os.path.exists(opath):
+    if not os.path.exists(opath):
+        fail(f"{case}: the final checkpoint has no optimizer state ({opath})")
+        ok = False
+    else:
         ostate = load_safetensors(opath)
+        missing = []
         for name, p in params.items():
             wz = whole_zero_grad(fam, name, cfg, tuple(p.shape))
             for key, val in opt.state[p].items():
                 if not torch.is_tensor(val) or val.dim() == 0:
                     continue
                 tname = f"{key}.{name}"
+                n_want += 1
                 if tname not in ostate:
+                    missing.append(tname)
+                    continue
+                if ostate[tname].shape != tuple(val.shape):
+                    fail(f"{case}: optimizer state {tname} has shape {ostate[tname].shape}, "
+                         f"torch {tuple(val.shape)}")
+                    ok = False
                     continue
                 n_state += 1
                 if wz is not None:
@@ -579,12 +623,17 @@ def check_train(case, fam, datadir, steps, G, T, micro=0, optimizer="adamw", see
                 if not e <= TOL:
                     fail(f"{case}: after step {steps}: optimizer state {tname} rel err {e:.3g}")
                     ok = False
-    if n_state == 0:
-        fail(f"{case}: no optimizer state compared ({opath})")
+        if missing:
+            fail(f"{case}: {opath} lacks {len(missing)} of the {n_want} optimizer tensors torch "
+                 f"has: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+            ok = False
+    if n_state == 0 or n_state != n_want:
+        fail(f"{case}: {n_state} optimizer tensors compared of the {n_want} torch has ({opath})")
         ok = False
 
     desc = f"{optimizer}, {steps} steps of {G}x{T}" + (f" (micro-batch {micro})" if micro else "")
     print(f"{'PASS' if ok else 'FAIL'} {case}: {desc}, clip triggered {t_clipped}/{steps}: "
+          f"lr vs schedule {worst_lr:.1e}; "
           f"worst loss rel err {worst_loss:.2e}, grad_norm {worst_norm:.2e}; {n_p} final "
           f"parameters, worst rel err {worst_p:.2e} ({worst_pn}), "
           f"{'no key bias' if worst_k is None else f'key-bias drift/query-bias drift {worst_k:.1e}'}"
