@@ -321,34 +321,62 @@ struct GemmShape {
   int64_t M, N, K;
 };
 
-// Runs one gemm with padded leading dimensions and checks each element against the classic
-// error bound |c - c_ref| <= gamma * (|alpha| sum_k |a_ik b_kj| + |beta c_ij|), gamma = (K+2) u,
-// doubled for slack (any summation order, FMA or not, satisfies it).
-void check_gemm(const GemmShape& s, float alpha, float beta, uint32_t seed) {
-  std::mt19937 rng(seed);
-  const int64_t arows = s.ta ? s.K : s.M, acols = s.ta ? s.M : s.K;
-  const int64_t brows = s.tb ? s.N : s.K, bcols = s.tb ? s.K : s.N;
-  const int64_t lda = acols + 3, ldb = bcols + 2, ldc = s.N + 5;  // padded: strides must be used
-  const Vec A = randn(rng, sz(arows * lda));
-  const Vec B = randn(rng, sz(brows * ldb));
-  Vec C = randn(rng, sz(s.M * ldc));
-  const float sentinel = 12345.0f;
-  for (int64_t i = 0; i < s.M; ++i)
-    for (int64_t j = s.N; j < ldc; ++j) C[i * ldc + j] = sentinel;
-  DVec ref = to_d(C), bound(ref.size(), 0.0);
-  gemm_ref(s.ta, s.tb, s.M, s.N, s.K, alpha, A, lda, B, ldb, beta, ref, ldc, &bound);
-  ops::gemm(s.ta, s.tb, s.M, s.N, s.K, alpha, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
-  const double gamma = 2.0 * double(s.K + 2) * (FLT_EPSILON / 2);
-  for (int64_t i = 0; i < s.M; ++i) {
-    for (int64_t j = 0; j < s.N; ++j) {
-      const size_t at = sz(i * ldc + j);
-      EXPECT_LE(std::abs(C[at] - ref[at]), gamma * bound[at] + 1e-30)
-          << "ta=" << s.ta << " tb=" << s.tb << " M=" << s.M << " N=" << s.N << " K=" << s.K
-          << " at (" << i << "," << j << ")";
-    }
-    for (int64_t j = s.N; j < ldc; ++j)
-      EXPECT_EQ(C[i * ldc + j], sentinel) << "gemm wrote into the ldc padding";
+// One gemm problem with padded leading dimensions (strides must be used), random A, B and C, and
+// its double reference. run() calls ops::gemm on a fresh copy of C and checks each element
+// against the classic error bound |c - c_ref| <= gamma * (|alpha| sum_k |a_ik b_kj| + |beta c_ij|),
+// gamma = (K+2) u, doubled for slack (any summation order, FMA or not, satisfies it), and that the
+// padding of C was not written; it returns C (with padding).
+struct GemmCase {
+  GemmShape s;
+  float alpha, beta;
+  int64_t lda, ldb, ldc;
+  Vec A, B, C0;
+  DVec ref, bound;
+  static constexpr float kSentinel = 12345.0f;
+
+  GemmCase(const GemmShape& shape, float alpha_, float beta_, uint32_t seed)
+      : s(shape), alpha(alpha_), beta(beta_) {
+    std::mt19937 rng(seed);
+    const int64_t arows = s.ta ? s.K : s.M, acols = s.ta ? s.M : s.K;
+    const int64_t brows = s.tb ? s.N : s.K, bcols = s.tb ? s.K : s.N;
+    lda = acols + 3, ldb = bcols + 2, ldc = s.N + 5;
+    A = randn(rng, sz(arows * lda));
+    B = randn(rng, sz(brows * ldb));
+    C0 = randn(rng, sz(s.M * ldc));
+    for (int64_t i = 0; i < s.M; ++i)
+      for (int64_t j = s.N; j < ldc; ++j) C0[sz(i * ldc + j)] = kSentinel;
+    ref = to_d(C0);
+    bound.assign(ref.size(), 0.0);
+    gemm_ref(s.ta, s.tb, s.M, s.N, s.K, alpha, A, lda, B, ldb, beta, ref, ldc, &bound);
   }
+
+  Vec run() const {
+    Vec C = C0;
+    ops::gemm(s.ta, s.tb, s.M, s.N, s.K, alpha, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
+    const double gamma = 2.0 * double(s.K + 2) * (FLT_EPSILON / 2);
+    // Every element is checked; the first failures are reported one by one, the rest counted.
+    int64_t bad = 0, bad_pad = 0;
+    for (int64_t i = 0; i < s.M; ++i) {
+      for (int64_t j = 0; j < s.N; ++j) {
+        const size_t at = sz(i * ldc + j);
+        const bool ok = std::abs(C[at] - ref[at]) <= gamma * bound[at] + 1e-30;
+        if (!ok && ++bad <= 3)
+          EXPECT_LE(std::abs(C[at] - ref[at]), gamma * bound[at] + 1e-30)
+              << "ta=" << s.ta << " tb=" << s.tb << " M=" << s.M << " N=" << s.N << " K=" << s.K
+              << " at (" << i << "," << j << ")";
+      }
+      for (int64_t j = s.N; j < ldc; ++j)
+        if (C[sz(i * ldc + j)] != kSentinel && ++bad_pad <= 3)
+          EXPECT_EQ(C[sz(i * ldc + j)], kSentinel) << "gemm wrote into the ldc padding";
+    }
+    EXPECT_EQ(bad, 0) << "elements beyond the error bound, of " << s.M * s.N;
+    EXPECT_EQ(bad_pad, 0) << "padding elements written";
+    return C;
+  }
+};
+
+void check_gemm(const GemmShape& s, float alpha, float beta, uint32_t seed) {
+  GemmCase(s, alpha, beta, seed).run();
 }
 
 TEST(KernelsGemm, AllTransposeCombosMatchDoubleReference) {
@@ -362,6 +390,54 @@ TEST(KernelsGemm, AllTransposeCombosMatchDoubleReference) {
       // Larger, odd sizes: exercise the backend's blocking and tails.
       check_gemm({ta, tb, 33, 17, 70}, 1.0f, 1.0f, seed++);
     }
+}
+
+TEST(KernelsGemm, ThreadSplitAlongNAndMMatchesDoubleReference) {
+  // Above 4e6 flops, a gemm called outside a parallel region with more than one OpenMP thread
+  // cuts C into one block per thread along its larger dimension, each block one library call
+  // (kernels/cpu/gemm_split.h): along N when N >= M, else along M. Each split and transpose, with
+  // padded strides, on 1 thread (one call, no split), 2 and 3 threads (uneven blocks, edges on
+  // multiples of 16), against the double reference to the same bound as above, and run twice:
+  // a given thread count must reproduce its result exactly.
+  // With alpha = 1 (every split call trellis makes: the Linear layers; attention's scaled gemm
+  // runs inside its own parallel loop, unsplit) the cut does not change a bit, as measured with
+  // this oneDNN: the results must equal the 1-thread one exactly. The docs promise less
+  // (reproducible for a given thread count): with alpha != 1 and B transposed, oneDNN sums some
+  // block widths in another order (3 threads: ~6k of the 11k elements differ, within the
+  // bound), so there only the bound and run-to-run equality are checked.
+  struct Dims {
+    int64_t M, N, K;
+    const char* split;
+  };
+  const Dims dims[] = {{37, 301, 190, "N"}, {301, 37, 190, "M"}};
+  const float alpha_beta[][2] = {{1.0f, 0.0f}, {1.0f, 1.0f}, {0.75f, 0.5f}};
+  const int saved = omp_get_max_threads();
+  uint32_t seed = 100;
+  for (const Dims& d : dims) {
+    ASSERT_GE(2.0 * double(d.M) * double(d.N) * double(d.K), 4e6) << "below the split threshold";
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (const auto& ab : alpha_beta) {
+          const float alpha = ab[0], beta = ab[1];
+          const GemmCase g({ta, tb, d.M, d.N, d.K}, alpha, beta, seed++);
+          std::vector<Vec> results;
+          for (int threads : {1, 2, 3}) {
+            SCOPED_TRACE(::testing::Message()
+                         << "split along " << d.split << ", " << threads << " threads, ta=" << ta
+                         << " tb=" << tb << " alpha " << alpha << " beta " << beta);
+            omp_set_num_threads(threads);
+            results.push_back(g.run());
+            EXPECT_TRUE(g.run() == results.back()) << "not reproducible run to run";
+          }
+          omp_set_num_threads(saved);
+          if (alpha == 1.0f)
+            for (int k : {1, 2})
+              EXPECT_TRUE(results[size_t(k)] == results[0])
+                  << k + 1 << " threads differ from 1: split along " << d.split << " ta=" << ta
+                  << " tb=" << tb << " beta " << beta;
+        }
+  }
+  omp_set_num_threads(saved);
 }
 
 TEST(KernelsGemm, BetaZeroDoesNotReadC) {
