@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Installs what trellis needs from Debian's packages (only what is missing) and builds it.
 #   scripts/setup.sh          # build dependencies + Release build in build/
-#   scripts/setup.sh --tests  # also the test dependencies (PyTorch oracle, OpenMPI runtime)
+#   scripts/setup.sh --tests  # also the test dependencies (PyTorch oracle, OpenMPI runtime,
+#                             # clang and libFuzzer for fuzz/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(cmake ninja-build g++ pkg-config libdnnl-dev libopenmpi-dev openmpi-bin libfmt-dev
           nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libgtest-dev libpcre2-dev zlib1g-dev)
 if [[ "${1:-}" == "--tests" ]]; then
-  packages+=(python3 python3-torch python3-numpy dataset-fashion-mnist gettext iproute2)
+  # clang, its sanitizer/libFuzzer runtimes and OpenMP: the fuzz targets (build-fuzz).
+  packages+=(python3 python3-torch python3-numpy dataset-fashion-mnist gettext iproute2 clang
+             libclang-rt-dev libomp-dev)
 fi
 
 missing=()
