@@ -39,17 +39,24 @@ struct TensorFiles {
   std::map<std::string, size_t> file_of;  // tensor name in DIR -> index into files
 };
 
+// A Hugging Face directory holds its weights in one model.safetensors or in shards listed by
+// model.safetensors.index.json.
+void require_weight_files(const std::string& dir) {
+  TRELLIS_REQUIRE(fs::exists(fs::path(dir) / "model.safetensors") ||
+                      fs::exists(fs::path(dir) / "model.safetensors.index.json"),
+                  "{}: no model.safetensors or model.safetensors.index.json", dir);
+}
+
 TensorFiles open_tensor_files(const std::string& dir) {
   TensorFiles t;
   const fs::path single = fs::path(dir) / "model.safetensors";
   const fs::path index = fs::path(dir) / "model.safetensors.index.json";
   std::vector<std::string> shards;
   std::map<std::string, std::string> weight_map;
+  require_weight_files(dir);
   if (fs::exists(single)) {
     shards.push_back(single.string());
   } else {
-    TRELLIS_REQUIRE(fs::exists(index), "{}: no model.safetensors or model.safetensors.index.json",
-                    dir);
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(read_file(index.string()));
@@ -101,6 +108,7 @@ ModelConfig pretrained_model_config(const std::string& dir) {
   TRELLIS_REQUIRE(fs::is_directory(dir), "{}: --init-from directory not found", dir);
   const std::string cfg_path = (fs::path(dir) / "config.json").string();
   const ModelConfig m = read_model_config(cfg_path);
+  require_weight_files(dir);
   // The model is allocated before its tensors are read: sizes the weights on disk cannot fill
   // (at two bytes a value, F16/BF16) are refused here, not by running out of memory.
   int64_t values = 0;
