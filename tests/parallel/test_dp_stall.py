@@ -1,7 +1,7 @@
 """A rank that stops answering mid-run (SIGSTOP: alive, so mpirun sees nothing) ends the job through
 trellis's own timeout: the other rank gives up within comm_timeout + 5 s of the stop, printing
-trellis's message that names itself, the operation and the communicator (and the stalled peer
-when it was waiting on it in a send or recv), and aborts the job with exit 1. Run for a
+trellis's message that names itself, the operation, the communicator and the stalled peer (the
+send/recv peer, or a collective's other members), and aborts the job with exit 1. Run for a
 data-parallel layout (the survivor waits in a gradient all-reduce) and a pipeline one (it
 usually waits in a send or recv to the stalled stage). The stopped rank is resumed and killed
 afterwards, even when a check fails."""
@@ -61,9 +61,10 @@ for name, layout in layouts.items():
             peer = f"{'to' if m['op'] == 'send' else 'from'} rank {stalled}"
             check(peer in m["what"], f"{name}: the {m['op']} it waited in names the stalled "
                   f"peer ({peer})")
-        else:
-            print(f"note: {name}: rank {survivor} waited in a collective ({m['op']} on "
-                  f"communicator {m['comm']}); trellis names the operation, not the peer")
+        else:  # a collective of two ranks: the other member is the stalled peer
+            line = output[m.start():output.find("\n", m.start())]
+            check(f"waiting for world rank {stalled}" in line,
+                  f"{name}: the collective's timeout names the stalled peer: {line}")
         time.sleep(0.5)
         check(not alive(ranks[stalled]),
               f"{name}: the stopped rank did not outlive the job (the abort took it down)")

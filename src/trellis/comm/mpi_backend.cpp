@@ -7,7 +7,6 @@
 #define MPICH_SKIP_MPICXX 1
 #include <malloc.h>
 #include <mpi.h>
-
 #include <sched.h>
 #include <time.h>
 
@@ -111,6 +110,23 @@ class MpiCommunicator final : public Communicator {
     check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank", nullptr);
     check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size", nullptr);
     check(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_), "MPI_Comm_rank", nullptr);
+    // The world ranks of the other members, for messages about a peer that stopped answering.
+    MPI_Group group, world;
+    check(MPI_Comm_group(comm_, &group), "MPI_Comm_group", nullptr);
+    check(MPI_Comm_group(MPI_COMM_WORLD, &world), "MPI_Comm_group", nullptr);
+    std::vector<int> local(static_cast<size_t>(size_)), global(static_cast<size_t>(size_));
+    for (int i = 0; i < size_; ++i) local[size_t(i)] = i;
+    check(MPI_Group_translate_ranks(group, size_, local.data(), world, global.data()),
+          "MPI_Group_translate_ranks", nullptr);
+    MPI_Group_free(&group);
+    MPI_Group_free(&world);
+    for (int i = 0; i < size_; ++i)
+      if (i != rank_) peers_.push_back(global[size_t(i)]);
+  }
+
+  // "world rank 3" / "world ranks 1, 2, 3": the members a wait on this communicator depends on.
+  std::string peers() const {
+    return fmt::format("world rank{} {}", peers_.size() == 1 ? "" : "s", fmt::join(peers_, ", "));
   }
   ~MpiCommunicator() override {
     if (!mpi_finalized()) MPI_Comm_free(&comm_);
@@ -309,7 +325,8 @@ class MpiCommunicator final : public Communicator {
 
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1, world_rank_ = 0;
-  uint64_t seq_ = 0;  // operations issued on this communicator, for messages
+  std::vector<int> peers_;  // world ranks of the other members
+  uint64_t seq_ = 0;        // operations issued on this communicator, for messages
 
   friend class MpiWork;
 };
@@ -333,8 +350,8 @@ void MpiWork::wait() {
     if (test()) return;
     const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
     if (elapsed > comm_.timeout())
-      comm_.abort(fmt::format("timed out after {:g}s in {} on communicator {}", comm_.timeout(),
-                              describe(info_), comm_.name()),
+      comm_.abort(fmt::format("timed out after {:g}s in {} on communicator {}, waiting for {}",
+                              comm_.timeout(), describe(info_), comm_.name(), comm_.peers()),
                   1);
     // Spin for the first millisecond (latency), then yield the core between polls: ranks are
     // often oversubscribed, and a spinning rank would starve the peer it is waiting for. Sleep
