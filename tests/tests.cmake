@@ -16,8 +16,9 @@ foreach(script ${TRELLIS_SCRIPT_TESTS})
   # reference and multi-rank tests run in the normal build only, and so do test_big_corpus (its
   # bound is the release binary's peak RSS, which ASan's shadow memory and quarantine inflate)
   # and test_launch_chaos (~10 min under ASan on 2 cores, beyond CI's budget; test_launch runs
-  # the supervisor's restarts under ASan).
-  set(not_sanitized test_big_corpus test_launch_chaos)
+  # the supervisor's restarts under ASan) and test_task_commands (6 min under ASan, more than the
+  # rest of the label together; test_task_resume and test_prepare_tasks cover the task paths).
+  set(not_sanitized test_big_corpus test_launch_chaos test_task_commands)
   if(TRELLIS_SANITIZE AND group STREQUAL "cli" AND NOT name IN_LIST not_sanitized)
     set_tests_properties(${group}.${name} PROPERTIES LABELS sanitize)
   endif()
