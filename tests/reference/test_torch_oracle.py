@@ -54,6 +54,7 @@ import json
 import math
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -642,18 +643,30 @@ def check_train(case, fam, datadir, steps, G, T, micro=0, optimizer="adamw", see
           flush=True)
 
 
-def main():
+def setup(name, fresh=False):
+    """Points this module's BIN and TMP (TRELLIS_TMP/name; emptied if fresh), which run,
+    compare_grads and check_train read, at ctest's environment and seeds torch. Returns
+    TRELLIS_SOURCE, or None (after an error line) when the environment is not set."""
     global BIN, TMP
     BIN = os.environ.get("TRELLIS_BIN")
-    TMP = os.environ.get("TRELLIS_TMP")
+    tmp = os.environ.get("TRELLIS_TMP")
     src = os.environ.get("TRELLIS_SOURCE")
-    if not BIN or not TMP or not src:
+    if not BIN or not tmp or not src:
         print("error: set TRELLIS_BIN, TRELLIS_TMP and TRELLIS_SOURCE", file=sys.stderr)
-        return 2
-    TMP = os.path.join(TMP, "torch_oracle")
+        return None
+    TMP = os.path.join(tmp, name)
+    if fresh:
+        shutil.rmtree(TMP, ignore_errors=True)
     os.makedirs(TMP, exist_ok=True)
     torch.set_num_threads(int(THREADS))
     torch.manual_seed(0)
+    return src
+
+
+def main():
+    src = setup("torch_oracle")
+    if src is None:
+        return 2
     t0 = time.time()
 
     text = os.path.join(TMP, "corpus.txt")

@@ -89,7 +89,6 @@ Exit status 0 when every check passes; otherwise 1, with the failing case and te
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -369,19 +368,9 @@ def task_case(case, fam, task_dir, lookups, B=8):
 
 
 def main():
-    BIN = os.environ.get("TRELLIS_BIN")
-    TMP = os.environ.get("TRELLIS_TMP")
-    src = os.environ.get("TRELLIS_SOURCE")
-    if not BIN or not TMP or not src:
-        print("error: set TRELLIS_BIN, TRELLIS_TMP and TRELLIS_SOURCE", file=sys.stderr)
+    src = oracle.setup("torch_oracle_bf16", fresh=True)
+    if src is None:
         return 2
-    # compare_grads / run read these module globals of test_torch_oracle
-    oracle.BIN = BIN
-    oracle.TMP = os.path.join(TMP, "torch_oracle_bf16")
-    shutil.rmtree(oracle.TMP, ignore_errors=True)
-    os.makedirs(oracle.TMP)
-    torch.set_num_threads(int(oracle.THREADS))
-    torch.manual_seed(0)
     t0 = time.time()
 
     text = os.path.join(oracle.TMP, "corpus.txt")

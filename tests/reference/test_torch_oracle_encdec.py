@@ -94,18 +94,9 @@ def check_preset(case, n_kv_head):
 
 
 def main():
-    BIN = os.environ.get("TRELLIS_BIN")
-    TMP = os.environ.get("TRELLIS_TMP")
-    src = os.environ.get("TRELLIS_SOURCE")
-    if not BIN or not TMP or not src:
-        print("error: set TRELLIS_BIN, TRELLIS_TMP and TRELLIS_SOURCE", file=sys.stderr)
+    src = oracle.setup("torch_oracle_encdec", fresh=False)
+    if src is None:
         return 2
-    # check_grad / check_train / run read these module globals of test_torch_oracle
-    oracle.BIN = BIN
-    oracle.TMP = os.path.join(TMP, "torch_oracle_encdec")
-    os.makedirs(oracle.TMP, exist_ok=True)
-    torch.set_num_threads(int(oracle.THREADS))
-    torch.manual_seed(0)
     t0 = time.time()
 
     text = os.path.join(oracle.TMP, "corpus.txt")

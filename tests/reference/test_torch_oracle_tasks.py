@@ -215,19 +215,9 @@ def check_task_train(case, fam, task_dir, G=8, steps=10, lr=1e-3, min_lr=1e-4, *
 
 
 def main():
-    BIN = os.environ.get("TRELLIS_BIN")
-    TMP = os.environ.get("TRELLIS_TMP")
-    src = os.environ.get("TRELLIS_SOURCE")
-    if not BIN or not TMP or not src:
-        print("error: set TRELLIS_BIN, TRELLIS_TMP and TRELLIS_SOURCE", file=sys.stderr)
+    src = oracle.setup("torch_oracle_tasks", fresh=True)
+    if src is None:
         return 2
-    # compare_grads / check_train / run read these module globals of test_torch_oracle
-    oracle.BIN = BIN
-    oracle.TMP = os.path.join(TMP, "torch_oracle_tasks")
-    shutil.rmtree(oracle.TMP, ignore_errors=True)
-    os.makedirs(oracle.TMP)
-    torch.set_num_threads(int(oracle.THREADS))
-    torch.manual_seed(0)
     t0 = time.time()
 
     inputs = os.path.join(oracle.TMP, "inputs")
