@@ -44,8 +44,6 @@ import time
 if os.environ.get("TRELLIS_SOURCE"):
     sys.path.insert(0, os.path.join(os.environ["TRELLIS_SOURCE"], "tests"))
 
-import torch  # noqa: E402
-
 from reference import test_torch_oracle as oracle  # noqa: E402
 from reference import torch_encdec  # noqa: E402
 from reference.test_torch_oracle import Family, check_grad, check_train, fail  # noqa: E402
