@@ -54,6 +54,16 @@ int HfConfigReader::get_int(const char* key, int lo, int hi) const {
   return int(v.get<int64_t>());
 }
 
+void read_common_sizes(const HfConfigReader& r, ModelConfig& m) {
+  m.n_embd = r.get_int("hidden_size", 1, kMaxWidth);
+  m.ffn_hidden = r.get_int("intermediate_size", 0, kMaxFfn);
+  m.n_head = r.get_int("num_attention_heads", 1, kMaxHeads);
+  m.n_kv_head = r.has("num_key_value_heads") ? r.get_int("num_key_value_heads", 0, kMaxHeads) : 0;
+  m.n_layer = r.get_int("num_hidden_layers", 1, kMaxLayers);
+  m.block_size = r.get_int("max_position_embeddings", 1, kMaxPositions);
+  m.vocab_size = r.get_int("vocab_size", 1, kMaxVocab);
+}
+
 double HfConfigReader::get_number(const char* key) const {
   TRELLIS_REQUIRE(has(key), "{}: missing key '{}'", path_, key);
   TRELLIS_REQUIRE(j_.at(key).is_number(), "{}: key '{}' must be a number", path_, key);

@@ -27,6 +27,11 @@ class HfConfigReader {
   std::string path_;
 };
 
+// The sizes under Hugging Face's common key names (hidden_size, intermediate_size,
+// num_attention_heads, num_key_value_heads, num_hidden_layers, max_position_embeddings,
+// vocab_size), each bounded, as LLaMA-style configs and trellis's encoder write them.
+void read_common_sizes(const HfConfigReader& r, ModelConfig& m);
+
 // A float as the decimal a person wrote (1e-5, not 9.99999974e-06) for config.json.
 double json_number(float v);
 

@@ -58,13 +58,7 @@ nlohmann::json to_hf_config(const ModelConfig& m) {
 }
 
 void from_hf_config(const HfConfigReader& r, ModelConfig& m) {
-  m.n_embd = r.get_int("hidden_size", 1, kMaxWidth);
-  m.ffn_hidden = r.get_int("intermediate_size", 0, kMaxFfn);
-  m.n_head = r.get_int("num_attention_heads", 1, kMaxHeads);
-  m.n_kv_head = r.has("num_key_value_heads") ? r.get_int("num_key_value_heads", 0, kMaxHeads) : 0;
-  m.n_layer = r.get_int("num_hidden_layers", 1, kMaxLayers);
-  m.block_size = r.get_int("max_position_embeddings", 1, kMaxPositions);
-  m.vocab_size = r.get_int("vocab_size", 1, kMaxVocab);
+  read_common_sizes(r, m);
   if (r.has("layer_norm_eps")) m.norm_eps = float(r.get_number("layer_norm_eps"));
   if (r.has("tie_word_embeddings")) m.tied_head = r.get_bool("tie_word_embeddings");
   r.expect("hidden_act", "gelu_new", "the tanh GELU");
