@@ -13,6 +13,58 @@ void grow(Tensor& t, int64_t n) {
 }
 }  // namespace
 
+Recompute parse_recompute(const std::string& name) {
+  if (name == "none") return Recompute::None;
+  if (name == "selective") return Recompute::Selective;
+  if (name == "full") return Recompute::Full;
+  TRELLIS_REQUIRE(false, "unknown recompute '{}' (choose none, selective or full)", name);
+  return Recompute::None;
+}
+
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::None:
+      return "none";
+    case Recompute::Selective:
+      return "selective";
+    case Recompute::Full:
+      return "full";
+  }
+  return "none";
+}
+
+namespace {
+int64_t owned_bytes(const Tensor& t) { return t.owned() ? int64_t(t.bytes()) : 0; }
+
+int64_t block_bytes(const Context::BlockActs& a) {
+  int64_t n = 0;
+  for (const Tensor* t : {&a.ln1, &a.ln1_mean, &a.ln1_rstd, &a.ln1_full, &a.qkv, &a.probs, &a.att,
+                          &a.res_mid, &a.lnx, &a.lnx_mean, &a.lnx_rstd, &a.lnx_full, &a.xq,
+                          &a.enc_full, &a.xkv, &a.xprobs, &a.xatt, &a.res_x, &a.ln2, &a.ln2_mean,
+                          &a.ln2_rstd, &a.ln2_full, &a.up, &a.act, &a.res_out})
+    n += owned_bytes(*t);
+  return n;
+}
+}  // namespace
+
+int64_t Context::activation_bytes() const {
+  int64_t n = 0;
+  for (const BlockActs& a : blocks) n += block_bytes(a);
+  for (const Tensor* t : {&embedded, &enc, &enc_mean, &enc_rstd, &dec_embedded, &lnf, &lnf_mean,
+                          &lnf_rstd, &lnf_full, &logits, &losses, &pooled, &class_logits, &input,
+                          &dinput, &doutput, &carry})
+    n += owned_bytes(*t);
+  return n;
+}
+
+int64_t Transformer::workspace_bytes() const {
+  int64_t n = block_bytes(work_);
+  for (const Tensor* t : {&full_, &dres_, &dln_, &dfull_, &dqkv_, &datt_, &dup_, &dact_, &denc_,
+                          &denc_full_, &dxq_, &dxkv_})
+    n += owned_bytes(*t);
+  return n;
+}
+
 Transformer::Transformer(const ParamLayout& layout, float* params, float* grads, TensorParallel& tp,
                          const StageSpec* chunk, DType compute)
     : k_(backend(Device::CPU, compute)),
@@ -120,20 +172,37 @@ void Transformer::prepare(Context& ctx, int64_t B, int64_t T) {
   ctx.T = T;
   ctx.tokens.resize(size_t(BT));
   ctx.targets.resize(size_t(BT));
+  // A block's tensors in three groups: `inner` (all that full recompute does not keep but the
+  // four below), `rec` (attention probabilities, the MLP's up projection and activation: what
+  // selective recompute does not keep) and `out` (the block's output, always kept). The
+  // workspace holds the groups the Context does not, for one block.
+  auto size_block = [&](Context::BlockActs& a, bool decoder, int64_t inner, int64_t rec,
+                        int64_t out, auto&& sz) {
+    const int64_t i = inner, m = mlp * inner, x = decoder ? 1 : 0;
+    sz(a.ln1, {i * R, C}), sz(a.ln1_mean, {i * stats}), sz(a.ln1_rstd, {i * R});
+    sz(a.ln1_full, {i * full, C}), sz(a.qkv, {i * BT, qkv}), sz(a.probs, {rec * B, Hl_, T, T});
+    sz(a.att, {i * BT, att}), sz(a.res_mid, {i * R, C});
+    sz(a.ln2, {m * R, C}), sz(a.ln2_mean, {m * stats}), sz(a.ln2_rstd, {m * R});
+    sz(a.ln2_full, {m * full, C}), sz(a.up, {rec * BT, up}), sz(a.act, {rec * BT, act});
+    sz(a.res_out, {out * R, C});
+    sz(a.lnx, {x * i * R, C}), sz(a.lnx_mean, {x * i * stats}), sz(a.lnx_rstd, {x * i * R});
+    sz(a.lnx_full, {x * i * full, C}), sz(a.xq, {x * i * BT, att});
+    sz(a.enc_full, {x * i * full, C}), sz(a.xkv, {x * i * BT, 2 * Hkvl_ * hd_});
+    sz(a.xprobs, {x * rec * B, Hl_, T, T}), sz(a.xatt, {x * i * BT, att});
+    sz(a.res_x, {x * i * R, C});
+  };
+  const int64_t inner = ctx.recompute == Recompute::Full ? 0 : 1;
+  const int64_t rec = ctx.recompute == Recompute::None ? 1 : 0;
   ctx.blocks.resize(chunk_.layers.size());
-  for (size_t i = 0; i < ctx.blocks.size(); ++i) {
-    Context::BlockActs& a = ctx.blocks[i];
-    fit(a.ln1, {R, C}), fit(a.ln1_mean, {stats}), fit(a.ln1_rstd, {R}), fit(a.ln1_full, {full, C});
-    fit(a.qkv, {BT, qkv}), fit(a.probs, {B, Hl_, T, T}), fit(a.att, {BT, att});
-    fit(a.res_mid, {R, C}), fit(a.ln2, {R, C}), fit(a.ln2_mean, {stats}), fit(a.ln2_rstd, {R});
-    fit(a.ln2_full, {full, C}), fit(a.up, {BT, up}), fit(a.act, {BT, act});
-    fit(a.res_out, {R, C});
-    const int64_t x = blocks_[i].decoder ? 1 : 0;  // cross-attention buffers
-    fit(a.lnx, {x * R, C}), fit(a.lnx_mean, {x * stats}), fit(a.lnx_rstd, {x * R});
-    fit(a.lnx_full, {x * full, C}), fit(a.xq, {x * BT, att}), fit(a.enc_full, {x * full, C});
-    fit(a.xkv, {x * BT, 2 * Hkvl_ * hd_}), fit(a.xprobs, {x * B, Hl_, T, T});
-    fit(a.xatt, {x * BT, att}), fit(a.res_x, {x * R, C});
-  }
+  for (size_t i = 0; i < ctx.blocks.size(); ++i)
+    size_block(ctx.blocks[i], blocks_[i].decoder, inner, rec, 1,
+               [](Tensor& t, std::vector<int64_t> shape) { fit(t, std::move(shape)); });
+  // Grown, never shrunk: it serves every Context of this model.
+  size_block(work_, has_decoder_, 1 - inner, 1 - rec, 0, [](Tensor& t, std::vector<int64_t> shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    if (!t.owned() || t.numel() < n) t = Tensor::zeros({n});
+  });
   const int64_t head = chunk_.head ? 1 : 0, embedding = chunk_.embedding ? 1 : 0;
   const int64_t start = decoder_start_ ? 1 : 0;
   fit(ctx.enc, {start * R, C}), fit(ctx.enc_mean, {start * stats}), fit(ctx.enc_rstd, {start * R});
@@ -210,48 +279,92 @@ void Transformer::decoder_start_forward(Context& ctx, const float* x_enc) {
   embed(ctx.tokens.data(), dec_pos_, ctx.dec_embedded.f32(), ctx);
 }
 
+Context::BlockActs& Transformer::acts(Context& ctx, int l, Context::BlockActs& view) {
+  Context::BlockActs& kept = ctx.blocks[size_t(l)];
+  switch (ctx.recompute) {
+    case Recompute::None:
+      return kept;
+    case Recompute::Selective:
+      view = kept;
+      view.probs = work_.probs, view.xprobs = work_.xprobs, view.up = work_.up;
+      view.act = work_.act;
+      return view;
+    case Recompute::Full:
+      view = work_;
+      view.res_out = kept.res_out;
+      return view;
+  }
+  return kept;
+}
+
+void Transformer::self_attention(const Context& ctx, const Block& p, Context::BlockActs& a) {
+  const int64_t W = p.qkv.out(), Q = Hl_ * hd_, KV = Hkvl_ * hd_;
+  const float* qkv = a.qkv.f32();
+  k_.attention_forward(a.att.f32(), a.probs.f32(), qkv, W, qkv + Q, qkv + Q + KV, W,
+                       attention_shape(ctx, p));
+}
+
+ops::AttentionShape Transformer::cross_attention_shape(const Context& ctx, const Block& p) const {
+  ops::AttentionShape shape = attention_shape(ctx, p);
+  shape.causal = false;  // every target position sees the whole (real) source
+  shape.key_len = ctx.lengths.empty() ? nullptr : ctx.lengths.data();
+  return shape;
+}
+
+void Transformer::cross_attention(const Context& ctx, const Block& p, Context::BlockActs& a) {
+  const int64_t KV = Hkvl_ * hd_;
+  k_.attention_forward(a.xatt.f32(), a.xprobs.f32(), a.xq.f32(), Hl_ * hd_, a.xkv.f32(),
+                       a.xkv.f32() + KV, 2 * KV, cross_attention_shape(ctx, p));
+}
+
+void Transformer::mlp_activation(const Block& p, Context::BlockActs& a, const float* in,
+                                 int64_t rows) {
+  const bool fused_bias = cfg_.mlp == MlpKind::Gelu && p.up.bias();  // added by the GELU pass
+  p.up.forward(a.up.f32(), in, rows, !fused_bias);
+  if (cfg_.mlp == MlpKind::SwiGLU)
+    k_.swiglu_forward(a.act.f32(), a.up.f32(), rows, Fl_);
+  else if (fused_bias)
+    k_.gelu_bias_forward(a.act.f32(), a.up.f32(), p.up.bias(), rows, Fl_);
+  else
+    k_.gelu_forward(a.act.f32(), a.up.f32(), rows * Fl_);
+}
+
 const float* Transformer::block_input(Context& ctx, int i) const {
   if (decoder_start_ && blocks_[size_t(i)].layer == cfg_.n_layer) return ctx.dec_embedded.f32();
   if (i > 0) return ctx.blocks[size_t(i - 1)].res_out.f32();
   return chunk_.embedding ? ctx.embedded.f32() : ctx.input.f32();
 }
 
-void Transformer::block_forward(Context& ctx, int l, const float* x) {
+void Transformer::block_forward(Context& ctx, int l, const float* x, bool recompute) {
   const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT), C = C_;
   const bool sp = tp_.sequence_parallel();
   const Block& p = blocks_[size_t(l)];
-  Context::BlockActs& a = ctx.blocks[size_t(l)];
+  Context::BlockActs view;
+  Context::BlockActs& a = acts(ctx, l, view);
   // Attention: heads split across the group (q|k|v column-parallel, projection row-parallel).
   p.ln1.forward(a.ln1.f32(), a.ln1_mean.f32(), a.ln1_rstd.f32(), x, R);
   const float* in = tp_.enter(a.ln1.f32(), a.ln1_full.f32(), BT, C);
   float* qkv = a.qkv.f32();
-  const int64_t W = p.qkv.out(), Q = Hl_ * hd_, KV = Hkvl_ * hd_;
+  const int64_t W = p.qkv.out();
   p.qkv.forward(qkv, in, BT);
   if (cfg_.positions == PositionKind::Rope)  // q and k heads are the first Hl + Hkvl of a row
     k_.rope_forward(qkv, W, BT, 0, ctx.T, Hl_ + Hkvl_, hd_, cfg_.rope_theta);
-  k_.attention_forward(a.att.f32(), a.probs.f32(), qkv, W, qkv + Q, qkv + Q + KV, W,
-                       attention_shape(ctx, p));
+  self_attention(ctx, p, a);
   float* partial = sp ? full_.f32() : a.res_mid.f32();
   p.proj.forward(partial, a.att.f32(), BT, false);
   tp_.leave(partial, a.res_mid.f32(), BT, C);
   k_.add_bias(a.res_mid.f32(), p.proj.bias(), x, R, C);
-  if (p.decoder) cross_forward(ctx, l);
+  if (p.decoder) cross_forward(ctx, l, a);
   // MLP: up (or gate|up) column-parallel, down row-parallel.
   const float* mid = p.decoder ? a.res_x.f32() : a.res_mid.f32();
   if (p.up.empty()) {  // attention-only block
-    std::copy_n(mid, R * C, a.res_out.f32());
+    if (!recompute) std::copy_n(mid, R * C, a.res_out.f32());
     return;
   }
   p.ln2.forward(a.ln2.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(), mid, R);
   in = tp_.enter(a.ln2.f32(), a.ln2_full.f32(), BT, C);
-  const bool fused_bias = cfg_.mlp == MlpKind::Gelu && p.up.bias();  // added by the GELU pass
-  p.up.forward(a.up.f32(), in, BT, !fused_bias);
-  if (cfg_.mlp == MlpKind::SwiGLU)
-    k_.swiglu_forward(a.act.f32(), a.up.f32(), BT, Fl_);
-  else if (fused_bias)
-    k_.gelu_bias_forward(a.act.f32(), a.up.f32(), p.up.bias(), BT, Fl_);
-  else
-    k_.gelu_forward(a.act.f32(), a.up.f32(), BT * Fl_);
+  mlp_activation(p, a, in, BT);
+  if (recompute) return;  // backward needs nothing after the activation; the output is kept
   partial = sp ? full_.f32() : a.res_out.f32();
   p.down.forward(partial, a.act.f32(), BT, false);
   tp_.leave(partial, a.res_out.f32(), BT, C);
@@ -259,21 +372,16 @@ void Transformer::block_forward(Context& ctx, int l, const float* x) {
 }
 
 // Cross-attention: queries from the decoder (res_mid), keys and values from the encoder output.
-void Transformer::cross_forward(Context& ctx, int l) {
-  const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT), C = C_, KV = Hkvl_ * hd_;
+void Transformer::cross_forward(Context& ctx, int l, Context::BlockActs& a) {
+  const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT), C = C_;
   const bool sp = tp_.sequence_parallel();
   const Block& p = blocks_[size_t(l)];
-  Context::BlockActs& a = ctx.blocks[size_t(l)];
   p.lnx.forward(a.lnx.f32(), a.lnx_mean.f32(), a.lnx_rstd.f32(), a.res_mid.f32(), R);
   const float* in = tp_.enter(a.lnx.f32(), a.lnx_full.f32(), BT, C);
   p.xq.forward(a.xq.f32(), in, BT);
   const float* enc = tp_.enter(encoder_output(ctx), a.enc_full.f32(), BT, C);
   p.xkv.forward(a.xkv.f32(), enc, BT);
-  ops::AttentionShape shape = attention_shape(ctx, p);
-  shape.causal = false;  // every target position sees the whole (real) source
-  shape.key_len = ctx.lengths.empty() ? nullptr : ctx.lengths.data();
-  k_.attention_forward(a.xatt.f32(), a.xprobs.f32(), a.xq.f32(), Hl_ * hd_, a.xkv.f32(),
-                       a.xkv.f32() + KV, 2 * KV, shape);
+  cross_attention(ctx, p, a);
   float* partial = sp ? full_.f32() : a.res_x.f32();
   p.xproj.forward(partial, a.xatt.f32(), BT, false);
   tp_.leave(partial, a.res_x.f32(), BT, C);
@@ -318,13 +426,14 @@ double Transformer::forward(Context& ctx, float grad_scale) {
 }
 
 // dres holds d(res_out) on entry and d(mid) on exit (mid: the MLP's residual input).
-void Transformer::mlp_backward(Context& ctx, int l) {
+void Transformer::mlp_backward(Context& ctx, int l, Context::BlockActs& a) {
   const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT), C = C_;
   const bool sp = tp_.sequence_parallel();
   const Block& p = blocks_[size_t(l)];
-  Context::BlockActs& a = ctx.blocks[size_t(l)];
   float *dres = dres_.f32(), *dln = dln_.f32(), *dfull = dfull_.f32();
   float* dlocal = sp ? dfull : dln;  // where entering's backward leaves d(norm output)
+  if (ctx.recompute == Recompute::Selective)  // from the kept norm output (gathered under SP)
+    mlp_activation(p, a, sp ? a.ln2_full.f32() : a.ln2.f32(), BT);
   if (p.down.bias_grad()) k_.bias_backward(p.down.bias_grad(), dres, R, C, C);
   const float* dy = tp_.leave_backward(dres, dfull, BT, C);
   p.down.backward(dact_.f32(), dy, a.act.f32(), BT, false);
@@ -343,13 +452,19 @@ void Transformer::block_backward(Context& ctx, int l, const float* x) {
   const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT), C = C_;
   const bool sp = tp_.sequence_parallel();
   const Block& p = blocks_[size_t(l)];
-  Context::BlockActs& a = ctx.blocks[size_t(l)];
+  Context::BlockActs view;
+  Context::BlockActs& a = acts(ctx, l, view);
   float *dres = dres_.f32(), *dln = dln_.f32(), *dfull = dfull_.f32();
   float* dlocal = sp ? dfull : dln;  // where entering's backward leaves d(norm output)
+  // Full recompute: the block's forward again, from its kept input into the workspace, with the
+  // same tensor-parallel collectives in the same order on every rank (all but the last leave).
+  if (ctx.recompute == Recompute::Full) block_forward(ctx, l, x, true);
   // dres holds d(res_out) on entry and d(x) on exit: the residual path is the identity and each
   // norm's backward adds its branch's contribution in place.
-  if (!p.up.empty()) mlp_backward(ctx, l);
-  if (p.decoder) cross_backward(ctx, l);
+  if (!p.up.empty()) mlp_backward(ctx, l, a);
+  if (p.decoder) cross_backward(ctx, l, a);
+  // Selective: the probabilities again (and the kept output, rewritten with the same values).
+  if (ctx.recompute == Recompute::Selective) self_attention(ctx, p, a);
 
   if (p.proj.bias_grad()) k_.bias_backward(p.proj.bias_grad(), dres, R, C, C);
   const float* dy = tp_.leave_backward(dres, dfull, BT, C);
@@ -368,23 +483,21 @@ void Transformer::block_backward(Context& ctx, int l, const float* x) {
 }
 
 // dres holds d(res_x) on entry and d(res_mid) on exit; the encoder output's gradient adds to denc_.
-void Transformer::cross_backward(Context& ctx, int l) {
+void Transformer::cross_backward(Context& ctx, int l, Context::BlockActs& a) {
   const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT), C = C_, Q = Hl_ * hd_;
   const int64_t KV = Hkvl_ * hd_;
   const bool sp = tp_.sequence_parallel();
   const Block& p = blocks_[size_t(l)];
-  Context::BlockActs& a = ctx.blocks[size_t(l)];
   float *dres = dres_.f32(), *dln = dln_.f32(), *dfull = dfull_.f32();
+  if (ctx.recompute == Recompute::Selective) cross_attention(ctx, p, a);
   if (p.xproj.bias_grad()) k_.bias_backward(p.xproj.bias_grad(), dres, R, C, C);
   const float* dy = tp_.leave_backward(dres, dfull, BT, C);
   p.xproj.backward(datt_.f32(), dy, a.xatt.f32(), BT, false);
   k_.zero(dxq_.f32(), BT * Q);
   k_.zero(dxkv_.f32(), BT * 2 * KV);
-  ops::AttentionShape shape = attention_shape(ctx, p);
-  shape.causal = false;  // every target position sees the whole (real) source
-  shape.key_len = ctx.lengths.empty() ? nullptr : ctx.lengths.data();
   k_.attention_backward(dxq_.f32(), dxkv_.f32(), dxkv_.f32() + KV, datt_.f32(), a.xq.f32(), Q,
-                        a.xkv.f32(), a.xkv.f32() + KV, 2 * KV, a.xprobs.f32(), shape);
+                        a.xkv.f32(), a.xkv.f32() + KV, 2 * KV, a.xprobs.f32(),
+                        cross_attention_shape(ctx, p));
   // Keys and values: gradient of the encoder output (summed over the decoder blocks).
   float* denc_full = denc_full_.f32();
   p.xkv.backward(denc_full, dxkv_.f32(), sp ? a.enc_full.f32() : encoder_output(ctx), BT);

@@ -11,6 +11,7 @@
 // communication.
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "trellis/core/tensor.h"
@@ -22,9 +23,26 @@
 
 namespace trellis {
 
+// What a training forward keeps for its backward (`--recompute`), a policy of each Context:
+//   None       everything a block's backward reads.
+//   Selective  not the attention probabilities (self and cross) nor the MLP's up-projection
+//              output and activation (the GELU/SwiGLU input and output): backward recomputes them
+//              from the kept q|k|v and norm output (Korthikanti et al. 2022, extended to the MLP).
+//   Full       only each block's output (the next block's input) and what crosses blocks (the
+//              chunk's input, an encoder-decoder's encoder output): each block's backward starts
+//              by running its forward again, tensor-parallel collectives included.
+// The recomputed values come from the same kernels on the same inputs, so a run is bitwise the
+// same under every policy. Whatever a Context does not keep lives in the model's workspace,
+// shared by all Contexts (one forward or backward runs at a time).
+enum class Recompute : uint8_t { None, Selective, Full };
+Recompute parse_recompute(const std::string& name);  // none | selective | full
+const char* recompute_name(Recompute r);
+
 // Everything one micro-batch's forward saves for its backward. "local" tensors hold this rank's
 // rows (all rows unless sequence parallelism splits them); "full" ones all B*T rows.
 struct Context {
+  // Set before Transformer::prepare, which sizes the buffers for it.
+  Recompute recompute = Recompute::None;
   int64_t B = 0, T = 0;
   std::vector<int32_t> tokens, targets;  // [B*T]
   // An encoder-decoder's source tokens [B*T] (empty: the encoder reads `tokens` too).
@@ -53,6 +71,10 @@ struct Context {
   // gradient of it that backward produces; stages before the last: the received output gradient.
   // Between decoder stages these carry the encoder's output as well: [hidden rows; encoder rows].
   Tensor input, dinput, doutput, carry;
+
+  // Bytes of the activation tensors this Context owns (model/activation_memory predicts them; the
+  // input vectors above — tokens, targets, lengths, labels, features — are not counted).
+  int64_t activation_bytes() const;
 };
 
 class Transformer {
@@ -87,6 +109,9 @@ class Transformer {
   // Vocabulary logits (true vocabulary only) at rows b*T + t of the batch, [rows.size(), vocab],
   // for sampling and decoding (the whole model on one rank).
   std::vector<float> logits_at(Context& ctx, const std::vector<int64_t>& rows);
+  // Bytes of the scratch the model shares between its Contexts: backward's gradient buffers and
+  // what recomputing Contexts do not keep (one block's worth); allocated by prepare and held.
+  int64_t workspace_bytes() const;
 
  private:
   struct Block {
@@ -100,15 +125,27 @@ class Transformer {
   void embed(const int32_t* tokens, const float* pos, float* out, const Context& ctx);
   void embed_backward(const int32_t* tokens, float* dpos, const Context& ctx);
   void decoder_start_forward(Context& ctx, const float* x_enc);
-  void cross_forward(Context& ctx, int l);
-  void cross_backward(Context& ctx, int l);
+  void cross_forward(Context& ctx, int l, Context::BlockActs& a);
+  void cross_backward(Context& ctx, int l, Context::BlockActs& a);
+  // Block l's activations as its forward and backward see them: ctx's own, or under a recompute
+  // policy a view mixing what ctx keeps with the workspace (work_) for the rest.
+  // `view` holds the mix (a local of the caller, so it shares no storage once the call is done).
+  Context::BlockActs& acts(Context& ctx, int l, Context::BlockActs& view);
+  // The attention probabilities and output from a.qkv (self) or a.xq and a.xkv (cross).
+  void self_attention(const Context& ctx, const Block& p, Context::BlockActs& a);
+  void cross_attention(const Context& ctx, const Block& p, Context::BlockActs& a);
+  ops::AttentionShape cross_attention_shape(const Context& ctx, const Block& p) const;
+  // The MLP's up projection and activation (a.up, a.act) from its input (the norm's output).
+  void mlp_activation(const Block& p, Context::BlockActs& a, const float* in, int64_t rows);
   // The encoder's output as this chunk sees it ([local rows, C]).
   const float* encoder_output(Context& ctx) const;
   void blocks_forward(Context& ctx);
-  void block_forward(Context& ctx, int l, const float* x);
+  // recompute: a full-recompute backward's rerun, which stops at the MLP's activation (backward
+  // needs nothing after it, and the block's output is kept).
+  void block_forward(Context& ctx, int l, const float* x, bool recompute = false);
   void head_forward(Context& ctx, const float* x);
   void block_backward(Context& ctx, int l, const float* x);
-  void mlp_backward(Context& ctx, int l);
+  void mlp_backward(Context& ctx, int l, Context::BlockActs& a);
   // The input of block i of the chunk.
   const float* block_input(Context& ctx, int i) const;
   void head_backward(Context& ctx);
@@ -136,6 +173,8 @@ class Transformer {
   // Scratch shared by all micro-batches (one forward or backward runs at a time).
   Tensor full_, dres_, dln_, dfull_, dqkv_, datt_, dup_, dact_;
   Tensor denc_, denc_full_, dxq_, dxkv_;  // cross-attention
+  // What recomputing Contexts do not keep (one block's worth; see acts()).
+  Context::BlockActs work_;
 };
 
 // Training FLOPs per token (forward + backward): 6 * params + attention's 12 * L * C * T.

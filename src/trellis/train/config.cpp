@@ -229,6 +229,12 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       make_key("sequence_parallel",
                "with tp > 1: split LayerNorm/residual activations along the sequence",
                &c.sequence_parallel),
+      make_key("recompute",
+               "activation recomputation: none (keep every activation), selective (drop attention "
+               "probabilities and the MLP's up projection and activation, recompute them in "
+               "backward) or full (keep only each block's input, rerun the block in backward); "
+               "bitwise the same results",
+               &c.recompute),
       make_key("zero", "ZeRO stage: 0 or 1 (shard optimizer state over dp)", &c.zero),
       make_key("bucket_mb", "gradient all-reduce bucket size in MiB", &c.bucket_mb),
       make_key("comm_timeout", "seconds a rank waits in one communication before aborting the job",

@@ -59,6 +59,8 @@ struct TrainConfig {
   std::string trace;              // write a Chrome trace of the first trace_steps steps here
   int64_t trace_steps = 3;
   bool sequence_parallel = false;  // split LayerNorm/residual regions along the sequence (tp > 1)
+  // What a training forward keeps for backward: none | selective | full (model/transformer.h).
+  std::string recompute = "none";
   int zero = 0;                    // 0 or 1 (ZeRO-1: shard optimizer state over dp)
   double bucket_mb = 25.0;         // gradient all-reduce bucket size
   double comm_timeout = 300.0;     // seconds any rank waits in one communication before aborting

@@ -245,7 +245,8 @@ Trainer::Trainer(TrainConfig cfg, Communicator& world)
         std::make_unique<Transformer>(*layout_, params_.data(), grads_.data(), *tp_, &c, compute_));
     chunk_models.push_back(models_.back().get());
   }
-  pipe_ = std::make_unique<Pipeline>(mesh_.pp_comm(), chunk_models, b_, T_);
+  pipe_ = std::make_unique<Pipeline>(mesh_.pp_comm(), chunk_models, b_, T_,
+                                     parse_recompute(cfg_.recompute));
   tied_ = std::make_unique<TiedWeights>(mesh_.pp_comm(), *layout_, cfg_.comm_timeout);
   batches_ = task_ ? make_task_batches(*task_, T_, G_, cfg_.seed, cfg_.shuffle)
                    : make_lm_batches(lm_data_, T_, G_, cfg_.seed, cfg_.shuffle);
@@ -658,7 +659,8 @@ void Trainer::log_step(int64_t step, const StepStats& st) {
                {"peak_rss_bytes_max", mem[1]},
                {"bubble", st.bubble},
                {"bubble_theory", theoretical_bubble(mesh_.pp(), int(accum_), V_)},
-               {"peak_micro_batches", st.peak_micro}},
+               {"peak_micro_batches", st.peak_micro},
+               {"activation_bytes", pipe_->activation_bytes()}},
               "train");
   if (!cfg_.quiet && (step % std::max<int64_t>(1, cfg_.log_every) == 0 || step == cfg_.steps)) {
     const double eta =

@@ -16,7 +16,7 @@ double now_s() {
 }  // namespace
 
 Pipeline::Pipeline(Communicator& pp_comm, std::vector<Transformer*> chunks, int64_t micro_batch,
-                   int64_t seq_len)
+                   int64_t seq_len, Recompute recompute)
     : comm_(pp_comm),
       chunks_(std::move(chunks)),
       pp_(pp_comm.size()),
@@ -24,7 +24,17 @@ Pipeline::Pipeline(Communicator& pp_comm, std::vector<Transformer*> chunks, int6
       global_chunks_(int(chunks_.size()) * pp_comm.size()),
       b_(micro_batch),
       T_(seq_len),
+      recompute_(recompute),
       pool_(chunks_.size()) {}
+
+int64_t Pipeline::activation_bytes() const {
+  int64_t n = 0;
+  for (size_t v = 0; v < chunks_.size(); ++v) {
+    n += chunks_[v]->workspace_bytes();
+    for (const Slot& s : pool_[v]) n += s.ctx->activation_bytes();
+  }
+  return n;
+}
 
 Context* Pipeline::acquire(int v) {
   release_finished(false);
@@ -35,6 +45,7 @@ Context* Pipeline::acquire(int v) {
     }
   pool_[size_t(v)].push_back({std::make_unique<Context>(), true});
   Context* ctx = pool_[size_t(v)].back().ctx.get();
+  ctx->recompute = recompute_;
   chunks_[size_t(v)]->prepare(*ctx, b_, T_);
   return ctx;
 }

@@ -32,8 +32,9 @@ class Pipeline {
  public:
   // chunks: this rank's model chunks by local index v (global chunk v * pp + rank). pp_comm:
   // the pipeline group (size 1 without pipeline parallelism).
+  // recompute: the policy of every micro-batch Context (what its forward keeps for backward).
   Pipeline(Communicator& pp_comm, std::vector<Transformer*> chunks, int64_t micro_batch,
-           int64_t seq_len);
+           int64_t seq_len, Recompute recompute = Recompute::None);
 
   // Loads micro-batch `micro` into ctx.tokens/targets; returns how many of its rows count.
   using Loader = std::function<int64_t(int micro, Context& ctx)>;
@@ -47,6 +48,9 @@ class Pipeline {
                     const Collector& collect = {});
 
   void record_trace(bool on) { tracing_ = on; }
+  // Activation memory of this rank: the Contexts the pool holds (as many as were ever alive at
+  // once) plus each chunk's workspace (model/activation_memory predicts both).
+  int64_t activation_bytes() const;
   std::vector<TraceEvent>& trace() { return trace_; }
 
  private:
@@ -58,6 +62,7 @@ class Pipeline {
   std::vector<Transformer*> chunks_;
   int pp_, rank_, global_chunks_;
   int64_t b_, T_;
+  Recompute recompute_;
   struct Slot {
     std::unique_ptr<Context> ctx;
     bool busy = false;
