@@ -1,0 +1,229 @@
+// model/activation_memory: the analytic activation bytes equal what the model allocates, for every
+// family, pipeline chunk kind, tensor-parallel slice and recompute policy; and how the model
+// relates to Korthikanti et al. 2022's per-layer formula, term by term.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "trellis/comm/communicator.h"
+#include "trellis/model/activation_memory.h"
+#include "trellis/model/config.h"
+#include "trellis/model/params.h"
+#include "trellis/model/transformer.h"
+#include "trellis/parallel/tensor_parallel.h"
+
+namespace trellis {
+namespace {
+
+// Rank 0 of a tensor-parallel pair whose partner mirrors it: an all-gather copies this rank's
+// rows into every slot, a reduce-scatter keeps this rank's slice, an all-reduce leaves the
+// buffer as it is. The values mean nothing; the shapes and allocations are a tp = 2 rank's.
+class MirrorComm final : public Communicator {
+ public:
+  class Done final : public Work {
+   public:
+    void wait() override {}
+    bool test() override { return true; }
+  };
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  int world_rank() const override { return 0; }
+  std::string backend() const override { return "mirror"; }
+  std::unique_ptr<Work> all_reduce_async(float*, size_t) override { return done(); }
+  std::unique_ptr<Work> reduce_scatter_async(const float* send, float* recv,
+                                             size_t count) override {
+    std::copy_n(send, count, recv);
+    return done();
+  }
+  std::unique_ptr<Work> all_gather_async(const float* send, float* recv, size_t count) override {
+    std::copy_n(send, count, recv);
+    std::copy_n(send, count, recv + count);
+    return done();
+  }
+  std::unique_ptr<Work> broadcast_async(float*, size_t, int) override { return done(); }
+  std::unique_ptr<Work> send_async(const float*, size_t, int, int) override { return done(); }
+  std::unique_ptr<Work> recv_async(float*, size_t, int, int) override { return done(); }
+  void all_reduce_sum(double*, size_t) override {}
+  void all_reduce_max(double*, size_t) override {}
+  void barrier() override {}
+  std::unique_ptr<Communicator> split(int, int) override { return nullptr; }
+  [[noreturn]] void abort(const std::string& msg, int) override { throw std::runtime_error(msg); }
+
+ private:
+  static std::unique_ptr<Work> done() { return std::make_unique<Done>(); }
+};
+
+struct Case {
+  std::string name;
+  ModelConfig cfg;
+};
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  auto add = [&](const std::string& name, ModelConfig c) {
+    c.vocab_size = 70;  // padded to 128 rows (64 per rank at tp = 2)
+    c.validate();
+    out.push_back({name, c});
+  };
+  add("gpt2", model_preset("tiny"));              // LayerNorm, GELU with fused bias, tied head
+  add("llama", model_preset("llama-tiny"));       // RMSNorm, RoPE, GQA, SwiGLU, untied head
+  ModelConfig cls = model_preset("encoder-tiny");  // bidirectional encoder classifier
+  cls.num_classes = 3;
+  add("encoder_cls", cls);
+  ModelConfig attn_only = model_preset("encoder-tiny");
+  attn_only.mlp = MlpKind::None;
+  add("encoder_no_mlp", attn_only);
+  add("encdec", model_preset("encdec-tiny"));  // blocks 0-1 encoder, 2-3 decoder
+  return out;
+}
+
+// The chunks a pipeline may give a rank: the whole model, a first and a last stage, and for the
+// encoder-decoder the stage where the decoder starts, one after it, and one passing the
+// encoder's output on.
+std::vector<StageSpec> chunks(const ModelConfig& cfg) {
+  std::vector<StageSpec> out = {StageSpec::whole(cfg)};
+  const int n = cfg.total_layers();
+  StageSpec first, last;
+  for (int l = 0; l < n; ++l) (l < n / 2 ? first : last).layers.push_back(l);
+  first.head = false, last.embedding = false;
+  out.push_back(first), out.push_back(last);
+  if (cfg.encoder_decoder()) {
+    out.push_back({{1, 2}, false, false});  // decoder start inside, carries out
+    out.push_back({{3}, false, true});      // carries in, ends with the head
+    out.push_back({{2}, false, false});     // starts the decoder, passes the encoder's output on
+  }
+  return out;
+}
+
+// Fills what a forward reads (tokens, targets, labels, a previous stage's input, a next stage's
+// gradient) with valid values.
+void fill_inputs(const ModelConfig& cfg, Context& ctx) {
+  for (size_t i = 0; i < ctx.tokens.size(); ++i) {
+    ctx.tokens[i] = int32_t(i * 7 % size_t(cfg.vocab_size));
+    ctx.targets[i] = int32_t(i * 3 % size_t(cfg.vocab_size));
+  }
+  if (cfg.num_classes > 0) ctx.labels.assign(size_t(ctx.B), 1);
+  for (Tensor* t : {&ctx.input, &ctx.doutput})
+    for (int64_t i = 0; i < t->numel(); ++i) t->f32()[i] = 0.01f * float(i % 13);
+}
+
+TEST(ActivationMemory, EqualsWhatTheModelAllocates) {
+  const int64_t B = 2, T = 8;
+  MirrorComm mirror;
+  int checked = 0;
+  for (const Case& c : cases()) {
+    for (const StageSpec& chunk : chunks(c.cfg)) {
+      for (int tp : {1, 2}) {
+        for (bool sp : {false, true}) {
+          if (sp && (tp == 1 || !c.cfg.lm_head())) continue;  // classifiers refuse SP
+          for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+            SCOPED_TRACE(c.name + " layers " + std::to_string(chunk.layers.front()) + ".." +
+                         std::to_string(chunk.layers.back()) + " emb " +
+                         std::to_string(chunk.embedding) + " head " + std::to_string(chunk.head) +
+                         " tp " + std::to_string(tp) + (sp ? " sp" : "") + " " +
+                         recompute_name(rc));
+            const ParamLayout layout(c.cfg, tp, 0, &chunk);
+            std::vector<float> params(layout.size()), grads(layout.size(), 0.0f);
+            init_params(layout, 5, params.data());
+            TensorParallel group(tp == 1 ? nullptr : &mirror, sp);
+            Transformer model(layout, params.data(), grads.data(), group, &chunk);
+            Context ctx;
+            ctx.recompute = rc;
+            model.prepare(ctx, B, T);
+            fill_inputs(c.cfg, ctx);
+            const ActivationMemory want =
+                activation_memory(c.cfg, chunk, B, T, tp, sp, rc, DType::F32);
+            model.forward(ctx, 1.0f / float(B * T));
+            EXPECT_EQ(ctx.activation_bytes(), want.context);
+            int64_t blocks = 0;
+            for (int l : chunk.layers)
+              blocks += block_activation_bytes(c.cfg, c.cfg.encoder_decoder() && l >= c.cfg.n_layer,
+                                               B, T, tp, sp, rc);
+            EXPECT_EQ(blocks, want.blocks);
+            model.backward(ctx, true);
+            EXPECT_EQ(ctx.activation_bytes(), want.context);  // backward allocates nothing
+            EXPECT_EQ(model.workspace_bytes(), want.workspace);
+            // bf16 GEMMs change no activation buffer.
+            EXPECT_EQ(activation_memory(c.cfg, chunk, B, T, tp, sp, rc, DType::BF16).context,
+                      want.context);
+            ++checked;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 100);
+}
+
+// Recomputing keeps less: full keeps only each block's output; selective keeps everything but
+// the attention probabilities and the MLP's up projection and activation.
+TEST(ActivationMemory, RecomputeKeepsLessAndTheWorkspaceHoldsTheRest) {
+  const ModelConfig cfg = [] {
+    ModelConfig c = model_preset("gpt2");
+    c.vocab_size = 50257;
+    return c;
+  }();
+  const int64_t B = 4, T = 1024, C = cfg.n_embd, H = cfg.n_head, BT = B * T;
+  const StageSpec whole = StageSpec::whole(cfg);
+  const ActivationMemory none = activation_memory(cfg, whole, B, T, 1, false, Recompute::None);
+  const ActivationMemory sel = activation_memory(cfg, whole, B, T, 1, false, Recompute::Selective);
+  const ActivationMemory full = activation_memory(cfg, whole, B, T, 1, false, Recompute::Full);
+  const int64_t L = cfg.n_layer, dropped_sel = 4 * (B * H * T * T + BT * 4 * C * 2);
+  EXPECT_EQ(none.blocks - sel.blocks, L * dropped_sel);
+  EXPECT_EQ(full.blocks, L * 4 * BT * C);
+  EXPECT_EQ(sel.workspace - none.workspace, dropped_sel);
+  EXPECT_EQ(none.context - none.blocks, full.context - full.blocks);  // outside blocks: the same
+}
+
+// Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models"),
+// Table 2: activation bytes per transformer layer with fp16 activations and 1-byte dropout masks,
+// s = sequence, b = micro-batch, h = width, a = heads, t = tensor-parallel size. trellis on a
+// Megatron-like block (LayerNorm, GELU, 4h MLP, biases) keeps the same tensors except:
+//   - fp32, not fp16: every kept tensor counts 4 bytes per element, not 2;
+//   - no dropout: no masks (sbh + sbh, and as^2b of attention's) and no dropout output (2as^2b);
+//   - each LayerNorm keeps its mean and rstd (2 floats per row; 2 norms: 16sb bytes per layer,
+//     /t under SP); the paper leaves these out;
+//   - under sequence parallelism trellis keeps both norms' all-gathered outputs (the inputs of the
+//     column-parallel GEMMs' weight gradients: 2 x 4sbh bytes, not /t) next to their local rows,
+//     where Megatron keeps only the local rows and all-gathers again in backward;
+//   - selective recompute here drops the MLP's up projection and GELU output too (2 x 4h per
+//     row), not only the attention core, so it keeps 16 fewer fp16-equivalent bytes per sbh/t;
+//   - full recompute keeps each block's output (the next block's input), 4sbh/t bytes under SP.
+TEST(ActivationMemory, RelatesToMegatronsPerLayerFormulaTermByTerm) {
+  ModelConfig cfg = model_preset("gpt2-medium");  // h 1024, a 16, LayerNorm, GELU, biases
+  cfg.vocab_size = 50257;
+  const int64_t s = 1024, b = 4, h = cfg.n_embd, a = cfg.n_head;
+  ASSERT_EQ(cfg.ffn(), 4 * h);
+  for (int64_t t : {1, 2, 4}) {
+    SCOPED_TRACE("t = " + std::to_string(t));
+    const int64_t sbh = s * b * h, as2b = a * s * s * b, sb = s * b;
+    // Megatron's formulas, in bytes (the paper's sbh(...) with the fractions multiplied out).
+    const int64_t tp_only = sbh * 10 + sbh * 24 / t + 5 * as2b / t;  // t = 1: sbh(34 + 5as/h)
+    const int64_t tp_sp = sbh * 34 / t + 5 * as2b / t;
+    const int64_t tp_sp_selective = sbh * 34 / t;
+    const int64_t full = 2 * sbh;
+    auto trellis = [&](bool sp, Recompute rc) {
+      return block_activation_bytes(cfg, false, b, s, int(t), sp, rc);
+    };
+    // Without SP: the 10sbh replicated = LN inputs 4 + LN outputs 4 + masks 2; 24/t the rest.
+    EXPECT_EQ(trellis(false, Recompute::None), 2 * (tp_only - 2 * sbh - 3 * as2b / t) + 16 * sb);
+    if (t == 1) {
+      EXPECT_EQ(trellis(false, Recompute::None), 2 * (sbh * 34 + 5 * as2b - 2 * sbh - 3 * as2b) +
+                                                     16 * sb);
+      EXPECT_EQ(trellis(false, Recompute::Full), 2 * full);
+      continue;  // sequence parallelism needs t > 1
+    }
+    EXPECT_EQ(trellis(true, Recompute::None),
+              2 * (tp_sp - 2 * sbh / t - 3 * as2b / t) + 16 * sb / t + 8 * sbh);
+    EXPECT_EQ(trellis(true, Recompute::Selective),
+              2 * (tp_sp_selective - 2 * sbh / t - 16 * sbh / t) + 16 * sb / t + 8 * sbh);
+    EXPECT_EQ(trellis(true, Recompute::Full), 2 * full / t);
+    EXPECT_EQ(trellis(false, Recompute::Full), 2 * full);
+  }
+}
+
+}  // namespace
+}  // namespace trellis
