@@ -93,6 +93,88 @@ def read_safetensors(path):
     return out
 
 
+def _global_index(i, shape, split_dim, parts, tp, tp_rank):
+    """Global flat index of element i of tp rank tp_rank's slice (ParamSpec::global_index)."""
+    import numpy as np
+    if split_dim < 0:
+        return i
+    inner = int(np.prod(shape[split_dim + 1:], dtype=np.int64))
+    Dg = shape[split_dim]
+    D = Dg // tp
+    o, d, rest = i // (D * inner), (i // inner) % D, i % inner
+    pl, pg = D // parts, Dg // parts
+    gd = d // pl * pg + tp_rank * pl + d % pl
+    return (o * Dg + gd) * inner + rest
+
+
+def checkpoint_tensors(step_dir, state="params"):
+    """{name: numpy array} of one state ("params", "exp_avg", ...) of a checkpoint as one process
+    holds the model (the true vocabulary rows, as model.safetensors has them). A sharded
+    checkpoint is assembled from its index with an implementation of its own, which checks that
+    the pieces hold every element exactly once; a whole-file one is read from model.safetensors /
+    optimizer.safetensors."""
+    import numpy as np
+    index_path = os.path.join(step_dir, "index.json")
+    if not os.path.exists(index_path):
+        if state == "params":
+            return read_safetensors(os.path.join(step_dir, "model.safetensors"))
+        opt = read_safetensors(os.path.join(step_dir, "optimizer.safetensors"))
+        return {k[len(state) + 1:]: v for k, v in opt.items() if k.startswith(state + ".")}
+    with open(index_path) as f:
+        index = json.load(f)
+    if state not in index["states"]:
+        fail(f"{step_dir}: no state {state} (has {index['states']})")
+    files = {}
+    out = {}
+    for name, t in index["tensors"].items():
+        shape, split, parts = t["shape"], t["split_dim"], t["parts"]
+        n = int(np.prod(shape, dtype=np.int64))
+        whole = np.zeros(n, dtype=np.float32)
+        held = np.zeros(n, dtype=np.int64)
+        for p in t["pieces"]:
+            if p["file"] not in files:
+                files[p["file"]] = read_safetensors(os.path.join(step_dir, p["file"]))
+            tp, r = (p["tp"], p["tp_rank"]) if split >= 0 else (1, 0)
+            i = np.arange(p["begin"], p["end"], dtype=np.int64)
+            g = _global_index(i, shape, split, parts, tp, r)
+            whole[g] = files[p["file"]][state][p["at"]:p["at"] + len(i)]
+            np.add.at(held, g, 1)
+        if not (held == 1).all():
+            fail(f"{step_dir}: {name}: {int((held == 0).sum())} elements held by no piece, "
+                 f"{int((held > 1).sum())} by several")
+        rows = t["export_rows"] if t["export_rows"] >= 0 else shape[0]
+        out[name] = whole.reshape(shape)[:rows]
+    return out
+
+
+def checkpoint_optimizer(step_dir):
+    """The optimizer state of a checkpoint as optimizer.safetensors names it: {state.name: array}."""
+    index_path = os.path.join(step_dir, "index.json")
+    if not os.path.exists(index_path):
+        return read_safetensors(os.path.join(step_dir, "optimizer.safetensors"))
+    with open(index_path) as f:
+        states = json.load(f)["states"]
+    return {f"{s}.{k}": v for s in states if s != "params"
+            for k, v in checkpoint_tensors(step_dir, s).items()}
+
+
+def checkpoint_bytes(step_dir, what="params"):
+    """The bytes of a checkpoint's parameters ("params") or optimizer state ("optimizer"), named
+    and in name order: equal bytes iff bitwise equal tensors, whatever the files' layout."""
+    arrays = checkpoint_tensors(step_dir) if what == "params" else checkpoint_optimizer(step_dir)
+    return b"".join(k.encode() + b"\0" + arrays[k].tobytes() for k in sorted(arrays))
+
+
+def same_checkpoint(a, b):
+    """Whether two checkpoints hold bitwise equal parameters and optimizer state."""
+    import numpy as np
+    pa, pb = checkpoint_tensors(a), checkpoint_tensors(b)
+    oa, ob = checkpoint_optimizer(a), checkpoint_optimizer(b)
+    return (pa.keys() == pb.keys() and oa.keys() == ob.keys() and
+            all(np.array_equal(pa[k], pb[k]) for k in pa) and
+            all(np.array_equal(oa[k], ob[k]) for k in oa))
+
+
 def rel_err(a, b):
     """Norm-wise relative error ||a - b|| / ||b||."""
     import numpy as np
@@ -155,7 +237,7 @@ class LayoutCheck:
 
     def _result(self, out):
         train, val = metrics(out)
-        params = read_safetensors(os.path.join(out, f"step_{self.steps:08d}", "model.safetensors"))
+        params = checkpoint_tensors(os.path.join(out, f"step_{self.steps:08d}"))
         return [r["loss"] for r in train], [v["val_loss"] for v in val], params
 
     def check(self, name, ranks, layout_args, launch=mpirun):

@@ -3,7 +3,7 @@ import json
 import os
 import xml.etree.ElementTree as ET
 
-from trellis_test import read_safetensors, check, fresh_dir, metrics, run, write_text_corpus, SOURCE, TMP
+from trellis_test import checkpoint_tensors, check, fresh_dir, metrics, run, write_text_corpus, SOURCE, TMP
 
 out, _ = run(["train", "--help"])
 for flag in ["--model", "--data", "--out", "--steps", "--batch-size", "--micro-batch-size",
@@ -43,8 +43,8 @@ out2, _ = run(["train", "--model", "tiny", "--data", data, "--out", set_dir, "--
                "--batch-size", 4, "--seq-len", 32, "--threads", 2, "--val-every", 0,
                "--peak-gflops-per-core", 40])
 check("of 40 GFLOP/s/core (peak_gflops_per_core)" in out2, "a peak set by the user is named")
-n_params = sum(t.size for t in read_safetensors(
-    os.path.join(set_dir, "step_00000003", "model.safetensors")).values())
+n_params = sum(t.size for t in checkpoint_tensors(
+    os.path.join(set_dir, "step_00000003")).values())
 row = metrics(set_dir)[0][-1]
 want = row["tokens_per_s"] * (6 * n_params + 12 * 2 * 32 * 32) / (40e9 * 2)
 check(abs(row["mfu"] - want) <= 1e-9 * want, f"mfu is computed against that peak ({row['mfu']:.4f})")

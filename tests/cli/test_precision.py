@@ -18,7 +18,7 @@
 TRELLIS_ISA from the environment is cleared: every cap here is set by the test."""
 import os
 
-from trellis_test import (TMP, check, cpu_has_bf16, fresh_dir, metrics, mpirun, run,
+from trellis_test import (TMP, check, checkpoint_bytes, cpu_has_bf16, fresh_dir, metrics, mpirun, run,
                           write_text_corpus)
 
 os.environ.pop("TRELLIS_ISA", None)
@@ -56,7 +56,7 @@ def result(out):
     """Per-step losses, validation losses, final weights (bytes)."""
     train_rows, val_rows = metrics(out)
     return ([r["loss"] for r in train_rows], [v["val_loss"] for v in val_rows],
-            read(os.path.join(out, "step_00000020", "model.safetensors")))
+            checkpoint_bytes(os.path.join(out, "step_00000020")))
 
 
 def header_precision(stdout):
@@ -126,9 +126,9 @@ check([r["loss"] for r in a_rows] == [r["loss"] for r in s_rows],
 check([r["lr"] for r in a_rows] == [r["lr"] for r in s_rows], "(a) learning rates equal")
 check(len(a_val) == 4 and [v["val_loss"] for v in a_val] == [v["val_loss"] for v in s_val],
       "(a) validation losses at steps 5, 10, 15, 20 equal")
-for f in ("model.safetensors", "optimizer.safetensors"):
-    check(read(os.path.join(b_dir, "step_00000020", f)) ==
-          read(os.path.join(split, "step_00000020", f)), f"(a) final {f} bitwise equal")
+for f in ("params", "optimizer"):
+    check(checkpoint_bytes(os.path.join(b_dir, "step_00000020"), f) ==
+          checkpoint_bytes(os.path.join(split, "step_00000020"), f), f"(a) final {f} bitwise equal")
 
 # ---- (b) TRELLIS_ISA=avx512 + --precision bf16: the fallback ----
 c_out, c_err, c_dir = train("bf16_avx512", "bf16", isa="avx512")

@@ -1,5 +1,5 @@
 """Resume: 20 steps in one go == 10 steps, stop, resume for 10 more (bitwise equal losses)."""
-from trellis_test import check, fresh_dir, metrics, run, write_text_corpus, TMP
+from trellis_test import check, fresh_dir, same_checkpoint, metrics, run, write_text_corpus, TMP
 import os
 
 corpus = fresh_dir("corpus")
@@ -24,6 +24,5 @@ check([r["step"] for r in b] == list(range(1, 21)), "resumed run logs steps 1..2
 check([r["loss"] for r in a] == [r["loss"] for r in b], "losses bitwise equal over 20 steps")
 check([r["lr"] for r in a] == [r["lr"] for r in b], "learning rates equal (schedule resumes)")
 check([r["val_loss"] for r in va] == [r["val_loss"] for r in vb], "validation losses equal")
-with open(os.path.join(full, "step_00000020", "model.safetensors"), "rb") as f1, \
-        open(os.path.join(split, "step_00000020", "model.safetensors"), "rb") as f2:
-    check(f1.read() == f2.read(), "final model.safetensors bitwise equal")
+check(same_checkpoint(os.path.join(full, "step_00000020"), os.path.join(split, "step_00000020")),
+      "final parameters and optimizer state bitwise equal")

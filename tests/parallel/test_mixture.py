@@ -15,7 +15,8 @@ covered too.
 import os
 import struct
 
-from trellis_test import (TMP, LayoutCheck, check, fresh_dir, metrics, run, write_text_corpus)
+from trellis_test import (TMP, LayoutCheck, check, fresh_dir, metrics, run, same_checkpoint,
+                          write_text_corpus)
 
 
 def expect_error(args, *needles):
@@ -106,9 +107,8 @@ check([r["step"] for r in sa] == list(range(1, 11)), "the resumed mixture logs s
 check([r["loss"] for r in fa] == [r["loss"] for r in sa], "resumed mixture losses bitwise equal")
 check([(r["val_loss/A"], r["val_loss/B"]) for r in fva] ==
       [(r["val_loss/A"], r["val_loss/B"]) for r in sva], "and its per-dataset val losses")
-with open(os.path.join(full, "step_00000010", "model.safetensors"), "rb") as f1, \
-        open(os.path.join(split, "step_00000010", "model.safetensors"), "rb") as f2:
-    check(f1.read() == f2.read(), "final model.safetensors bitwise equal")
+check(same_checkpoint(os.path.join(full, "step_00000010"), os.path.join(split, "step_00000010")),
+      "final parameters and optimizer state bitwise equal")
 
 # Bad mixtures.
 one_step = base + ["--steps", 1, "--out", fresh_dir("bad")]

@@ -22,7 +22,7 @@ import torch  # noqa: E402
 
 from reference import torch_encoder, torch_gpt, torch_llama  # noqa: E402
 from reference.torch_gpt import load_safetensors, read_split, windows  # noqa: E402
-from trellis_test import check, fresh_dir, metrics, run, write_text_corpus, TMP  # noqa: E402
+from trellis_test import check, checkpoint_tensors, fresh_dir, metrics, run, write_text_corpus, TMP  # noqa: E402
 
 TOL = 1e-5
 T, B = 32, 4
@@ -188,7 +188,7 @@ out, stdout, _ = train("gpt2_f32_steps0", d_f32, "--steps", 0, quiet=False)
 n = len(torch_gpt.param_shapes(GPT_CFG))
 check(f"trellis: initialised from {d_f32} ({n} tensors)\n" in stdout,
       f"train says where the weights come from: {n} tensors")
-saved = load_safetensors(os.path.join(out, "step_00000000", "model.safetensors"))
+saved = checkpoint_tensors(os.path.join(out, "step_00000000"))
 check(sorted(saved) == sorted(w) and all(np.array_equal(saved[k], w[k].numpy()) for k in w),
       "the step-0 checkpoint holds exactly the directory's weights")
 
@@ -229,7 +229,7 @@ stdout, _ = run(["train", "--init-from", d_f16, "--data", task, "--out", out, "-
                  "--batch-size", 4, "--threads", 2, "--tensorboard=false"])
 check(f"trellis: initialised from {d_f16} ({n} tensors; task head score.weight initialised)"
       in stdout, "a classifier reports its new head")
-saved = load_safetensors(os.path.join(out, "step_00000000", "model.safetensors"))
+saved = checkpoint_tensors(os.path.join(out, "step_00000000"))
 w16 = {k: rounded("F16", v) for k, v in gpt_params.items()}
 check(sorted(saved) == sorted(list(w16) + ["score.weight"]) and saved["score.weight"].shape ==
       (2, 32) and all(np.array_equal(saved[k], w16[k].numpy()) for k in w16),
@@ -244,7 +244,7 @@ stdout, _ = run(["train", "--init-from", d_enc, "--data", task, "--out", out, "-
                  "--batch-size", 4, "--threads", 2, "--tensorboard=false"])
 check(f"({len(w)} tensors; task head classifier.weight, classifier.bias initialised)" in stdout,
       "an encoder classifier reports both head tensors")
-saved = load_safetensors(os.path.join(out, "step_00000000", "model.safetensors"))
+saved = checkpoint_tensors(os.path.join(out, "step_00000000"))
 check(all(np.array_equal(saved[k], w[k].numpy()) for k in w) and "classifier.bias" in saved,
       "the encoder classifier holds DIR's body exactly")
 

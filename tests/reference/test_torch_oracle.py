@@ -68,6 +68,7 @@ import torch  # noqa: E402
 
 from reference import torch_encoder, torch_gpt, torch_llama  # noqa: E402
 from reference.torch_gpt import load_safetensors, read_split, read_tokens, windows  # noqa: E402
+from trellis_test import checkpoint_optimizer, checkpoint_tensors  # noqa: E402
 
 TOL = 1e-5
 THREADS = "2"
@@ -527,8 +528,8 @@ def check_train(case, fam, datadir, steps, G, T, micro=0, optimizer="adamw", see
              f"rounding noise; {culprit}; choose other inputs (seed, batch)")
         ok = False
 
-    final = load_safetensors(os.path.join(final_dir, "model.safetensors"))
-    init_arrays = load_safetensors(os.path.join(init, "step_00000000", "model.safetensors"))
+    final = checkpoint_tensors(final_dir)
+    init_arrays = checkpoint_tensors(os.path.join(init, "step_00000000"))
     worst_p, worst_pn, n_p = 0.0, "", 0
     worst_k = None  # largest key-bias drift / query-bias drift (None: no key bias)
     for name, p in params.items():
@@ -584,12 +585,11 @@ def check_train(case, fam, datadir, steps, G, T, micro=0, optimizer="adamw", see
     # optimizer state: trellis names it like torch (exp_avg.<name>, ...); every state tensor torch
     # has must be in the checkpoint and match, and at least one must be compared
     worst_o, worst_on, n_state, n_want = 0.0, "", 0, 0
-    opath = os.path.join(final_dir, "optimizer.safetensors")
-    if not os.path.exists(opath):
-        fail(f"{case}: the final checkpoint has no optimizer state ({opath})")
+    ostate = checkpoint_optimizer(final_dir)
+    if not ostate:
+        fail(f"{case}: the final checkpoint has no optimizer state ({final_dir})")
         ok = False
     else:
-        ostate = load_safetensors(opath)
         missing = []
         for name, p in params.items():
             wz = whole_zero_grad(fam, name, cfg, tuple(p.shape))

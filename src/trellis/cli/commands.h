@@ -22,5 +22,6 @@ Command add_bleu_command(CLI::App& app);
 Command add_classify_command(CLI::App& app);
 Command add_translate_command(CLI::App& app);
 Command add_launch_command(CLI::App& app);
+Command add_export_command(CLI::App& app);
 
 }  // namespace trellis

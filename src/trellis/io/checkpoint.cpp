@@ -9,6 +9,7 @@
 #include "trellis/core/error.h"
 #include "trellis/io/atomic_file.h"
 #include "trellis/io/safetensors.h"
+#include "trellis/io/sharded_checkpoint.h"
 #include "trellis/model/family.h"
 
 namespace fs = std::filesystem;
@@ -197,16 +198,25 @@ std::string save_checkpoint(const std::string& out_dir, int64_t step, const Chec
   return final_dir.string();
 }
 
-std::string find_latest_checkpoint(const std::string& out_dir) {
+std::string find_latest_checkpoint(const std::string& out_dir, std::vector<std::string>* skipped) {
   if (!fs::is_directory(out_dir)) return {};
   std::vector<std::string> found;
   for (const auto& e : fs::directory_iterator(out_dir)) {
     const std::string name = e.path().filename().string();
-    if (e.is_directory() && name.rfind("step_", 0) == 0 && fs::exists(e.path() / "state.json"))
-      found.push_back(e.path().string());
+    if (e.is_directory() && name.rfind("step_", 0) == 0) found.push_back(e.path().string());
   }
-  if (found.empty()) return {};
-  return *std::max_element(found.begin(), found.end());
+  std::sort(found.rbegin(), found.rend());
+  for (const std::string& dir : found) {
+    const std::string why = checkpoint_incomplete(dir);
+    if (why.empty()) return dir;
+    if (skipped) skipped->push_back(why);
+  }
+  return {};
+}
+
+std::string checkpoint_config_json(const ModelConfig& model, const TokenizerInfo& tokenizer,
+                                   const nlohmann::json& task) {
+  return dump_json(hf_config(model, tokenizer, task));
 }
 
 ModelConfig read_model_config(const std::string& config_path) {
@@ -239,6 +249,27 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
     ck.tokenizer.kind = ck.model.vocab_size == 50257 ? "gpt2" : "byte";
   }
   const ParamLayout layout(ck.model);
+  if (is_sharded_checkpoint(dir)) {
+    // The whole model (tp = 1, every stage) from the shards, one state at a time.
+    CheckpointReader reader(dir);
+    // Before allocating what config.json describes: the shards must be able to fill it.
+    TRELLIS_REQUIRE(reader.saved_elements() >= layout.count(),
+                    "{}/index.json: {} elements per state cannot hold the {} parameters that {} "
+                    "describes",
+                    dir, reader.saved_elements(), layout.count(), cfg_path);
+    ck.params.assign(layout.size(), 0.0f);
+    reader.read(layout, {{0, layout.size()}}, "params", ck.params.data());
+    if (!with_optimizer) return ck;
+    const std::string state_path = (fs::path(dir) / "state.json").string();
+    ck.state = parse_checkpoint_state(read_file(state_path), state_path);
+    for (const std::string& s : reader.states()) {
+      if (s == "params") continue;
+      std::vector<float> buf(layout.size(), 0.0f);
+      reader.read(layout, {{0, layout.size()}}, s, buf.data());
+      ck.optimizer.buffers.emplace_back(s, std::move(buf));
+    }
+    return ck;
+  }
   const std::string model_path = (fs::path(dir) / "model.safetensors").string();
   // Before allocating what config.json describes: the weights must be there to fill it.
   std::error_code ec;

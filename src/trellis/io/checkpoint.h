@@ -1,8 +1,10 @@
 #pragma once
-// Checkpoints: OUT/step_NNNNNNNN/ with model.safetensors (the family's Hugging Face names and
-// layouts), config.json (its HF config plus a "trellis" section), optimizer.safetensors (moments per
-// parameter, same names) and state.json (step, data position, RNG, training config). The
-// directory is written under a temporary name and renamed into place.
+// Checkpoints: OUT/step_NNNNNNNN/ with config.json (the family's HF config plus a "trellis"
+// section), state.json (step, data position, RNG, training config) and the tensors: sharded (one
+// file per rank plus index.json, io/sharded_checkpoint.h: what training writes) or whole-file
+// (model.safetensors with the family's Hugging Face names and layouts, optimizer.safetensors with
+// moments per parameter, same names: what trellis wrote before sharding, and `trellis export`'s
+// model part). The directory is written under a temporary name and renamed into place.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -37,8 +39,14 @@ struct CheckpointData {
 std::string checkpoint_dir_name(int64_t step);
 // Writes OUT/step_NNNNNNNN atomically; returns its path.
 std::string save_checkpoint(const std::string& out_dir, int64_t step, const CheckpointData& ck);
-// Newest OUT/step_* that holds a state.json; empty if none.
-std::string find_latest_checkpoint(const std::string& out_dir);
+// Newest complete OUT/step_* (checkpoint_incomplete is empty); empty if none. Newer incomplete
+// ones are passed over, each with one line naming what is missing in `skipped`.
+std::string find_latest_checkpoint(const std::string& out_dir,
+                                   std::vector<std::string>* skipped = nullptr);
+// config.json's text for a checkpoint of this model (its family's Hugging Face keys plus the
+// "trellis" section).
+std::string checkpoint_config_json(const ModelConfig& model, const TokenizerInfo& tokenizer,
+                                   const nlohmann::json& task);
 // The model a config.json describes: its family's Hugging Face keys (model_type picks the
 // family), plus vocabulary padding and block choices from the "trellis" section of the configs
 // trellis writes. Input errors name the file and key.
@@ -47,8 +55,8 @@ ModelConfig read_model_config(const std::string& config_path);
 ModelConfig parse_model_config(const std::string& text, const std::string& path);
 // A state.json: a JSON object whose "step" is a non-negative integer. Input errors name the file.
 nlohmann::json parse_checkpoint_state(const std::string& text, const std::string& path);
-// Loads and validates (names, shapes, config). with_optimizer: also optimizer.safetensors and
-// state.json.
+// Loads and validates (names, shapes, config), whole-file or sharded (then the whole model is
+// assembled from the shards). with_optimizer: also the optimizer state and state.json.
 CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer);
 
 }  // namespace trellis

@@ -13,6 +13,7 @@
 #include "trellis/io/atomic_file.h"
 #include "trellis/io/checkpoint.h"
 #include "trellis/io/safetensors.h"
+#include "trellis/io/sharded_checkpoint.h"
 
 namespace fs = std::filesystem;
 
@@ -43,7 +44,8 @@ struct TensorFiles {
 // model.safetensors.index.json.
 void require_weight_files(const std::string& dir) {
   TRELLIS_REQUIRE(fs::exists(fs::path(dir) / "model.safetensors") ||
-                      fs::exists(fs::path(dir) / "model.safetensors.index.json"),
+                      fs::exists(fs::path(dir) / "model.safetensors.index.json") ||
+                      is_sharded_checkpoint(dir),
                   "{}: no model.safetensors or model.safetensors.index.json", dir);
 }
 
@@ -133,6 +135,30 @@ ModelConfig pretrained_model_config(const std::string& dir) {
 PretrainedReport load_pretrained(const std::string& dir, const ParamLayout& global, float* params) {
   TRELLIS_CHECK(global.tp() == 1, "load_pretrained needs the tp = 1 layout");
   TRELLIS_REQUIRE(fs::is_directory(dir), "{}: --init-from directory not found", dir);
+  if (is_sharded_checkpoint(dir)) {
+    // A trellis training checkpoint (any layout): its tensors by name, the true vocabulary rows.
+    CheckpointReader reader(dir);
+    for (const std::string& name : reader.tensor_names())
+      TRELLIS_REQUIRE(global.has(name),
+                      "{}: tensor '{}' is not part of the configured {} model (another "
+                      "architecture or block choice than its config.json says?)",
+                      dir, name, global.config().arch);
+    PretrainedReport report;
+    for (const ParamSpec& s : global.specs()) {
+      if (s.tied_copy) continue;
+      if (!reader.has_tensor(s.name)) {
+        TRELLIS_REQUIRE(is_task_head(s), "{}: missing tensor '{}' (the model needs it)", dir,
+                        s.name);
+        report.initialised.push_back(s.name);
+        continue;
+      }
+      const size_t rows = size_t(s.export_rows >= 0 ? s.export_rows : s.shape[0]);
+      const size_t n = s.numel() / size_t(s.shape[0]) * rows;
+      reader.read(global, {{s.offset, s.offset + n}}, "params", params + s.offset);
+      report.loaded.push_back(s.name);
+    }
+    return report;
+  }
   const TensorFiles files = open_tensor_files(dir);
   const bool gpt2 = global.config().arch == std::string("gpt2");
   const bool classifier = std::any_of(global.specs().begin(), global.specs().end(), is_task_head);

@@ -59,6 +59,14 @@ struct ParamSpec {
   int64_t global_index(int64_t i, int tp_rank) const;
 };
 
+// A range [begin, end) of a layout's flat buffer. What a rank owns under ZeRO (its optimizer
+// state, its checkpoint pieces) is a list of them, its data held compact: the ranges' elements
+// concatenated in order.
+struct FlatRange {
+  size_t begin = 0, end = 0;
+  size_t size() const { return end - begin; }
+};
+
 // The part of the model a pipeline rank holds: some blocks, maybe the embedding (first stage),
 // maybe the final norm and head (last stage). A stage that uses the token embedding without owning
 // it (a tied head; an encoder-decoder's decoder start) holds its own copy.
