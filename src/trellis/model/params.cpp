@@ -311,4 +311,10 @@ void scatter_to_global(const ParamLayout& local, const ParamLayout& global, cons
   for_each_global(local, global, [&](size_t l, size_t g) { dst[g] = src[l]; });
 }
 
+size_t total_size(const std::vector<FlatRange>& ranges) {
+  size_t n = 0;
+  for (const FlatRange& r : ranges) n += r.size();
+  return n;
+}
+
 }  // namespace trellis

@@ -66,6 +66,7 @@ struct FlatRange {
   size_t begin = 0, end = 0;
   size_t size() const { return end - begin; }
 };
+size_t total_size(const std::vector<FlatRange>& ranges);
 
 // The part of the model a pipeline rank holds: some blocks, maybe the embedding (first stage),
 // maybe the final norm and head (last stage). A stage that uses the token embedding without owning

@@ -77,6 +77,15 @@ struct Context {
   int64_t activation_bytes() const;
 };
 
+// Called around each block's computation with its layer index, by the trainer's strategy for
+// sharded data parallelism (ZeRO-3 gathers a block's parameters before and frees them after;
+// ZeRO-2/3 reduce a block's gradients once its backward is done). The model itself holds no
+// communication. before_backward(-1) opens a micro-batch's backward (before the head),
+// after_backward(-1) closes it (after the embeddings).
+struct BlockHooks {
+  std::function<void(int layer)> before_forward, after_forward, before_backward, after_backward;
+};
+
 class Transformer {
  public:
   // params/grads: flat buffers laid out by `layout` (grads may be null for inference). tp: the
@@ -109,6 +118,8 @@ class Transformer {
   // Vocabulary logits (true vocabulary only) at rows b*T + t of the batch, [rows.size(), vocab],
   // for sampling and decoding (the whole model on one rank).
   std::vector<float> logits_at(Context& ctx, const std::vector<int64_t>& rows);
+  // Hooks run on every micro-batch from now on (null: none); they must outlive the model.
+  void set_block_hooks(const BlockHooks* hooks) { hooks_ = hooks; }
   // Bytes of the scratch the model shares between its Contexts: backward's gradient buffers and
   // what recomputing Contexts do not keep (one block's worth); allocated by prepare and held.
   int64_t workspace_bytes() const;
@@ -170,6 +181,7 @@ class Transformer {
   // Encoder-decoder: the chunk receives / sends the encoder's output along with its activation.
   bool carry_in_ = false, carry_out_ = false, decoder_start_ = false, has_decoder_ = false;
   std::vector<Block> blocks_;
+  const BlockHooks* hooks_ = nullptr;
   // Scratch shared by all micro-batches (one forward or backward runs at a time).
   Tensor full_, dres_, dln_, dfull_, dqkv_, datt_, dup_, dact_;
   Tensor denc_, denc_full_, dxq_, dxkv_;  // cross-attention

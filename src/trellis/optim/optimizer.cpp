@@ -17,15 +17,22 @@ float learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps) {
   return float(c.min_lr + coeff * (c.lr - c.min_lr));
 }
 
-Optimizer::Optimizer(const OptimConfig& cfg, const ParamLayout& layout, size_t begin, size_t end)
-    : cfg_(cfg), begin_(begin), end_(end) {
+Optimizer::Optimizer(const OptimConfig& cfg, const ParamLayout& layout,
+                     std::vector<FlatRange> owned)
+    : cfg_(cfg), owned_(std::move(owned)) {
   TRELLIS_REQUIRE(cfg.name == "adamw" || cfg.name == "sgd",
                   "optimizer must be 'adamw' or 'sgd' (got '{}')", cfg.name);
-  std::vector<uint8_t> decay(end - begin, 0);
-  for (const auto& s : layout.specs()) {
-    if (!s.decay) continue;
-    const size_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.numel());
-    for (size_t i = lo; i < hi; ++i) decay[i - begin] = 1;
+  TRELLIS_CHECK(!owned_.empty(), "optimizer: no owned ranges");
+  const size_t n = total_size(owned_);
+  std::vector<uint8_t> decay(n, 0);
+  size_t at = 0;  // compact offset of the current range
+  for (const FlatRange& r : owned_) {
+    for (const auto& s : layout.specs()) {
+      if (!s.decay) continue;
+      const size_t lo = std::max(r.begin, s.offset), hi = std::min(r.end, s.offset + s.numel());
+      for (size_t i = lo; i < hi; ++i) decay[at + i - r.begin] = 1;
+    }
+    at += r.size();
   }
   // Few runs (one per tensor at most) instead of a flag per element: the update streams less.
   for (size_t i = 0; i < decay.size();) {
@@ -34,8 +41,8 @@ Optimizer::Optimizer(const OptimConfig& cfg, const ParamLayout& layout, size_t b
     runs_.push_back({i, j, decay[i] != 0});
     i = j;
   }
-  m_.assign(end - begin, 0.0f);
-  if (cfg.name == "adamw") v_.assign(end - begin, 0.0f);
+  m_.assign(n, 0.0f);
+  if (cfg.name == "adamw") v_.assign(n, 0.0f);
 }
 
 namespace {
@@ -83,9 +90,12 @@ struct Sgd {
 }  // namespace
 
 void Optimizer::step(float* params, const float* grads, float lr, int64_t t, float grad_mul) {
-  const size_t n = end_ - begin_;
-  float* p = params + begin_;
-  const float* g = grads + begin_;
+  TRELLIS_CHECK(owned_.size() == 1, "optimizer: step over whole buffers needs one owned range");
+  step_compact(params + owned_[0].begin, grads + owned_[0].begin, lr, t, grad_mul);
+}
+
+void Optimizer::step_compact(float* p, const float* g, float lr, int64_t t, float grad_mul) {
+  const size_t n = m_.size();
   float* m = m_.data();
   float* v = v_.data();
   const bool adamw = cfg_.name == "adamw";

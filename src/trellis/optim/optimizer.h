@@ -1,6 +1,6 @@
 #pragma once
 // AdamW (decoupled weight decay, PyTorch's update order) and SGD with momentum over a flat
-// parameter buffer, restricted to a range [begin, end) so ZeRO-1 can update only its shard.
+// parameter buffer, restricted to the ranges a rank owns (ZeRO: its shard; else everything).
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -26,24 +26,32 @@ float learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps);
 
 class Optimizer {
  public:
-  // Holds state only for [begin, end) of the flat buffer (ZeRO-1 shard; whole buffer otherwise).
-  Optimizer(const OptimConfig& cfg, const ParamLayout& layout, size_t begin, size_t end);
-  // One update of params[begin:end) from grads[begin:end) (both indexed globally). step is
-  // 1-based (bias correction). grad_mul multiplies each gradient first (the global-norm clip
-  // factor): identical to ops::scale(grads, grad_mul) before the step, without the extra sweep.
-  // grads is left unchanged.
+  // Holds state for `owned`, ranges of layout's flat buffer (their elements concatenated: the
+  // compact form).
+  Optimizer(const OptimConfig& cfg, const ParamLayout& layout, std::vector<FlatRange> owned);
+  // One range [begin, end) (ZeRO-1's shard, or the whole buffer).
+  Optimizer(const OptimConfig& cfg, const ParamLayout& layout, size_t begin, size_t end)
+      : Optimizer(cfg, layout, std::vector<FlatRange>{{begin, end}}) {}
+  // One update of the owned parameters from their gradients, both compact. step is 1-based
+  // (bias correction). grad_mul multiplies each gradient first (the global-norm clip factor):
+  // identical to ops::scale(grads, grad_mul) before the step, without the extra sweep. grads is
+  // left unchanged.
+  void step_compact(float* params, const float* grads, float lr, int64_t step,
+                    float grad_mul = 1.0f);
+  // The same over whole flat buffers (indexed like the layout) when one range is owned.
   void step(float* params, const float* grads, float lr, int64_t step, float grad_mul = 1.0f);
   // State tensors for checkpoints: "exp_avg"/"exp_avg_sq" (adamw) or "momentum_buffer" (sgd),
-  // each covering [begin, end).
+  // each compact over the owned ranges.
   std::vector<std::pair<std::string, std::vector<float>*>> state();
-  size_t begin() const { return begin_; }
-  size_t end() const { return end_; }
+  const std::vector<FlatRange>& owned() const { return owned_; }
+  size_t begin() const { return owned_.front().begin; }
+  size_t end() const { return owned_.back().end; }
   size_t state_bytes() const;
 
  private:
   OptimConfig cfg_;
-  size_t begin_, end_;
-  // Runs of [begin, end) (offsets relative to begin) with the same weight-decay flag, in order.
+  std::vector<FlatRange> owned_;
+  // Runs of the compact state (offsets into it) with the same weight-decay flag, in order.
   struct Run {
     size_t lo, hi;
     bool decay;

@@ -60,20 +60,30 @@ const float* TensorParallel::leave_backward(const float* dlocal, float* dfull, i
   return enter(dlocal, dfull, rows, C);
 }
 
-void TensorParallel::reduce_replicated_grads(const ParamLayout& layout, float* grads) {
+void TensorParallel::reduce_replicated_grads(const ParamLayout& layout,
+                                             const std::vector<FlatRange>& owned, float* grads) {
   if (!sp_ || size_ == 1) return;
   CommTimer timer(comm_s_);
+  // Each replicated tensor's part inside each owned range, in a fixed order on every rank.
+  auto for_each_piece = [&](auto&& fn) {
+    size_t at = 0;
+    for (const FlatRange& r : owned) {
+      for (const auto& s : layout.specs()) {
+        if (s.split_dim >= 0) continue;
+        const size_t lo = std::max(r.begin, s.offset), hi = std::min(r.end, s.offset + s.numel());
+        if (lo < hi) fn(grads + at + (lo - r.begin), hi - lo);
+      }
+      at += r.size();
+    }
+  };
   packed_.clear();
-  for (const auto& s : layout.specs())
-    if (s.split_dim < 0)
-      packed_.insert(packed_.end(), grads + s.offset, grads + s.offset + s.numel());
+  for_each_piece([&](float* g, size_t n) { packed_.insert(packed_.end(), g, g + n); });
   comm_->all_reduce(packed_.data(), packed_.size());
   const float* p = packed_.data();
-  for (const auto& s : layout.specs())
-    if (s.split_dim < 0) {
-      std::copy_n(p, s.numel(), grads + s.offset);
-      p += s.numel();
-    }
+  for_each_piece([&](float* g, size_t n) {
+    std::copy_n(p, n, g);
+    p += n;
+  });
 }
 
 ops::RowCombine TensorParallel::row_combine() {

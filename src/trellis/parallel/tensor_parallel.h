@@ -42,7 +42,10 @@ class TensorParallel {
   // Under sequence parallelism each rank computed the gradients of the parameters replicated
   // across the group (norms, row-parallel biases, positions) from its own rows only: sums them
   // over the group, packed into one all-reduce. Without it they are complete already.
-  void reduce_replicated_grads(const ParamLayout& layout, float* grads);
+  // owned: the ranges of the layout's gradients this rank holds reduced over data parallelism,
+  // given compact in grads (the same ranges on every tensor-parallel rank: slices share offsets).
+  void reduce_replicated_grads(const ParamLayout& layout, const std::vector<FlatRange>& owned,
+                               float* grads);
   // Row statistics combine for the vocabulary-parallel cross-entropy.
   ops::RowCombine row_combine();
   // Seconds spent in tensor-parallel communication since the last call (for the step breakdown).

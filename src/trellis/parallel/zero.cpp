@@ -1,5 +1,7 @@
 #include "trellis/parallel/zero.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 
@@ -8,28 +10,294 @@
 namespace trellis {
 
 namespace {
-double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
 }
 }  // namespace
 
-size_t DataParallelSync::buffer_size(size_t n, int dp, int zero) {
-  return zero ? shard_range(n, dp, 0).padded : n;
+DataParallelSync::DataParallelSync(Communicator& dp, int zero, const ParamLayout& layout,
+                                   size_t bucket_bytes)
+    : dp_(dp), zero_(zero), dp_size_(dp.size()), dp_rank_(dp.rank()), n_(layout.size()) {
+  TRELLIS_REQUIRE(zero >= 0 && zero <= 3, "zero must be 0, 1, 2 or 3 (got {})", zero);
+  // ZeRO-1's reduce-scatter reads a buffer padded to a multiple of dp.
+  const size_t padded = shard_range(n_, dp_size_, 0).padded;
+  params_ = PageBuffer(padded);
+  grads_ = PageBuffer(padded);
+  if (zero_ <= 1) {
+    params_.commit(0, padded);
+    grads_.commit(0, padded);
+    shard_ = zero_ ? shard_range(n_, dp_size_, dp_rank_) : ShardRange{n_, n_, 0, n_};
+    owned_ = {{shard_.begin, shard_.end}};
+    if (dp_size_ > 1 && zero_ == 0)
+      reducer_ = std::make_unique<GradReducer>(dp, grads_.data(), n_, bucket_bytes);
+    if (zero_) staging_.assign(shard_.shard, 0.0f);
+    return;
+  }
+  build_units(layout);
+  params_.commit(0, n_);  // until adopt_params: initialisation writes the whole model
+  hooks_.before_forward = [this](int l) { before_forward(l); };
+  hooks_.after_forward = [this](int l) { after_forward(l); };
+  hooks_.before_backward = [this](int l) { before_backward(l); };
+  hooks_.after_backward = [this](int l) { after_backward(l); };
 }
 
-DataParallelSync::DataParallelSync(Communicator& dp, int zero, float* params, float* grads,
-                                   size_t n, size_t bucket_bytes)
-    : dp_(dp), zero_(zero), params_(params), grads_(grads), n_(n) {
-  TRELLIS_REQUIRE(zero == 0 || zero == 1, "zero must be 0 or 1 (got {})", zero);
-  shard_ = zero ? shard_range(n, dp.size(), dp.rank()) : ShardRange{n, n, 0, n};
-  if (dp.size() > 1 && zero == 0)
-    reducer_ = std::make_unique<GradReducer>(dp, grads, n, bucket_bytes);
-  if (zero) staging_.assign(shard_.shard, 0.0f);
+DataParallelSync::~DataParallelSync() = default;
+
+std::vector<ZeroUnit> zero_units(const ParamLayout& layout) {
+  std::vector<const ParamSpec*> specs;
+  for (const auto& s : layout.specs()) specs.push_back(&s);
+  std::sort(specs.begin(), specs.end(),
+            [](const ParamSpec* a, const ParamSpec* b) { return a->offset < b->offset; });
+  // Maximal runs of one block's tensors (alignment gaps included); the rest is root.
+  std::vector<ZeroUnit> units;
+  std::vector<char> seen;
+  for (size_t i = 0; i < specs.size();) {
+    const int layer = specs[i]->layer;
+    size_t j = i;
+    while (j < specs.size() && specs[j]->layer == layer) ++j;
+    if (layer >= 0) {
+      if (seen.size() <= size_t(layer)) seen.resize(size_t(layer) + 1, 0);
+      TRELLIS_CHECK(!seen[size_t(layer)], "block {}'s tensors are not contiguous", layer);
+      seen[size_t(layer)] = 1;
+    }
+    units.push_back({i == 0 ? 0 : specs[i]->offset,
+                     j < specs.size() ? specs[j]->offset : layout.size(), layer});
+    i = j;
+  }
+  return units;
+}
+
+void DataParallelSync::build_units(const ParamLayout& layout) {
+  size_t at = 0;
+  for (const ZeroUnit& z : zero_units(layout)) {
+    if (z.layer >= 0) {
+      if (unit_of_layer_.size() <= size_t(z.layer)) unit_of_layer_.resize(size_t(z.layer) + 1, -1);
+      unit_of_layer_[size_t(z.layer)] = int(units_.size());
+    }
+    units_.push_back({z.begin, z.end, (z.end - z.begin) / size_t(dp_size_), z.layer, 0});
+  }
+  for (Unit& u : units_) {
+    u.owned_at = at;
+    const size_t lo = u.begin + u.chunk * size_t(dp_rank_);
+    if (u.chunk > 0) owned_.push_back({lo, lo + u.chunk});
+    if (size_t(dp_rank_) < rest(u)) {
+      const size_t r = main_end(u) + size_t(dp_rank_);
+      owned_.push_back({r, r + 1});
+    }
+    at += owned_size(u);
+  }
+  if (owned_.empty()) owned_.push_back({0, 0});
+  owned_params_.assign(at, 0.0f);
+  owned_grads_.assign(at, 0.0f);
+  gathered_.assign(units_.size(), 1);
+}
+
+ZeroFootprint zero_footprint(const ParamLayout& layout, int dp, int dp_rank, int zero) {
+  ZeroFootprint f;
+  const size_t n = layout.size();
+  const int64_t page = int64_t(sysconf(_SC_PAGESIZE));
+  auto pages = [&](size_t floats) {
+    return (int64_t(floats * sizeof(float)) + page - 1) / page * page;
+  };
+  if (zero <= 1) {
+    const ShardRange s = zero ? shard_range(n, dp, dp_rank) : ShardRange{n, n, 0, n};
+    f.params = f.grads = pages(shard_range(n, dp, 0).padded);
+    f.owned = int64_t(s.end - s.begin);
+    f.shards = zero ? int64_t(s.shard * sizeof(float)) : 0;
+    return f;
+  }
+  // A unit's pages: its floats plus the partial pages at its two ends.
+  int64_t root = 0, block = 0, largest_chunk = 0;
+  for (const ZeroUnit& u : zero_units(layout)) {
+    const size_t len = u.end - u.begin, chunk = len / size_t(dp);
+    const int64_t bytes = int64_t(len * sizeof(float)) + 2 * page;
+    if (u.layer < 0)
+      root += bytes;
+    else
+      block = std::max(block, bytes);
+    f.owned += int64_t(chunk + (size_t(dp_rank) < len - chunk * size_t(dp) ? 1 : 0));
+    largest_chunk = std::max(largest_chunk, int64_t(chunk));
+  }
+  f.params = zero == 2 ? pages(n) : std::min(pages(n), root + 2 * block);
+  f.grads = std::min(pages(n), root + 2 * block);
+  // Compact parameters and gradients; two reductions' outputs and padded rests in flight.
+  f.shards =
+      2 * f.owned * int64_t(sizeof(float)) + 2 * (largest_chunk + 1 + dp) * int64_t(sizeof(float));
+  return f;
+}
+
+float* DataParallelSync::owned_params() {
+  return zero_ >= 2 ? owned_params_.data() : params_.data() + owned_[0].begin;
+}
+float* DataParallelSync::owned_grads() {
+  return zero_ >= 2 ? owned_grads_.data() : grads_.data() + owned_[0].begin;
 }
 
 void DataParallelSync::ready_from(size_t offset) {
   if (reducer_) reducer_->ready_from(offset);
 }
+
+void DataParallelSync::begin_step() {
+  hook_comm_s_ = 0.0;
+  first_micro_ = true;
+  if (zero_ <= 1) {
+    std::fill_n(grads_.data(), grads_.size(), 0.0f);
+    return;
+  }
+  // Released gradient pages read as zeros already; the shards are written by the first
+  // micro-batch's reductions.
+}
+
+// ---- ZeRO-2/3: units ------------------------------------------------------------------------
+
+std::unique_ptr<Work> DataParallelSync::gather_unit_async(const Unit& u) {
+  params_.commit(u.begin, u.end);
+  if (u.chunk == 0) return nullptr;
+  return dp_.all_gather_async(owned_params_.data() + u.owned_at, params_.data() + u.begin, u.chunk);
+}
+
+void DataParallelSync::gather_unit(Unit& u) {
+  std::unique_ptr<Work> w = gather_unit_async(u);
+  std::vector<float> rest_in(1, 0.0f), rest_out;
+  if (rest(u) > 0) {
+    rest_out.assign(size_t(dp_size_), 0.0f);
+    if (size_t(dp_rank_) < rest(u)) rest_in[0] = owned_params_[u.owned_at + u.chunk];
+    dp_.all_gather_async(rest_in.data(), rest_out.data(), 1)->wait();
+    std::copy_n(rest_out.data(), rest(u), params_.data() + main_end(u));
+  }
+  if (w) w->wait();
+  gathered_[size_t(&u - units_.data())] = 1;
+}
+
+void DataParallelSync::prefetch(int u) {
+  if (u < 0 || gathered_[size_t(u)] || (prefetch_ && prefetch_->unit == u)) return;
+  if (prefetch_) ensure_gathered(prefetch_->unit);
+  const auto t0 = Clock::now();
+  const Unit& unit = units_[size_t(u)];
+  prefetch_ = std::make_unique<Prefetch>();
+  prefetch_->unit = u;
+  prefetch_->main = gather_unit_async(unit);
+  if (rest(unit) > 0) {
+    prefetch_->rest_in.assign(1, 0.0f);
+    prefetch_->rest_out.assign(size_t(dp_size_), 0.0f);
+    if (size_t(dp_rank_) < rest(unit))
+      prefetch_->rest_in[0] = owned_params_[unit.owned_at + unit.chunk];
+    prefetch_->tail =
+        dp_.all_gather_async(prefetch_->rest_in.data(), prefetch_->rest_out.data(), 1);
+  }
+  hook_comm_s_ += seconds_since(t0);
+}
+
+void DataParallelSync::ensure_gathered(int u) {
+  if (gathered_[size_t(u)]) return;
+  const auto t0 = Clock::now();
+  Unit& unit = units_[size_t(u)];
+  if (prefetch_ && prefetch_->unit == u) {
+    if (prefetch_->main) prefetch_->main->wait();
+    if (prefetch_->tail) {
+      prefetch_->tail->wait();
+      std::copy_n(prefetch_->rest_out.data(), rest(unit), params_.data() + main_end(unit));
+    }
+    prefetch_.reset();
+    gathered_[size_t(u)] = 1;
+  } else {
+    gather_unit(unit);
+  }
+  hook_comm_s_ += seconds_since(t0);
+}
+
+void DataParallelSync::launch_reduce(int u) {
+  const auto t0 = Clock::now();
+  const Unit& unit = units_[size_t(u)];
+  auto r = std::make_unique<Reduction>();
+  r->unit = u;
+  r->out.assign(unit.chunk + 1, 0.0f);
+  if (unit.chunk > 0)
+    r->main = dp_.reduce_scatter_async(grads_.data() + unit.begin, r->out.data(), unit.chunk);
+  if (rest(unit) > 0) {
+    r->rest_in.assign(size_t(dp_size_), 0.0f);
+    std::copy_n(grads_.data() + main_end(unit), rest(unit), r->rest_in.data());
+    r->tail = dp_.reduce_scatter_async(r->rest_in.data(), r->out.data() + unit.chunk, 1);
+  }
+  in_flight_.push_back(std::move(r));
+  // The reduction just launched overlaps the next block's backward; the one before it must be
+  // done by now (so two blocks' gradients are resident at most).
+  if (in_flight_.size() > 1) finish_oldest();
+  hook_comm_s_ += seconds_since(t0);
+}
+
+void DataParallelSync::finish_oldest() {
+  std::unique_ptr<Reduction> r = std::move(in_flight_.front());
+  in_flight_.erase(in_flight_.begin());
+  if (r->main) r->main->wait();
+  if (r->tail) r->tail->wait();
+  const Unit& unit = units_[size_t(r->unit)];
+  float* shard = owned_grads_.data() + unit.owned_at;
+  const size_t n = owned_size(unit);
+  if (first_micro_)
+    std::copy_n(r->out.data(), n, shard);
+  else
+    for (size_t i = 0; i < n; ++i) shard[i] += r->out[i];
+  grads_.release(unit.begin, unit.end);
+}
+
+void DataParallelSync::finish_reductions() {
+  const auto t0 = Clock::now();
+  while (!in_flight_.empty()) finish_oldest();
+  hook_comm_s_ += seconds_since(t0);
+}
+
+// ---- ZeRO-2/3: block hooks ------------------------------------------------------------------
+
+int DataParallelSync::unit_of(int layer) const {
+  return layer >= 0 && size_t(layer) < unit_of_layer_.size() ? unit_of_layer_[size_t(layer)] : -1;
+}
+
+void DataParallelSync::before_forward(int layer) {
+  if (zero_ < 3) return;
+  ensure_gathered(unit_of(layer));
+  prefetch(unit_of(layer + 1));
+}
+
+void DataParallelSync::after_forward(int layer) {
+  if (zero_ < 3) return;
+  const int u = unit_of(layer);
+  params_.release(units_[size_t(u)].begin, units_[size_t(u)].end);
+  gathered_[size_t(u)] = 0;
+}
+
+void DataParallelSync::before_backward(int layer) {
+  if (layer < 0) {  // the micro-batch's backward starts (with the head: root)
+    for (const Unit& u : units_)
+      if (u.layer < 0) grads_.commit(u.begin, u.end);
+    return;
+  }
+  const int u = unit_of(layer);
+  grads_.commit(units_[size_t(u)].begin, units_[size_t(u)].end);
+  if (zero_ < 3) return;
+  ensure_gathered(u);
+  prefetch(unit_of(layer - 1));
+}
+
+void DataParallelSync::after_backward(int layer) {
+  if (layer >= 0) {
+    const int u = unit_of(layer);
+    if (zero_ == 3) {
+      params_.release(units_[size_t(u)].begin, units_[size_t(u)].end);
+      gathered_[size_t(u)] = 0;
+    }
+    launch_reduce(u);
+    return;
+  }
+  // The embeddings are done: the root's gradients are final for this micro-batch.
+  for (size_t u = 0; u < units_.size(); ++u)
+    if (units_[u].layer < 0) launch_reduce(int(u));
+  finish_reductions();
+  first_micro_ = false;
+}
+
+// ---- Step ends ------------------------------------------------------------------------------
 
 double DataParallelSync::reduce_gradients() {
   if (reducer_) {
@@ -37,28 +305,83 @@ double DataParallelSync::reduce_gradients() {
     reducer_->finish();
     return reducer_->exposed_seconds();
   }
-  if (!zero_ || dp_.size() == 1) return 0.0;
-  const auto t0 = std::chrono::steady_clock::now();
-  dp_.reduce_scatter_async(grads_, staging_.data(), shard_.shard)->wait();
-  std::copy_n(staging_.data(), shard_.end - shard_.begin, grads_ + shard_.begin);
+  if (zero_ >= 2) {
+    finish_reductions();
+    return hook_comm_s_;
+  }
+  if (!zero_ || dp_size_ == 1) return 0.0;
+  const auto t0 = Clock::now();
+  dp_.reduce_scatter_async(grads_.data(), staging_.data(), shard_.shard)->wait();
+  std::copy_n(staging_.data(), shard_.end - shard_.begin, grads_.data() + shard_.begin);
   return seconds_since(t0);
 }
 
 double DataParallelSync::gather_parameters() {
-  if (!zero_ || dp_.size() == 1) return 0.0;
-  const auto t0 = std::chrono::steady_clock::now();
-  std::copy_n(params_ + shard_.begin, shard_.end - shard_.begin, staging_.data());
-  dp_.all_gather_async(staging_.data(), params_, shard_.shard)->wait();
+  if (!zero_ || (zero_ == 1 && dp_size_ == 1)) return 0.0;
+  const auto t0 = Clock::now();
+  if (zero_ == 1) {
+    std::copy_n(params_.data() + shard_.begin, shard_.end - shard_.begin, staging_.data());
+    dp_.all_gather_async(staging_.data(), params_.data(), shard_.shard)->wait();
+  } else {
+    for (Unit& u : units_)
+      if (zero_ == 2 || u.layer < 0) gather_unit(u);
+  }
   return seconds_since(t0);
 }
 
-std::vector<float> DataParallelSync::gather_state(const std::vector<float>& shard_state) const {
-  if (!zero_) return shard_state;
-  std::vector<float> mine(shard_.shard, 0.0f), all(shard_.padded, 0.0f);
-  std::copy(shard_state.begin(), shard_state.end(), mine.begin());
-  dp_.all_gather_async(mine.data(), all.data(), shard_.shard)->wait();
-  all.resize(n_);
+void DataParallelSync::adopt_params() {
+  if (zero_ < 2) return;
+  take_owned(params_.data(), owned_params_.data());
+  if (zero_ == 3) release_all_blocks();
+}
+
+void DataParallelSync::gather_all_blocks() {
+  if (zero_ < 3) return;
+  for (Unit& u : units_)
+    if (!gathered_[size_t(&u - units_.data())]) gather_unit(u);
+}
+
+void DataParallelSync::release_all_blocks() {
+  if (zero_ < 3) return;
+  for (size_t u = 0; u < units_.size(); ++u)
+    if (units_[u].layer >= 0) {
+      params_.release(units_[u].begin, units_[u].end);
+      gathered_[u] = 0;
+    }
+}
+
+void DataParallelSync::take_owned(const float* whole, float* compact) const {
+  for (const FlatRange& r : owned_) {
+    std::copy(whole + r.begin, whole + r.end, compact);
+    compact += r.size();
+  }
+}
+
+std::vector<float> DataParallelSync::gather_owned(const float* compact) const {
+  if (zero_ == 0) return std::vector<float>(compact, compact + n_);
+  if (zero_ == 1) {
+    std::vector<float> mine(shard_.shard, 0.0f), all(shard_.padded, 0.0f);
+    std::copy_n(compact, shard_.end - shard_.begin, mine.begin());
+    dp_.all_gather_async(mine.data(), all.data(), shard_.shard)->wait();
+    all.resize(n_);
+    return all;
+  }
+  std::vector<float> all(n_, 0.0f), rest_out(static_cast<size_t>(dp_size_), 0.0f);
+  for (const Unit& u : units_) {
+    if (u.chunk > 0)
+      dp_.all_gather_async(compact + u.owned_at, all.data() + u.begin, u.chunk)->wait();
+    if (rest(u) > 0) {
+      float mine = size_t(dp_rank_) < rest(u) ? compact[u.owned_at + u.chunk] : 0.0f;
+      dp_.all_gather_async(&mine, rest_out.data(), 1)->wait();
+      std::copy_n(rest_out.data(), rest(u), all.data() + main_end(u));
+    }
+  }
   return all;
+}
+
+int64_t DataParallelSync::resident_bytes() const {
+  return params_.committed_bytes() + grads_.committed_bytes() +
+         int64_t((owned_params_.size() + owned_grads_.size() + staging_.size()) * sizeof(float));
 }
 
 }  // namespace trellis

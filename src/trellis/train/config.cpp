@@ -235,7 +235,11 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
                "backward) or full (keep only each block's input, rerun the block in backward); "
                "bitwise the same results",
                &c.recompute),
-      make_key("zero", "ZeRO stage: 0 or 1 (shard optimizer state over dp)", &c.zero),
+      make_key("zero",
+               "ZeRO stage over dp: 0 (replicated), 1 (shard optimizer state), 2 (and "
+               "gradients, reduced per block), 3 (and parameters, gathered per block); 2 and 3 "
+               "without pp",
+               &c.zero),
       make_key("bucket_mb", "gradient all-reduce bucket size in MiB", &c.bucket_mb),
       make_key("comm_timeout", "seconds a rank waits in one communication before aborting the job",
                &c.comm_timeout),

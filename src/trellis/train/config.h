@@ -61,7 +61,7 @@ struct TrainConfig {
   bool sequence_parallel = false;  // split LayerNorm/residual regions along the sequence (tp > 1)
   // What a training forward keeps for backward: none | selective | full (model/transformer.h).
   std::string recompute = "none";
-  int zero = 0;                    // 0 or 1 (ZeRO-1: shard optimizer state over dp)
+  int zero = 0;                    // ZeRO stage 0-3 (parallel/zero.h)
   double bucket_mb = 25.0;         // gradient all-reduce bucket size
   double comm_timeout = 300.0;     // seconds any rank waits in one communication before aborting
 

@@ -13,6 +13,7 @@
 
 #include "trellis/comm/communicator.h"
 #include "trellis/core/error.h"
+#include "trellis/core/memory.h"
 #include "trellis/data/corpus.h"
 #include "trellis/data/mixture.h"
 #include "trellis/eval/classification.h"
@@ -88,16 +89,21 @@ std::vector<int> parse_layer_split(const std::string& text) {
   return out;
 }
 
-// Sum of squared gradients in [begin, end) of this rank's buffer, counting parameters that are
+// Sum of squared gradients of the owned ranges (grads compact), counting parameters that are
 // replicated across the tensor-parallel group on its rank 0 only, and tied tensors on their owning
 // stage only (summed over the groups later).
-double grad_sum_squares(const ParamLayout& layout, const float* grads, size_t begin, size_t end) {
+double grad_sum_squares(const ParamLayout& layout, const std::vector<FlatRange>& owned,
+                        const float* grads) {
   double s = 0.0;
-  for (const auto& spec : layout.specs()) {
-    if (spec.split_dim < 0 && layout.tp_rank() != 0) continue;
-    if (spec.tied_copy) continue;
-    const size_t lo = std::max(begin, spec.offset), hi = std::min(end, spec.offset + spec.numel());
-    if (lo < hi) s += ops::sum_squares(grads + lo, int64_t(hi - lo));
+  for (const FlatRange& r : owned) {
+    for (const auto& spec : layout.specs()) {
+      if (spec.split_dim < 0 && layout.tp_rank() != 0) continue;
+      if (spec.tied_copy) continue;
+      const size_t lo = std::max(r.begin, spec.offset),
+                   hi = std::min(r.end, spec.offset + spec.numel());
+      if (lo < hi) s += ops::sum_squares(grads + (lo - r.begin), int64_t(hi - lo));
+    }
+    grads += r.size();
   }
   return s;
 }
@@ -162,8 +168,7 @@ class Trainer {
   std::vector<StageSpec> chunks_;
   std::unique_ptr<ParamLayout> layout_;
   size_t n_ = 0;
-  std::vector<float> params_, grads_;
-  std::unique_ptr<DataParallelSync> dp_sync_;
+  std::unique_ptr<DataParallelSync> dp_sync_;  // holds the parameter and gradient buffers
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<TensorParallel> tp_;
   std::unique_ptr<TiedWeights> tied_;
@@ -190,7 +195,14 @@ Trainer::Trainer(TrainConfig cfg, Communicator& world)
   TRELLIS_REQUIRE(V_ >= 1, "virtual_stages must be >= 1");
   TRELLIS_REQUIRE(V_ == 1 || schedule_ == ScheduleKind::Interleaved,
                   "virtual_stages={} needs --schedule interleaved", V_);
-  TRELLIS_REQUIRE(cfg_.zero == 0 || cfg_.zero == 1, "zero must be 0 or 1 (got {})", cfg_.zero);
+  TRELLIS_REQUIRE(cfg_.zero >= 0 && cfg_.zero <= 3, "zero must be 0, 1, 2 or 3 (got {})",
+                  cfg_.zero);
+  // ZeRO-2/3 reduce (and ZeRO-3 gathers) per block inside each micro-batch's backward; a
+  // pipeline interleaves micro-batches across stages. DeepSpeed refuses the same combination.
+  TRELLIS_REQUIRE(cfg_.zero <= 1 || cfg_.pp == 1,
+                  "zero {} with pipeline parallelism (pp {}) is not supported: use zero 1 with "
+                  "pp, or zero 2/3 with dp and tp",
+                  cfg_.zero, cfg_.pp);
   for (Communicator* c : {&world_, &mesh_.dp_comm(), &mesh_.tp_comm(), &mesh_.pp_comm()})
     c->set_timeout(cfg_.comm_timeout);
   threads_ = cfg_.threads > 0 ? cfg_.threads : default_threads();
@@ -227,22 +239,20 @@ Trainer::Trainer(TrainConfig cfg, Communicator& world)
   // This rank's tensor-parallel slices of its pipeline stage.
   layout_ = std::make_unique<ParamLayout>(mc_, mesh_.tp(), mesh_.tp_rank(), &stage_);
   n_ = layout_->size();
-  const size_t buffer = DataParallelSync::buffer_size(n_, dp, cfg_.zero);
-  params_.assign(buffer, 0.0f);
-  grads_.assign(buffer, 0.0f);
-  dp_sync_ =
-      std::make_unique<DataParallelSync>(mesh_.dp_comm(), cfg_.zero, params_.data(), grads_.data(),
-                                         n_, size_t(cfg_.bucket_mb * 1024 * 1024));
-  const ShardRange& shard = dp_sync_->shard();
-  optimizer_ = std::make_unique<Optimizer>(cfg_.optim, *layout_, shard.begin, shard.end);
+  dp_sync_ = std::make_unique<DataParallelSync>(mesh_.dp_comm(), cfg_.zero, *layout_,
+                                                size_t(cfg_.bucket_mb * 1024 * 1024));
+  optimizer_ = std::make_unique<Optimizer>(cfg_.optim, *layout_, dp_sync_->owned());
   load_or_init();
   check_replicas_agree();
+  dp_sync_->adopt_params();  // ZeRO-2/3 keep their shards; ZeRO-3 frees the blocks
 
   tp_ = std::make_unique<TensorParallel>(&mesh_.tp_comm(), cfg_.sequence_parallel);
   std::vector<Transformer*> chunk_models;
   for (const StageSpec& c : chunks_) {
     models_.push_back(
-        std::make_unique<Transformer>(*layout_, params_.data(), grads_.data(), *tp_, &c, compute_));
+        std::make_unique<Transformer>(*layout_, dp_sync_->params(), dp_sync_->grads(), *tp_, &c,
+                                      compute_));
+    models_.back()->set_block_hooks(dp_sync_->hooks());
     chunk_models.push_back(models_.back().get());
   }
   pipe_ = std::make_unique<Pipeline>(mesh_.pp_comm(), chunk_models, b_, T_,
@@ -271,8 +281,7 @@ Trainer::Trainer(TrainConfig cfg, Communicator& world)
     world_.all_reduce_max(&peak_per_core_, 1);
   }
   peak_flops_ = peak_per_core_ * 1e9 * threads_ * world_.size();
-  mem_bytes_ =
-      int64_t((params_.size() + grads_.size()) * sizeof(float) + optimizer_->state_bytes());
+  mem_bytes_ = dp_sync_->resident_bytes() + int64_t(optimizer_->state_bytes());
   print_header();
 }
 
@@ -339,7 +348,7 @@ void Trainer::load_or_init() {
       fmt::print("trellis: --resume: no checkpoint in {} yet, starting from step 0\n", cfg_.out);
   }
   if (resumed_from_.empty()) {
-    init_params(*layout_, cfg_.seed, params_.data());
+    init_params(*layout_, cfg_.seed, dp_sync_->params());
     if (!cfg_.init_from.empty()) {
       // Fine-tuning: DIR's tensors over the seeded start of the whole model, so a task head DIR
       // lacks starts the same in every layout.
@@ -347,7 +356,7 @@ void Trainer::load_or_init() {
       std::vector<float> all(global.size());
       init_params(global, cfg_.seed, all.data());
       const PretrainedReport r = load_pretrained(cfg_.init_from, global, all.data());
-      copy_from_global(*layout_, global, all.data(), params_.data());
+      copy_from_global(*layout_, global, all.data(), dp_sync_->params());
       if (lead_ && !cfg_.quiet)
         fmt::print("trellis: initialised from {} ({} tensors{})\n", cfg_.init_from, r.loaded.size(),
                    r.initialised.empty()
@@ -368,8 +377,7 @@ void Trainer::load_or_init() {
                     "{}: the checkpoint's {} is {}, the configured model's {}", resumed_from_, key,
                     saved_cfg.contains(key) ? saved_cfg[key].dump() : "missing", value.dump());
   const ParamLayout saved(ck.model);
-  copy_from_global(*layout_, saved, ck.params.data(), params_.data());
-  const ShardRange& shard = dp_sync_->shard();
+  copy_from_global(*layout_, saved, ck.params.data(), dp_sync_->params());
   std::vector<float> local(n_);
   for (auto& [name, buf] : optimizer_->state()) {
     auto it = std::find_if(ck.optimizer.buffers.begin(), ck.optimizer.buffers.end(),
@@ -378,7 +386,7 @@ void Trainer::load_or_init() {
                     "{}: optimizer.safetensors has no '{}' state (optimizer changed?)",
                     resumed_from_, name);
     copy_from_global(*layout_, saved, it->second.data(), local.data());
-    std::copy(local.begin() + long(shard.begin), local.begin() + long(shard.end), buf->begin());
+    dp_sync_->take_owned(local.data(), buf->data());
   }
   start_step_ = ck.state.at("step").get<int64_t>();
 }
@@ -386,7 +394,8 @@ void Trainer::load_or_init() {
 // Every DP replica must start from identical weights (they are generated, never broadcast).
 void Trainer::check_replicas_agree() {
   double sums[2] = {0.0, 0.0};
-  for (size_t i = 0; i < n_; ++i) sums[0] += double(params_[i]) * double((i % 7919) + 1);
+  const float* params = dp_sync_->params();
+  for (size_t i = 0; i < n_; ++i) sums[0] += double(params[i]) * double((i % 7919) + 1);
   sums[1] = -sums[0];
   mesh_.dp_comm().all_reduce_max(sums, 2);
   TRELLIS_CHECK(sums[0] == -sums[1], "ranks start from different weights (checksum {} vs {})",
@@ -436,7 +445,7 @@ void Trainer::print_header() const {
 
 StepStats Trainer::forward_backward_step(int64_t step) {
   StepStats st;
-  ops::zero(grads_.data(), int64_t(grads_.size()));
+  dp_sync_->begin_step();
   // Every rank knows the global batch's targets (tokens, real target tokens or examples).
   const int64_t targets = batches_->step_targets(step - 1);
   const float grad_scale = 1.0f / float(targets);
@@ -454,10 +463,10 @@ StepStats Trainer::forward_backward_step(int64_t step) {
     write_trace(cfg_.trace, world_, mesh_, pipe_->trace());
     pipe_->record_trace(false);
   }
-  tied_->reduce(grads_.data());
+  tied_->reduce(dp_sync_->grads());
   st.comm_exposed = dp_sync_->reduce_gradients();
   // After the data-parallel sync, which may still be writing buckets until it returns.
-  tp_->reduce_replicated_grads(*layout_, grads_.data());
+  tp_->reduce_replicated_grads(*layout_, dp_sync_->owned(), dp_sync_->owned_grads());
   // The loss is known on the last stage only; the bubble is averaged over the stages.
   double pp_stats[2] = {ps.loss_sum, 1.0 - ps.compute_s / ps.total_s};
   st.peak_micro = ps.peak_contexts;  // activations alive at once, largest stage
@@ -473,10 +482,9 @@ StepStats Trainer::forward_backward_step(int64_t step) {
 }
 
 void Trainer::optimizer_step(int64_t step, StepStats& st) {
-  const ShardRange& shard = dp_sync_->shard();
   // Each rank sums its shard; the norm then sums over tp (slices), pp (stages) and, with ZeRO,
   // dp (shards).
-  double norm_sq = grad_sum_squares(*layout_, grads_.data(), shard.begin, shard.end);
+  double norm_sq = grad_sum_squares(*layout_, dp_sync_->owned(), dp_sync_->owned_grads());
   if (mesh_.tp() > 1) mesh_.tp_comm().all_reduce_sum(&norm_sq, 1);
   if (mesh_.pp() > 1) mesh_.pp_comm().all_reduce_sum(&norm_sq, 1);
   if (dp_sync_->zero()) mesh_.dp_comm().all_reduce_sum(&norm_sq, 1);
@@ -486,7 +494,8 @@ void Trainer::optimizer_step(int64_t step, StepStats& st) {
   const float grad_mul =
       clip > 0.0f && st.grad_norm > clip ? float(clip / (st.grad_norm + 1e-6)) : 1.0f;
   st.lr = learning_rate(cfg_.optim, step, cfg_.steps);
-  optimizer_->step(params_.data(), grads_.data(), float(st.lr), step, grad_mul);
+  optimizer_->step_compact(dp_sync_->owned_params(), dp_sync_->owned_grads(), float(st.lr), step,
+                           grad_mul);
   st.comm_exposed += dp_sync_->gather_parameters();
 }
 
@@ -613,9 +622,11 @@ std::string Trainer::save(int64_t step) {
     if (!m.classes.empty()) ck.task["classes"] = m.classes;
     if (m.feature_dim > 0) ck.task["feature_dim"] = m.feature_dim;
   }
-  ck.params = gather_global(mesh_, *layout_, params_.data());
+  dp_sync_->gather_all_blocks();  // ZeRO-3
+  ck.params = gather_global(mesh_, *layout_, dp_sync_->params());
+  dp_sync_->release_all_blocks();
   for (auto& [name, buf] : optimizer_->state()) {
-    const std::vector<float> local = dp_sync_->gather_state(*buf);
+    const std::vector<float> local = dp_sync_->gather_owned(buf->data());
     ck.optimizer.buffers.emplace_back(name, gather_global(mesh_, *layout_, local.data()));
   }
   nlohmann::json conf;
@@ -637,9 +648,11 @@ std::string Trainer::save(int64_t step) {
 }
 
 void Trainer::log_step(int64_t step, const StepStats& st) {
-  // Memory of the largest rank (ZeRO and TP make ranks differ).
-  double mem[2] = {double(mem_bytes_), double(peak_rss_bytes())};
-  world_.all_reduce_max(mem, 2);
+  // Memory of the largest rank (ZeRO and TP make ranks differ). The allocator's high-water mark
+  // counts from the first step (set-up may hold more, e.g. the whole model while ZeRO-3 shards it).
+  const int64_t alloc_peak = memory::peak_bytes();
+  double mem[3] = {double(mem_bytes_), double(peak_rss_bytes()), double(alloc_peak)};
+  world_.all_reduce_max(mem, 3);
   if (!lead_) return;
   const double tokens_per_s = double(G_ * T_) / st.seconds;
   log_->write({{"step", step},
@@ -657,6 +670,8 @@ void Trainer::log_step(int64_t step, const StepStats& st) {
                {"mem_bytes_max", mem[0]},
                {"peak_rss_bytes", peak_rss_bytes()},
                {"peak_rss_bytes_max", mem[1]},
+               {"alloc_peak_bytes", alloc_peak},
+               {"alloc_peak_bytes_max", mem[2]},
                {"bubble", st.bubble},
                {"bubble_theory", theoretical_bubble(mesh_.pp(), int(accum_), V_)},
                {"peak_micro_batches", st.peak_micro},
@@ -682,6 +697,7 @@ int Trainer::run() {
   world_.barrier();  // a common time origin for the trace
   pipe_->record_trace(!cfg_.trace.empty());
   loop_start_ = Clock::now();
+  memory::reset_peak();
   fault_point(world_.rank(), 0);  // start-up, fresh or resumed
   for (int64_t step = start_step_ + 1; step <= cfg_.steps; ++step) {
     fault_point(world_.rank(), step);

@@ -1,0 +1,141 @@
+#include "trellis/core/memory.h"
+
+#include <malloc.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "trellis/core/error.h"
+
+namespace trellis::memory {
+namespace {
+std::atomic<int64_t> g_live{0}, g_peak{0};
+}  // namespace
+
+// Internal: the allocation hooks below and PageBuffer report here.
+void add(int64_t bytes) {
+  const int64_t now = g_live.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  int64_t peak = g_peak.load(std::memory_order_relaxed);
+  while (now > peak && !g_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+}
+void sub(int64_t bytes) { g_live.fetch_sub(bytes, std::memory_order_relaxed); }
+
+int64_t live_bytes() { return g_live.load(std::memory_order_relaxed); }
+int64_t peak_bytes() { return g_peak.load(std::memory_order_relaxed); }
+void reset_peak() { g_peak.store(g_live.load(std::memory_order_relaxed)); }
+
+}  // namespace trellis::memory
+
+namespace trellis {
+
+PageBuffer::PageBuffer(size_t floats) : floats_(floats) {
+  page_ = size_t(sysconf(_SC_PAGESIZE));
+  bytes_ = std::max<size_t>(page_, (floats * sizeof(float) + page_ - 1) / page_ * page_);
+  void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  TRELLIS_CHECK(p != MAP_FAILED, "cannot map {} bytes for a parameter/gradient buffer", bytes_);
+  data_ = static_cast<float*>(p);
+  live_.assign(bytes_ / page_, 0);
+}
+
+PageBuffer::~PageBuffer() {
+  if (!data_) return;
+  memory::sub(committed_bytes());
+  munmap(data_, bytes_);
+}
+
+PageBuffer& PageBuffer::operator=(PageBuffer&& o) noexcept {
+  if (this != &o) {
+    this->~PageBuffer();
+    data_ = std::exchange(o.data_, nullptr);
+    floats_ = std::exchange(o.floats_, 0);
+    bytes_ = std::exchange(o.bytes_, 0);
+    page_ = o.page_;
+    live_ = std::move(o.live_);
+    committed_ = std::exchange(o.committed_, 0);
+  }
+  return *this;
+}
+
+void PageBuffer::commit(size_t begin, size_t end) {
+  if (begin >= end) return;
+  const size_t first = begin * sizeof(float) / page_, last = (end * sizeof(float) - 1) / page_;
+  int64_t added = 0;
+  for (size_t p = first; p <= last; ++p)
+    if (!live_[p]) live_[p] = 1, ++added;
+  committed_ += added;
+  memory::add(added * int64_t(page_));
+}
+
+void PageBuffer::release(size_t begin, size_t end) {
+  if (begin >= end) return;
+  const size_t b = begin * sizeof(float), e = end * sizeof(float);
+  const size_t first = (b + page_ - 1) / page_, stop = e / page_;  // whole pages [first, stop)
+  if (first >= stop) {
+    std::memset(data_ + begin, 0, e - b);
+    return;
+  }
+  std::memset(data_ + begin, 0, first * page_ - b);
+  std::memset(reinterpret_cast<char*>(data_) + stop * page_, 0, e - stop * page_);
+  madvise(reinterpret_cast<char*>(data_) + first * page_, (stop - first) * page_, MADV_DONTNEED);
+  int64_t freed = 0;
+  for (size_t p = first; p < stop; ++p)
+    if (live_[p]) live_[p] = 0, ++freed;
+  committed_ -= freed;
+  memory::sub(freed * int64_t(page_));
+}
+
+}  // namespace trellis
+
+// Every C++ heap allocation of the process is counted (replacing the global operators: this
+// object is linked wherever the counters are read).
+namespace {
+void* counted(void* p) {
+  if (!p) throw std::bad_alloc();
+  trellis::memory::add(int64_t(malloc_usable_size(p)));
+  return p;
+}
+void uncounted(void* p) noexcept {
+  if (!p) return;
+  trellis::memory::sub(int64_t(malloc_usable_size(p)));
+  std::free(p);
+}
+size_t nonzero(size_t n) { return n ? n : 1; }
+}  // namespace
+
+void* operator new(size_t n) { return counted(std::malloc(nonzero(n))); }
+void* operator new[](size_t n) { return counted(std::malloc(nonzero(n))); }
+void* operator new(size_t n, std::align_val_t a) {
+  const size_t al = size_t(a), rounded = (nonzero(n) + al - 1) / al * al;
+  return counted(std::aligned_alloc(al, rounded));
+}
+void* operator new[](size_t n, std::align_val_t a) { return operator new(n, a); }
+void* operator new(size_t n, const std::nothrow_t&) noexcept {
+  try {
+    return operator new(n);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void* operator new[](size_t n, const std::nothrow_t&) noexcept {
+  try {
+    return operator new(n);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void operator delete(void* p) noexcept { uncounted(p); }
+void operator delete[](void* p) noexcept { uncounted(p); }
+void operator delete(void* p, size_t) noexcept { uncounted(p); }
+void operator delete[](void* p, size_t) noexcept { uncounted(p); }
+void operator delete(void* p, std::align_val_t) noexcept { uncounted(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { uncounted(p); }
+void operator delete(void* p, size_t, std::align_val_t) noexcept { uncounted(p); }
+void operator delete[](void* p, size_t, std::align_val_t) noexcept { uncounted(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { uncounted(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { uncounted(p); }
