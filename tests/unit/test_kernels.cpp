@@ -286,7 +286,8 @@ DVec gqa_attention_ref(const DVec& X, const AttnLayout& l, const ops::AttentionS
       const int64_t g = h / (s.H / s.Hkv);  // repeat_kv: query heads [g*rep, (g+1)*rep) share g
       for (int64_t i = 0; i < s.Tq; ++i) {
         auto visible = [&](int64_t j) {
-          return (!s.causal || j <= i) && (!s.key_len || j < s.key_len[b]);
+          return (!s.causal || j <= i) && (!s.key_len || j < s.key_len[b]) &&
+                 (!s.seg_start || j >= s.seg_start[b * s.Tq + i]);
         };
         const double* q = &X[sz(l.qoff + (b * s.Tq + i) * l.ldq + h * hd)];
         double mx = -INFINITY;
@@ -865,7 +866,8 @@ void check_attention(const std::string& what, const ops::AttentionShape& s, cons
         double sum = 0.0;
         for (int64_t j = 0; j < s.Tk; ++j) {
           const float p = probs[sz(((b * s.H + h) * s.Tq + i) * s.Tk + j)];
-          if ((s.causal && j > i) || (s.key_len && j >= s.key_len[b])) {
+          if ((s.causal && j > i) || (s.key_len && j >= s.key_len[b]) ||
+              (s.seg_start && j < s.seg_start[b * s.Tq + i])) {
             EXPECT_EQ(p, 0.0f) << "masked b=" << b << " h=" << h << " i=" << i << " j=" << j;
           }
           sum += p;
@@ -944,6 +946,52 @@ TEST(KernelsAttention, KeyLengthMasksPadding) {
   const int32_t self_len[kB] = {4, 1};  // causal and padding together; row 1 sees key 0 only
   const ops::AttentionShape causal{kB, 6, 6, 2, 1, 4, true, self_len};
   check_attention("causal, key_len", causal, separate_layout(causal), 51);
+}
+
+// Document masks (issue 15): each query sees the keys of its own document only. Row 0 of the
+// second case packs documents starting at 0, 3 and 70, so its second block of 64 query rows
+// starts mid-document (the block's key range begins at its first row's document).
+TEST(KernelsAttention, DocumentSegments) {
+  const int64_t T = 9;
+  std::vector<int32_t> seg(size_t(kB * T));
+  for (int64_t t = 0; t < T; ++t) {
+    seg[size_t(t)] = t < 3 ? 0 : t < 4 ? 3 : 4;  // documents [0,3), [3,4), [4,9)
+    seg[size_t(T + t)] = t < 8 ? 0 : 8;          // [0,8), [8,9)
+  }
+  ops::AttentionShape s{kB, T, T, 4, 2, 4, true};
+  s.seg_start = seg.data();
+  check_attention("gqa causal, documents", s, separate_layout(s), 56);
+  const int64_t L = 72;
+  std::vector<int32_t> seg2(size_t(kB * L));
+  for (int64_t t = 0; t < L; ++t) {
+    seg2[size_t(t)] = t < 3 ? 0 : t < 70 ? 3 : 70;
+    seg2[size_t(L + t)] = t < 66 ? 0 : 66;
+  }
+  ops::AttentionShape l{kB, L, L, 2, 1, 4, true};
+  l.seg_start = seg2.data();
+  check_attention("mqa causal, documents across query blocks", l, fused_layout(l, 1), 57);
+}
+
+// All-zero document starts (one document per row) give bitwise the plain causal result.
+TEST(KernelsAttention, OneDocumentEqualsNoSegments) {
+  const int64_t B = 2, T = 70, H = 2, hd = 4, C = H * hd;
+  std::mt19937 rng(58);
+  const Vec qkv = randn(rng, sz(B * T * 3 * C)), dout = randn(rng, sz(B * T * C));
+  const std::vector<int32_t> zeros(size_t(B * T), 0);
+  ops::AttentionShape plain{B, T, T, H, H, hd, true}, seg = plain;
+  seg.seg_start = zeros.data();
+  Vec out0(sz(B * T * C)), probs0(sz(B * H * T * T)), out1(out0.size()), probs1(probs0.size());
+  const float *q = qkv.data(), *k = q + C, *v = q + 2 * C;
+  ops::attention_forward(out0.data(), probs0.data(), q, 3 * C, k, v, 3 * C, plain);
+  ops::attention_forward(out1.data(), probs1.data(), q, 3 * C, k, v, 3 * C, seg);
+  EXPECT_EQ(out0, out1);
+  EXPECT_EQ(probs0, probs1);
+  Vec d0(qkv.size(), 0.0f), d1(qkv.size(), 0.0f);
+  ops::attention_backward(d0.data(), d0.data() + C, d0.data() + 2 * C, dout.data(), q, 3 * C, k, v,
+                          3 * C, probs0.data(), plain);
+  ops::attention_backward(d1.data(), d1.data() + C, d1.data() + 2 * C, dout.data(), q, 3 * C, k, v,
+                          3 * C, probs1.data(), seg);
+  EXPECT_EQ(d0, d1);
 }
 
 TEST(KernelsAttention, StridedColumnSlices) {

@@ -54,12 +54,13 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
 // width hd the pairs (i, i + hd/2), i < hd/2, are rotated by angle pos * theta^(-2i/hd):
 //   y[i] = x[i] cos - x[i+hd/2] sin,  y[i+hd/2] = x[i+hd/2] cos + x[i] sin.
 // x holds `rows` rows of stride ld; the first n_heads*hd columns of each row are rotated in place.
-// Row r is row (row0 + r) of a [B*T] batch, so its position is (row0 + r) % T.
+// Row r is row (row0 + r) of a [B*T] batch, so its position is (row0 + r) % T, or pos[row0 + r]
+// when pos [B*T] is given (positions restarting at each document of a packed row; each < T).
 void rope_forward(float* x, int64_t ld, int64_t rows, int64_t row0, int64_t T, int64_t n_heads,
-                  int64_t hd, float theta);
+                  int64_t hd, float theta, const int32_t* pos = nullptr);
 // In place: the gradient w.r.t. the un-rotated input (rotation by -angle).
 void rope_backward(float* dx, int64_t ld, int64_t rows, int64_t row0, int64_t T, int64_t n_heads,
-                   int64_t hd, float theta);
+                   int64_t hd, float theta, const int32_t* pos = nullptr);
 
 // GELU, tanh approximation (GPT-2's "gelu_new").
 void gelu_forward(float* out, const float* inp, int64_t n);
@@ -76,12 +77,15 @@ void swiglu_backward(float* dgu, const float* gu, const float* dout, int64_t row
 // hd; k, v: [B, Tk] rows of stride ldkv holding Hkv heads of hd each (they may be column slices of
 // one fused q|k|v buffer). Query head h uses kv head h / (H / Hkv) (Hugging Face repeat_kv).
 // causal: query i sees keys j <= i (needs Tq == Tk). key_len: null, or [B] counts of valid keys
-// (keys j >= key_len[b] are masked out: padding). out: [B, Tq, H*hd] contiguous; probs:
-// [B, H, Tq, Tk] saved for backward.
+// (keys j >= key_len[b] are masked out: padding). seg_start: null, or (causal only) [B, Tq] the
+// first key each query sees, the start of its document in a packed row: query i sees keys
+// [seg_start[b, i], i], a block-diagonal causal mask (non-decreasing along a row, each <= i).
+// out: [B, Tq, H*hd] contiguous; probs: [B, H, Tq, Tk] saved for backward.
 struct AttentionShape {
   int64_t B, Tq, Tk, H, Hkv, hd;
   bool causal;
   const int32_t* key_len = nullptr;
+  const int32_t* seg_start = nullptr;
 };
 void attention_forward(float* out, float* probs, const float* q, int64_t ldq, const float* k,
                        const float* v, int64_t ldkv, const AttentionShape& s);
@@ -105,11 +109,11 @@ void embedding_forward(float* out, const int32_t* tokens, const float* wte, int6
 void embedding_backward(float* dwte, const float* dout, const int32_t* tokens, int64_t vocab_start,
                         int64_t vocab_rows, int64_t n, int64_t C);
 // Position embedding of rows [row0, row0 + rows) of a [B*T, C] batch: out[i,:] +=
-// wpe[(row0+i)%T,:].
+// wpe[(row0+i)%T,:], or wpe[pos[row0+i],:] when pos [B*T] is given (each < T).
 void position_forward(float* out, const float* wpe, int64_t row0, int64_t rows, int64_t T,
-                      int64_t C);
+                      int64_t C, const int32_t* pos = nullptr);
 void position_backward(float* dwpe, const float* dout, int64_t row0, int64_t rows, int64_t T,
-                       int64_t C);
+                       int64_t C, const int32_t* pos = nullptr);
 
 // Combines per-row statistics across ranks that each hold a slice of the vocabulary:
 // combine(buf, n, is_max) reduces n doubles in place (max or sum). Empty = one rank holds all.

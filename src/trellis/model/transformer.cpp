@@ -153,9 +153,22 @@ Transformer::Transformer(const ParamLayout& layout, float* params, float* grads,
 // its real tokens, which the causal mask already hides from them).
 ops::AttentionShape Transformer::attention_shape(const Context& ctx, const Block& b) const {
   const int32_t* key_len = ctx.lengths.empty() || b.decoder ? nullptr : ctx.lengths.data();
-  return {
-      ctx.B,  ctx.T, ctx.T, Hl_, Hkvl_, hd_, cfg_.causal && (!cfg_.encoder_decoder() || b.decoder),
-      key_len};
+  // Packed documents (decoder-only models; forward checks): a block-diagonal causal mask.
+  const int32_t* seg_start = ctx.doc_start.empty() ? nullptr : ctx.doc_start.data();
+  return {ctx.B,
+          ctx.T,
+          ctx.T,
+          Hl_,
+          Hkvl_,
+          hd_,
+          cfg_.causal && (!cfg_.encoder_decoder() || b.decoder),
+          key_len,
+          seg_start};
+}
+
+// Positions restart at each packed document (null: position t of each row).
+static const int32_t* doc_positions(const Context& ctx) {
+  return ctx.positions.empty() ? nullptr : ctx.positions.data();
 }
 
 void Transformer::prepare(Context& ctx, int64_t B, int64_t T) {
@@ -245,7 +258,9 @@ void Transformer::embed(const int32_t* tokens, const float* pos, float* out, con
   if (!features_.empty()) {  // replicated: each rank projects its own rows
     const int64_t F = cfg_.input_features;
     features_.forward(out, ctx.features.data() + tp_.first_row(BT) * F, tp_.local_rows(BT));
-    if (pos) k_.position_forward(out, pos, tp_.first_row(BT), tp_.local_rows(BT), ctx.T, C_);
+    if (pos)
+      k_.position_forward(out, pos, tp_.first_row(BT), tp_.local_rows(BT), ctx.T, C_,
+                          doc_positions(ctx));
     return;
   }
   for (int64_t i = 0; i < BT; ++i)
@@ -255,13 +270,16 @@ void Transformer::embed(const int32_t* tokens, const float* pos, float* out, con
   float* lookup = tp_.sequence_parallel() ? full_.f32() : out;
   k_.embedding_forward(lookup, tokens, emb_, vocab_start_, vocab_rows_, BT, C_);
   tp_.leave(lookup, out, BT, C_);
-  if (pos) k_.position_forward(out, pos, tp_.first_row(BT), tp_.local_rows(BT), ctx.T, C_);
+  if (pos)
+    k_.position_forward(out, pos, tp_.first_row(BT), tp_.local_rows(BT), ctx.T, C_,
+                        doc_positions(ctx));
 }
 
 // Backward of embed from d(out) in dres_.
 void Transformer::embed_backward(const int32_t* tokens, float* dpos, const Context& ctx) {
   const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT), C = C_;
-  if (dpos) k_.position_backward(dpos, dres_.f32(), tp_.first_row(BT), R, ctx.T, C);
+  if (dpos)
+    k_.position_backward(dpos, dres_.f32(), tp_.first_row(BT), R, ctx.T, C, doc_positions(ctx));
   if (!features_.empty()) {
     features_.backward(nullptr, dres_.f32(),
                        ctx.features.data() + tp_.first_row(BT) * cfg_.input_features, R);
@@ -348,7 +366,8 @@ void Transformer::block_forward(Context& ctx, int l, const float* x, bool recomp
   const int64_t W = p.qkv.out();
   p.qkv.forward(qkv, in, BT);
   if (cfg_.positions == PositionKind::Rope)  // q and k heads are the first Hl + Hkvl of a row
-    k_.rope_forward(qkv, W, BT, 0, ctx.T, Hl_ + Hkvl_, hd_, cfg_.rope_theta);
+    k_.rope_forward(qkv, W, BT, 0, ctx.T, Hl_ + Hkvl_, hd_, cfg_.rope_theta,
+                    doc_positions(ctx));
   self_attention(ctx, p, a);
   float* partial = sp ? full_.f32() : a.res_mid.f32();
   p.proj.forward(partial, a.att.f32(), BT, false);
@@ -417,6 +436,7 @@ double Transformer::forward(Context& ctx, float grad_scale) {
                   ctx.T, cfg_.block_size);
   for (int32_t n : ctx.lengths)
     TRELLIS_REQUIRE(n >= 1 && n <= ctx.T, "sequence length {} is outside [1, {}]", n, ctx.T);
+  set_doc_positions(ctx);
   blocks_forward(ctx);
   if (!chunk_.head) return 0.0;
   if (!cfg_.lm_head()) return classifier_forward(ctx, grad_scale);
@@ -425,6 +445,19 @@ double Transformer::forward(Context& ctx, float grad_scale) {
     TRELLIS_REQUIRE(t >= -1 && t < cfg_.vocab_size, "target id {} is outside the vocabulary", t);
   return k_.cross_entropy(ctx.logits.f32(), ctx.losses.f32(), ctx.targets.data(), ctx.B * ctx.T,
                           vocab_valid_, vocab_rows_, vocab_start_, grad_scale, tp_.row_combine());
+}
+
+void Transformer::set_doc_positions(Context& ctx) const {
+  ctx.positions.clear();
+  if (ctx.doc_start.empty()) return;
+  TRELLIS_REQUIRE(cfg_.causal && !cfg_.encoder_decoder() && cfg_.lm_head(),
+                  "document_mask needs a decoder-only language model (gpt2 or llama family)");
+  const int64_t BT = ctx.B * ctx.T;
+  TRELLIS_CHECK(int64_t(ctx.doc_start.size()) == BT, "doc_start holds {} entries, not {}",
+                ctx.doc_start.size(), BT);
+  ctx.positions.resize(size_t(BT));
+  for (int64_t i = 0; i < BT; ++i)
+    ctx.positions[size_t(i)] = int32_t(i % ctx.T) - ctx.doc_start[size_t(i)];
 }
 
 // dres holds d(res_out) on entry and d(mid) on exit (mid: the MLP's residual input).
@@ -478,7 +511,8 @@ void Transformer::block_backward(Context& ctx, int l, const float* x) {
   k_.attention_backward(dqkv, dqkv + Q, dqkv + Q + KV, datt_.f32(), qkv, W, qkv + Q, qkv + Q + KV,
                         W, a.probs.f32(), attention_shape(ctx, p));
   if (cfg_.positions == PositionKind::Rope)
-    k_.rope_backward(dqkv, W, BT, 0, ctx.T, Hl_ + Hkvl_, hd_, cfg_.rope_theta);
+    k_.rope_backward(dqkv, W, BT, 0, ctx.T, Hl_ + Hkvl_, hd_, cfg_.rope_theta,
+                     doc_positions(ctx));
   p.qkv.backward(dln, dqkv, sp ? a.ln1_full.f32() : a.ln1.f32(), BT);
   tp_.enter_backward(dln, dlocal, BT, C);
   p.ln1.backward(dres, dlocal, x, a.ln1_mean.f32(), a.ln1_rstd.f32(), R);

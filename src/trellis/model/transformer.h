@@ -50,6 +50,11 @@ struct Context {
   // Sequences padded to T: the real positions of each (of the source, for an encoder-decoder)
   // [B]; empty = all T. Padding is masked out of attention and pooling; its targets are -1.
   std::vector<int32_t> lengths;
+  // Packed documents (--document-mask): where the document of each position starts in its row
+  // [B*T] (non-decreasing along a row, 0 at its first position); empty = one sequence per row.
+  // Attention stays inside a document (a block-diagonal causal mask) and positions (learned or
+  // RoPE) restart at each document's start; forward derives `positions` [B*T] from it.
+  std::vector<int32_t> doc_start, positions;
   std::vector<int32_t> labels;  // a classifier's class of each sequence [B] (-1: not counted)
   std::vector<float> features;  // feature inputs [B*T, input_features] (instead of tokens)
   Tensor embedded;              // [local, C] input of block 0
@@ -167,6 +172,8 @@ class Transformer {
   // Valid positions of sequence b.
   int64_t length(const Context& ctx, int64_t b) const;
   ops::AttentionShape attention_shape(const Context& ctx, const Block& b) const;
+  // ctx.positions from ctx.doc_start (cleared without documents).
+  void set_doc_positions(Context& ctx) const;
 
   const Backend& k_;
   ModelConfig cfg_;

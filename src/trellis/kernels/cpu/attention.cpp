@@ -1,6 +1,9 @@
 // Attention per (batch, head) with small GEMMs; the softmax probabilities are saved for backward
 // (Tq x Tk per head: fine at GPT-2 context lengths on a CPU). Causal and padding masks both leave
-// each query row a prefix of visible keys, so one prefix softmax serves every variant.
+// each query row a prefix of visible keys, so one prefix softmax serves every variant; document
+// segments (seg_start) cut that prefix's front, so a row sees a range [start, end) of keys, and a
+// block of query rows computes its scores from the first row's start on (starts only grow along
+// a row). Without segments every start is 0: the same operations as before they existed.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -61,6 +64,20 @@ void check_shape(const AttentionShape& s) {
   for (int64_t b = 0; s.key_len && b < s.B; ++b)
     TRELLIS_CHECK(s.key_len[b] >= 1 && s.key_len[b] <= s.Tk,
                   "attention: key_len[{}] = {} is outside [1, {}]", b, s.key_len[b], s.Tk);
+  TRELLIS_CHECK(!s.seg_start || (s.causal && !s.key_len),
+                "attention: document segments need causal attention without key lengths");
+  for (int64_t b = 0; s.seg_start && b < s.B; ++b)
+    for (int64_t i = 0; i < s.Tq; ++i) {
+      const int32_t st = s.seg_start[b * s.Tq + i];
+      TRELLIS_CHECK(st >= 0 && st <= i && (i == 0 || st >= s.seg_start[b * s.Tq + i - 1]),
+                    "attention: seg_start[{}, {}] = {} is not a non-decreasing start <= {}", b, i,
+                    st, i);
+    }
+}
+
+// The first key query i of batch row b sees: the start of its document (0 without segments).
+int64_t first_key(const AttentionShape& s, int64_t b, int64_t i) {
+  return s.seg_start ? s.seg_start[b * s.Tq + i] : 0;
 }
 
 // Keys [0, n) that batch row b can see at all; masked keys are then never read.
@@ -93,9 +110,17 @@ void attention_forward(float* out, float* probs, const float* q, int64_t ldq, co
     float* oh = out + b * Tq * C + h * hd;
     for (int64_t i0 = 0; i0 < Tq; i0 += query_block(s)) {
       const int64_t i1 = std::min(Tq, i0 + query_block(s)), n = block_keys(s, b, i1);
-      gemm(false, true, i1 - i0, n, hd, scale, qh + i0 * ldq, ldq, kh, ldkv, 0.0f, p + i0 * Tk, Tk);
-      for (int64_t i = i0; i < i1; ++i) softmax_causal_row(p + i * Tk, visible_keys(s, b, i), Tk);
-      gemm(false, false, i1 - i0, hd, n, 1.0f, p + i0 * Tk, Tk, vh, ldkv, 0.0f, oh + i0 * C, C);
+      const int64_t lo = first_key(s, b, i0);  // the block's rows see no key before it
+      gemm(false, true, i1 - i0, n - lo, hd, scale, qh + i0 * ldq, ldq, kh + lo * ldkv, ldkv, 0.0f,
+           p + i0 * Tk + lo, Tk);
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t first = first_key(s, b, i);
+        float* row = p + i * Tk;
+        softmax_causal_row(row + first, visible_keys(s, b, i) - first, Tk - first);
+        std::fill(row, row + first, 0.0f);
+      }
+      gemm(false, false, i1 - i0, hd, n - lo, 1.0f, p + i0 * Tk + lo, Tk, vh + lo * ldkv, ldkv,
+           0.0f, oh + i0 * C, C);
     }
   }
 }
@@ -125,24 +150,28 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
         const float* dy = dout + b * Tq * C + h * hd;
         for (int64_t i0 = 0; i0 < Tq; i0 += query_block(s)) {
           const int64_t i1 = std::min(Tq, i0 + query_block(s)), m = i1 - i0;
-          const int64_t n = block_keys(s, b, i1);
-          const float* pb = p + i0 * Tk;
+          const int64_t n = block_keys(s, b, i1), lo = first_key(s, b, i0), nk = n - lo;
+          const float* pb = p + i0 * Tk + lo;
           const float* dyb = dy + i0 * C;
-          float* db = dp.data() + i0 * Tk;
-          gemm(false, true, m, n, hd, 1.0f, dyb, C, vh, ldkv, 0.0f, db, Tk);   // dP = dY V^T
-          gemm(true, false, n, hd, m, 1.0f, pb, Tk, dyb, C, 1.0f, dvh, ldkv);  // dV += P^T dY
+          float* db = dp.data() + i0 * Tk + lo;
+          // Keys [lo, n) only: the block's rows see no other.
+          gemm(false, true, m, nk, hd, 1.0f, dyb, C, vh + lo * ldkv, ldkv, 0.0f, db, Tk);  // dP
+          gemm(true, false, nk, hd, m, 1.0f, pb, Tk, dyb, C, 1.0f, dvh + lo * ldkv, ldkv);  // dV
           // Softmax backward, with the 1/sqrt(hd) of the scores folded in: dS = P*(dP - <P,dP>).
           for (int64_t i = i0; i < i1; ++i) {
-            const int64_t v = visible_keys(s, b, i);
+            const int64_t v = visible_keys(s, b, i), first = first_key(s, b, i);
             const float* prow = p + i * Tk;
             float* drow = dp.data() + i * Tk;
-            const float dot = dot_f8(prow, drow, v);
-            for (int64_t j = 0; j < v; ++j) drow[j] = prow[j] * (drow[j] - dot) * scale;
+            const float dot = dot_f8(prow + first, drow + first, v - first);
+            for (int64_t j = lo; j < first; ++j) drow[j] = 0.0f;
+            for (int64_t j = first; j < v; ++j) drow[j] = prow[j] * (drow[j] - dot) * scale;
             for (int64_t j = v; j < n; ++j) drow[j] = 0.0f;
           }
           // dQ += dS K, dK += dS^T Q.
-          gemm(false, false, m, hd, n, 1.0f, db, Tk, kh, ldkv, 1.0f, dqh + i0 * ldq, ldq);
-          gemm(true, false, n, hd, m, 1.0f, db, Tk, qh + i0 * ldq, ldq, 1.0f, dkh, ldkv);
+          gemm(false, false, m, hd, nk, 1.0f, db, Tk, kh + lo * ldkv, ldkv, 1.0f, dqh + i0 * ldq,
+               ldq);
+          gemm(true, false, nk, hd, m, 1.0f, db, Tk, qh + i0 * ldq, ldq, 1.0f, dkh + lo * ldkv,
+               ldkv);
         }
       }
     }

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "trellis/core/error.h"
 #include "trellis/kernels/ops.h"
 
 namespace trellis::ops {
@@ -36,22 +37,25 @@ void embedding_backward(float* dwte, const float* dout, const int32_t* tokens, i
 }
 
 void position_forward(float* out, const float* wpe, int64_t row0, int64_t rows, int64_t T,
-                      int64_t C) {
+                      int64_t C, const int32_t* pos) {
+  for (int64_t i = 0; pos && i < rows; ++i)
+    TRELLIS_CHECK(pos[row0 + i] >= 0 && pos[row0 + i] < T, "position {} of row {} outside [0, {})",
+                  pos[row0 + i], row0 + i, T);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < rows; ++i) {
-    const float* p = wpe + ((row0 + i) % T) * C;
+    const float* p = wpe + (pos ? pos[row0 + i] : (row0 + i) % T) * C;
     float* y = out + i * C;
     for (int64_t c = 0; c < C; ++c) y[c] += p[c];
   }
 }
 
 void position_backward(float* dwpe, const float* dout, int64_t row0, int64_t rows, int64_t T,
-                       int64_t C) {
+                       int64_t C, const int32_t* pos) {
 #pragma omp parallel for schedule(static)
   for (int64_t c0 = 0; c0 < C; c0 += 32) {
     const int64_t c1 = std::min(C, c0 + 32);
     for (int64_t i = 0; i < rows; ++i) {
-      float* p = dwpe + ((row0 + i) % T) * C;
+      float* p = dwpe + (pos ? pos[row0 + i] : (row0 + i) % T) * C;
       const float* dy = dout + i * C;
       for (int64_t c = c0; c < c1; ++c) p[c] += dy[c];
     }
