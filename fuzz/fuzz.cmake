@@ -11,6 +11,7 @@ set(TRELLIS_FUZZ_SOURCES
     src/trellis/io/checkpoint.cpp
     src/trellis/io/pretrained.cpp
     src/trellis/data/shard.cpp
+    src/trellis/data/doc_index.cpp
     src/trellis/data/tokenizer.cpp
     src/trellis/data/task_readers.cpp
     src/trellis/model/config.cpp

@@ -22,6 +22,9 @@ void check_task_flags(const CLI::App& sub, const std::string& task) {
     const char* flag;
     std::vector<std::string> tasks;
   } scoped[] = {{"--shard-tokens", {"lm"}},
+                {"--threads", {"lm"}},
+                {"--chunk-bytes", {"lm"}},
+                {"--progress", {"lm"}},
                 {"--val-input", {"classify", "translate"}},
                 {"--seed", {"classify", "translate"}},
                 {"--text-column", {"classify"}},
@@ -62,6 +65,16 @@ Command add_prepare_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--shard-tokens", o->shard_tokens, "lm: maximum tokens per shard file")
       ->capture_default_str();
+  sub->add_option("--threads", o->threads,
+                  "lm: tokenizer threads (GPT-2 BPE; the output does not depend on them)")
+      ->capture_default_str();
+  sub->add_option("--chunk-bytes", o->chunk_bytes,
+                  "lm: bytes of text read and tokenised at a time per thread (memory bound)")
+      ->capture_default_str();
+  sub->add_option("--progress", o->progress,
+                  "lm: progress on stderr: 1 = a redrawn line, 0 = none, -1 = a redrawn line on a "
+                  "terminal, else a line every 30 s")
+      ->capture_default_str();
   sub->add_option("--seed", t->seed, "classify/translate: seed of the held-out split")
       ->capture_default_str();
   sub->add_option("--text-column", t->text_column,
@@ -84,8 +97,10 @@ Command add_prepare_command(CLI::App& app) {
             check_task_flags(*sub, *task);
             if (*task == "lm") {
               const PrepareResult r = prepare_dataset(*o);
-              fmt::print("trellis: wrote {} ({} train tokens, {} val tokens, tokenizer {})\n",
-                         o->out_dir, r.train_tokens, r.val_tokens, o->tokenizer);
+              fmt::print(
+                  "trellis: wrote {} ({} train tokens, {} val tokens, {} documents, tokenizer "
+                  "{})\n",
+                  o->out_dir, r.train_tokens, r.val_tokens, r.documents, o->tokenizer);
               return 0;
             }
             t->task = *task;

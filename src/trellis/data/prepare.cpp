@@ -1,13 +1,21 @@
 #include "trellis/data/prepare.h"
 
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <span>
+#include <thread>
 
 #include "trellis/core/error.h"
+#include "trellis/data/doc_index.h"
 #include "trellis/data/shard.h"
 #include "trellis/data/tokenizer.h"
 #include "trellis/io/atomic_file.h"
@@ -17,6 +25,9 @@ namespace trellis {
 namespace fs = std::filesystem;
 
 namespace {
+
+constexpr size_t kHeaderBytes = kShardHeaderInts * sizeof(int32_t);
+constexpr size_t kIoBytes = size_t(1) << 20;  // write buffer and copy block
 
 // Inputs in a fixed order (directories sorted by name) so the same inputs always give the same
 // token stream, whatever order the file system lists them in.
@@ -43,18 +54,212 @@ std::vector<std::string> collect_input_files(const std::vector<std::string>& inp
   return files;
 }
 
-void write_split(const std::string& out_dir, const std::string& prefix, const uint32_t* tokens,
-                 size_t n, size_t shard_tokens, int32_t version,
-                 std::vector<std::string>& written) {
-  size_t shard = 0;
-  for (size_t begin = 0; begin < n; begin += shard_tokens, ++shard) {
-    const size_t end = std::min(n, begin + shard_tokens);
-    const std::string name = fmt::format("{}_{:06d}.bin", prefix, shard);
-    write_shard((fs::path(out_dir) / name).string(),
-                std::span<const uint32_t>(tokens + begin, end - begin), version);
-    written.push_back(name);
+void write_all(int fd, const void* data, size_t n, const std::string& path) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    TRELLIS_REQUIRE(w > 0, "{}: write failed: {}", path, std::strerror(errno));
+    p += w;
+    n -= size_t(w);
   }
 }
+
+// A shard file written in pieces: header placeholder, tokens through a buffer, header at close.
+class ShardWriter {
+ public:
+  ShardWriter(std::string path, int32_t version) : path_(std::move(path)), version_(version) {
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    TRELLIS_REQUIRE(fd_ >= 0, "{}: cannot create: {}", path_, std::strerror(errno));
+    buf_.assign(kHeaderBytes, 0);
+  }
+  ~ShardWriter() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  ShardWriter(const ShardWriter&) = delete;
+  ShardWriter& operator=(const ShardWriter&) = delete;
+
+  void push(const uint32_t* t, size_t n) {
+    const size_t old = buf_.size();
+    if (version_ == kShardVersion16) {
+      buf_.resize(old + 2 * n);
+      uint8_t* p = buf_.data() + old;
+      uint32_t any = 0;
+      for (size_t i = 0; i < n; ++i) {
+        any |= t[i];
+        const auto v = uint16_t(t[i]);
+        std::memcpy(p + 2 * i, &v, 2);
+      }
+      for (size_t i = 0; any > 0xffff && i < n; ++i)
+        TRELLIS_REQUIRE(t[i] <= 0xffff, "{}: token {} does not fit a version-1 (uint16) shard",
+                        path_, t[i]);
+    } else {
+      buf_.resize(old + 4 * n);
+      if (n > 0) std::memcpy(buf_.data() + old, t, 4 * n);
+    }
+    if (buf_.size() >= kIoBytes) flush();
+    count_ += int64_t(n);
+  }
+  int64_t count() const { return count_; }
+  void close() {
+    flush();
+    TRELLIS_REQUIRE(count_ <= INT32_MAX, "{}: {} tokens do not fit one shard", path_, count_);
+    int32_t h[kShardHeaderInts] = {};
+    h[0] = kShardMagic;
+    h[1] = version_;
+    h[2] = int32_t(count_);
+    if (version_ == kShardVersion32) h[3] = 4;
+    TRELLIS_REQUIRE(::pwrite(fd_, h, kHeaderBytes, 0) == ssize_t(kHeaderBytes),
+                    "{}: write failed: {}", path_, std::strerror(errno));
+    TRELLIS_REQUIRE(::close(fd_) == 0, "{}: close failed: {}", path_, std::strerror(errno));
+    fd_ = -1;
+  }
+
+ private:
+  void flush() {
+    write_all(fd_, buf_.data(), buf_.size(), path_);
+    buf_.clear();
+  }
+  std::string path_;
+  int32_t version_;
+  int fd_ = -1;
+  int64_t count_ = 0;
+  std::vector<uint8_t> buf_;
+};
+
+// The token stream spooled into files of S tokens each (shard format) in the staging directory.
+class Spool {
+ public:
+  Spool(std::string dir, int64_t S, int32_t version) : dir_(std::move(dir)), S_(S), v_(version) {}
+  void push(const uint32_t* t, size_t n) {
+    while (n > 0) {
+      if (!cur_) {
+        paths_.push_back(fmt::format("{}/spool_{:06d}.bin", dir_, paths_.size()));
+        cur_ = std::make_unique<ShardWriter>(paths_.back(), v_);
+      }
+      const size_t k = std::min<size_t>(n, size_t(S_ - cur_->count()));
+      cur_->push(t, k);
+      t += k;
+      n -= k;
+      total_ += int64_t(k);
+      if (cur_->count() == S_) close_current();
+    }
+  }
+  void finish() {
+    if (cur_) close_current();
+  }
+  int64_t total() const { return total_; }
+  const std::string& path(size_t k) const { return paths_[k]; }
+  // Tokens [begin, begin + n) into out.
+  void read(int64_t begin, int64_t n, uint32_t* out) const {
+    const size_t w = v_ == kShardVersion16 ? 2 : 4;
+    std::vector<uint8_t> raw;
+    while (n > 0) {
+      const size_t k = size_t(begin / S_);
+      const int64_t off = begin % S_, m = std::min(n, S_ - off);
+      raw.resize(size_t(m) * w);
+      const int fd = ::open(paths_[k].c_str(), O_RDONLY | O_CLOEXEC);
+      TRELLIS_REQUIRE(fd >= 0, "{}: cannot open: {}", paths_[k], std::strerror(errno));
+      size_t got = 0;
+      while (got < raw.size()) {
+        const ssize_t r = ::pread(fd, raw.data() + got, raw.size() - got,
+                                  off_t(kHeaderBytes + size_t(off) * w + got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += size_t(r);
+      }
+      ::close(fd);
+      TRELLIS_REQUIRE(got == raw.size(), "{}: short read", paths_[k]);
+      for (int64_t i = 0; i < m; ++i) {
+        if (w == 2) {
+          uint16_t v;
+          std::memcpy(&v, raw.data() + 2 * i, 2);
+          out[i] = v;
+        } else {
+          std::memcpy(out + i, raw.data() + 4 * i, 4);
+        }
+      }
+      out += m;
+      begin += m;
+      n -= m;
+    }
+  }
+
+ private:
+  void close_current() {
+    cur_->close();
+    cur_.reset();
+  }
+  std::string dir_;
+  int64_t S_;
+  int32_t v_;
+  std::vector<std::string> paths_;
+  std::unique_ptr<ShardWriter> cur_;
+  int64_t total_ = 0;
+};
+
+// A progress line on stderr: bytes read of the total, MB/s, tokens so far, ETA.
+class Progress {
+ public:
+  Progress(int mode, uint64_t total_bytes) : total_(total_bytes) {
+    tty_ = isatty(STDERR_FILENO) != 0;
+    mode_ = mode < 0 ? (tty_ ? 1 : 2) : mode;  // 2: a plain line every 30 s
+    t0_ = last_ = Clock::now();
+  }
+  void update(uint64_t bytes, int64_t tokens, bool done = false) {
+    if (mode_ == 0) return;
+    const auto now = Clock::now();
+    const double since = std::chrono::duration<double>(now - last_).count();
+    if (!done && since < (mode_ == 1 ? 0.25 : 30.0)) return;
+    if (done && !printed_) return;  // a quick run prints nothing
+    last_ = now;
+    const double s = std::chrono::duration<double>(now - t0_).count();
+    const double rate = s > 0 ? double(bytes) / s : 0.0;
+    const double eta = rate > 0 ? double(total_ - std::min(total_, bytes)) / rate : 0.0;
+    const std::string line = fmt::format(
+        "prepare: {:.1f} of {:.1f} MB ({:.0f}%), {:.1f} MB/s, {} tokens, ETA {}:{:02d}",
+        double(bytes) / 1e6, double(total_) / 1e6,
+        total_ ? 100.0 * double(bytes) / double(total_) : 100.0, rate / 1e6, tokens,
+        int(eta) / 60, int(eta) % 60);
+    if (mode_ == 1)
+      fmt::print(stderr, "\r{}\033[K{}", line, done ? "\n" : "");
+    else
+      fmt::print(stderr, "{}\n", line);
+    std::fflush(stderr);
+    printed_ = true;
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  uint64_t total_;
+  bool tty_ = false, printed_ = false;
+  int mode_;
+  Clock::time_point t0_, last_;
+};
+
+// Where a chunk of GPT-2 text may end without changing its pre-tokens: before a space that
+// follows a printable ASCII character and precedes an ASCII letter. The pattern's pieces never
+// end in such a space nor start after it (" ?\p{L}+" starts there), and it has no look-behind,
+// so encoding the two sides separately gives the tokens of encoding them together. Returns the
+// last such position in text[0, n), or 0.
+size_t safe_cut(const std::string& text) {
+  auto printable = [](unsigned char c) { return c > 0x20 && c < 0x7f; };
+  auto letter = [](unsigned char c) { return (c | 0x20) >= 'a' && (c | 0x20) <= 'z'; };
+  for (size_t p = text.size() >= 2 ? text.size() - 2 : 0; p >= 1; --p)
+    if (text[p] == ' ' && letter(text[p + 1]) && printable(text[p - 1])) return p;
+  return 0;
+}
+
+// A cut at a UTF-8 character boundary at or before n (the fallback for text without a safe cut).
+size_t char_cut(const std::string& text, size_t n) {
+  while (n > 0 && n < text.size() && (static_cast<unsigned char>(text[n]) & 0xC0) == 0x80) --n;
+  return n > 0 ? n : text.size();
+}
+
+struct Piece {
+  std::string text;
+  bool opens_doc = false;  // the first piece of a document
+};
 
 }  // namespace
 
@@ -62,62 +267,238 @@ PrepareResult prepare_dataset(const PrepareOptions& opt) {
   TRELLIS_REQUIRE(!opt.out_dir.empty(), "prepare: no output directory given");
   TRELLIS_REQUIRE(opt.val_fraction > 0.0 && opt.val_fraction < 1.0,
                   "prepare: val_fraction must be in (0, 1), got {}", opt.val_fraction);
-  TRELLIS_REQUIRE(opt.shard_tokens > 0, "prepare: shard_tokens must be positive");
+  TRELLIS_REQUIRE(opt.shard_tokens > 0 && opt.shard_tokens <= size_t(INT32_MAX),
+                  "prepare: shard_tokens must be in [1, {}], got {}", INT32_MAX, opt.shard_tokens);
+  TRELLIS_REQUIRE(opt.threads >= 1 && opt.threads <= 256, "prepare: threads must be >= 1, got {}",
+                  opt.threads);
+  TRELLIS_REQUIRE(opt.chunk_bytes >= 1, "prepare: chunk_bytes must be >= 1");
   const auto files = collect_input_files(opt.inputs);
-  const auto tok = make_tokenizer(opt.tokenizer, opt.tokenizer_dir);
+  std::vector<std::unique_ptr<Tokenizer>> toks;
+  toks.push_back(make_tokenizer(opt.tokenizer, opt.tokenizer_dir));
+  const Tokenizer& tok = *toks[0];
+  // The byte tokenizer is a copy: chunks could be cut anywhere and one thread is plenty.
+  const bool bpe = tok.kind() != "byte";
+  const int threads = bpe ? opt.threads : 1;
+  while (int(toks.size()) < threads)
+    toks.push_back(make_tokenizer(opt.tokenizer, opt.tokenizer_dir));
   // uint16 shards (llm.c's version 1) where the vocabulary fits, uint32 (version 2) beyond.
-  const int32_t version = shard_version_for_vocab(tok->vocab_size());
+  const int32_t version = shard_version_for_vocab(tok.vocab_size());
+  const auto S = int64_t(opt.shard_tokens);
 
-  std::vector<uint32_t> tokens;
-  bool first_doc = true;
+  uint64_t total_bytes = 0;
   for (const auto& f : files) {
-    const std::string text = read_file(f);
-    if (text.empty()) continue;
-    // A separator between documents tells the model where one text ends and the next begins.
-    if (!first_doc && tok->eot_token() >= 0)
-      tokens.push_back(static_cast<uint32_t>(tok->eot_token()));
-    first_doc = false;
-    for (int t : tok->encode(text)) tokens.push_back(static_cast<uint32_t>(t));
+    std::error_code ec;
+    const auto n = fs::file_size(f, ec);
+    if (!ec) total_bytes += n;
   }
-  TRELLIS_REQUIRE(!tokens.empty(), "prepare: empty corpus: the {} input file(s) hold no text",
-                  files.size());
-  TRELLIS_REQUIRE(tokens.size() >= 2,
-                  "prepare: corpus too small: {} token; need at least 2 (one for training, one "
-                  "for validation)",
-                  tokens.size());
-  const size_t total = tokens.size();
-  auto n_val = static_cast<size_t>(std::llround(static_cast<double>(total) * opt.val_fraction));
-  n_val = std::clamp<size_t>(n_val, 1, total - 1);
-  const size_t n_train = total - n_val;
 
   std::error_code ec;
+  const bool created = !fs::exists(opt.out_dir, ec);
   fs::create_directories(opt.out_dir, ec);
   TRELLIS_REQUIRE(!ec, "{}: cannot create output directory: {}", opt.out_dir, ec.message());
+  const std::string stage =
+      (fs::path(opt.out_dir) / fmt::format(".prepare-{}.tmp", ::getpid())).string();
+  fs::remove_all(stage, ec);
+  fs::create_directory(stage, ec);
+  TRELLIS_REQUIRE(!ec, "{}: cannot create: {}", stage, ec.message());
+  // Until the end, out_dir keeps what it had: a failure removes the staging directory (and an
+  // output directory this run created).
+  struct Cleanup {
+    std::string stage, out;
+    bool created, armed = true;
+    ~Cleanup() {
+      std::error_code e;
+      fs::remove_all(stage, e);
+      if (armed && created) fs::remove(out, e);
+    }
+  } cleanup{stage, opt.out_dir, created};
+
+  Spool spool(stage, S, version);
+  std::vector<int64_t> doc_starts;  // stream positions (one per document: per input file)
+  Progress progress(opt.progress, total_bytes);
+  uint64_t bytes_done = 0;
+
+  std::vector<Piece> batch;
+  std::vector<std::vector<int>> encoded(static_cast<size_t>(threads));
+  auto emit = [&](const Piece& p, const std::vector<int>& ids) {
+    if (p.opens_doc) {
+      doc_starts.push_back(spool.total());
+      if (doc_starts.size() > 1 && tok.eot_token() >= 0) {
+        // A separator between documents tells the model where one text ends and the next begins.
+        const auto eot = uint32_t(tok.eot_token());
+        spool.push(&eot, 1);
+      }
+    }
+    static_assert(sizeof(int) == sizeof(uint32_t));  // ids are >= 0: the same bits
+    spool.push(reinterpret_cast<const uint32_t*>(ids.data()), ids.size());
+  };
+  auto run_batch = [&] {
+    if (batch.size() == 1) {
+      encoded[0] = toks[0]->encode(batch[0].text);
+    } else {
+      std::vector<std::thread> pool;
+      std::exception_ptr err;
+      std::mutex m;
+      for (size_t i = 1; i < batch.size(); ++i)
+        pool.emplace_back([&, i] {
+          try {
+            encoded[i] = toks[i]->encode(batch[i].text);
+          } catch (...) {
+            std::lock_guard<std::mutex> g(m);
+            if (!err) err = std::current_exception();
+          }
+        });
+      encoded[0] = toks[0]->encode(batch[0].text);
+      for (auto& t : pool) t.join();
+      if (err) std::rethrow_exception(err);
+    }
+    for (size_t i = 0; i < batch.size(); ++i) emit(batch[i], encoded[i]);
+    batch.clear();
+  };
+  auto add_piece = [&](std::string text, bool opens_doc) {
+    batch.push_back({std::move(text), opens_doc});
+    if (int(batch.size()) == threads) run_batch();
+    progress.update(bytes_done, spool.total());
+  };
+
+  std::string buf;
+  for (const auto& f : files) {
+    const int fd = ::open(f.c_str(), O_RDONLY | O_CLOEXEC);
+    TRELLIS_REQUIRE(fd >= 0, "{}: cannot read: {}", f, std::strerror(errno));
+    struct Closer {
+      int fd;
+      ~Closer() { ::close(fd); }
+    } closer{fd};
+    bool first = true, eof = false;
+    buf.clear();
+    while (!eof || !buf.empty()) {
+      // Fill the buffer to a chunk (a little past it, for GPT-2, to find a cut).
+      const size_t want = opt.chunk_bytes + (bpe ? 1 : 0);
+      while (buf.size() < want) {
+        const size_t old = buf.size();
+        buf.resize(std::max(want, old + 1));
+        const ssize_t r = ::read(fd, buf.data() + old, buf.size() - old);
+        if (r < 0 && errno == EINTR) {
+          buf.resize(old);
+          continue;
+        }
+        TRELLIS_REQUIRE(r >= 0, "{}: read failed: {}", f, std::strerror(errno));
+        buf.resize(old + size_t(r));
+        bytes_done += uint64_t(r);
+        if (r == 0) {
+          eof = true;
+          break;
+        }
+      }
+      if (buf.empty()) break;
+      size_t cut = buf.size();
+      if (!eof && bpe) {
+        cut = safe_cut(buf);
+        if (cut == 0) {
+          // No safe cut yet: read on, up to 4 chunks; then cut at a character boundary (this one
+          // place may tokenise differently from whole-file encoding: text without spaces).
+          if (buf.size() < 4 * opt.chunk_bytes) {
+            const size_t old = buf.size();
+            buf.resize(old + opt.chunk_bytes);
+            const ssize_t r = ::read(fd, buf.data() + old, opt.chunk_bytes);
+            TRELLIS_REQUIRE(r >= 0, "{}: read failed: {}", f, std::strerror(errno));
+            buf.resize(old + size_t(r));
+            bytes_done += uint64_t(r);
+            if (r == 0) eof = true;
+            continue;
+          }
+          cut = char_cut(buf, opt.chunk_bytes);
+        }
+      }
+      add_piece(buf.substr(0, cut), first);
+      buf.erase(0, cut);
+      first = false;
+    }
+  }
+  if (!batch.empty()) run_batch();
+  spool.finish();
+  progress.update(bytes_done, spool.total(), true);
+
+  const int64_t total = spool.total();
+  TRELLIS_REQUIRE(total > 0, "prepare: empty corpus: the {} input file(s) hold no text",
+                  files.size());
+  TRELLIS_REQUIRE(total >= 2,
+                  "prepare: corpus too small: {} token; need at least 2 (one for training, one "
+                  "for validation)",
+                  total);
+  auto n_val = static_cast<int64_t>(std::llround(double(total) * opt.val_fraction));
+  n_val = std::clamp<int64_t>(n_val, 1, total - 1);
+  const int64_t n_train = total - n_val;
+
+  // The shards, with their document indexes, in the staging directory under their final names.
   std::vector<std::string> written;
-  write_split(opt.out_dir, "train", tokens.data(), n_train, opt.shard_tokens, version, written);
-  write_split(opt.out_dir, "val", tokens.data() + n_train, n_val, opt.shard_tokens, version,
-              written);
+  auto index = [&](const std::string& name, int64_t b, int64_t e) {
+    std::vector<uint32_t> rel;
+    auto it = std::lower_bound(doc_starts.begin(), doc_starts.end(), b);
+    for (; it != doc_starts.end() && *it < e; ++it) rel.push_back(uint32_t(*it - b));
+    const std::string idx = name.substr(0, name.size() - 4) + ".idx";
+    write_doc_index((fs::path(stage) / idx).string(), rel, e - b);
+    written.push_back(idx);
+  };
+  std::vector<uint32_t> block;
+  auto copy = [&](const std::string& name, int64_t b, int64_t e) {
+    ShardWriter w((fs::path(stage) / name).string(), version);
+    for (int64_t pos = b; pos < e;) {
+      const int64_t n = std::min<int64_t>(e - pos, int64_t(kIoBytes / 4));
+      block.resize(size_t(n));
+      spool.read(pos, n, block.data());
+      w.push(block.data(), block.size());
+      pos += n;
+    }
+    w.close();
+  };
+  for (int64_t k = 0, b = 0; b < n_train; ++k, b += S) {
+    const int64_t e = std::min(n_train, b + S);
+    const std::string name = fmt::format("train_{:06d}.bin", k);
+    if (e - b == S)  // a whole spool file
+      fs::rename(spool.path(size_t(k)), fs::path(stage) / name);
+    else
+      copy(name, b, e);
+    written.push_back(name);
+    index(name, b, e);
+  }
+  for (int64_t k = 0, b = n_train; b < total; ++k, b += S) {
+    const int64_t e = std::min(total, b + S);
+    const std::string name = fmt::format("val_{:06d}.bin", k);
+    copy(name, b, e);
+    written.push_back(name);
+    index(name, b, e);
+  }
 
   nlohmann::json meta;
-  meta["tokenizer"] = tok->kind();
+  meta["tokenizer"] = tok.kind();
   // Absolute, so the data directory stays usable from any working directory.
   meta["tokenizer_dir"] =
       opt.tokenizer_dir.empty() ? std::string() : fs::absolute(opt.tokenizer_dir).string();
-  meta["vocab_size"] = tok->vocab_size();
+  meta["vocab_size"] = tok.vocab_size();
   meta["train_tokens"] = n_train;
   meta["val_tokens"] = n_val;
+  meta["documents"] = doc_starts.size();
+
+  // Into place: the shards and indexes (each rename atomic), then meta.json.
+  for (const auto& name : written) {
+    fs::rename(fs::path(stage) / name, fs::path(opt.out_dir) / name, ec);
+    TRELLIS_REQUIRE(!ec, "{}: cannot move into place: {}",
+                    (fs::path(opt.out_dir) / name).string(), ec.message());
+  }
+  cleanup.armed = false;
   write_file_atomic((fs::path(opt.out_dir) / "meta.json").string(), meta.dump(2) + "\n");
 
   // Shards left over from an earlier, larger prepare into the same directory would be picked up
   // by load_corpus_dir and silently mix two corpora; remove exactly those we did not rewrite.
-  static const std::regex shard_name(R"((train|val)_\d{6}\.bin)");
+  static const std::regex shard_name(R"((train|val)_\d{6}\.(bin|idx))");
   for (const auto& e : fs::directory_iterator(opt.out_dir)) {
     const std::string name = e.path().filename().string();
     if (e.is_regular_file() && std::regex_match(name, shard_name) &&
         std::find(written.begin(), written.end(), name) == written.end())
       fs::remove(e.path());
   }
-  return PrepareResult{n_train, n_val};
+  return PrepareResult{size_t(n_train), size_t(n_val), doc_starts.size()};
 }
 
 }  // namespace trellis
