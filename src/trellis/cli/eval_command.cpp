@@ -31,6 +31,7 @@ struct EvalArgs {
   std::string precision = "fp32";
   int beam = 1;
   int64_t max_len = 0, examples = 0;
+  bool document_mask = false;
 };
 
 void add_eval_options(CLI::App* sub, EvalArgs& a) {
@@ -42,6 +43,9 @@ void add_eval_options(CLI::App* sub, EvalArgs& a) {
   sub->add_option("--seq-len", a.seq_len, "tokens per window")->capture_default_str();
   sub->add_option("--batch-size", a.batch_size, "windows per batch")->capture_default_str();
   sub->add_option("--threads", a.threads, "OpenMP threads (0 = all cores)");
+  sub->add_flag("--document-mask", a.document_mask,
+                "token shard: attention stays inside each document (the shard's .idx document "
+                "index), positions restart per document, as in training with document_mask");
   sub->add_option("--precision", a.precision,
                   "GEMM precision: fp32, bf16 (bf16 operands, fp32 accumulation) or auto")
       ->capture_default_str();
@@ -72,11 +76,18 @@ double windows_loss(const EvalArgs& a, int64_t rows, bool with_grad, CheckpointD
   Transformer& model = local.model;
   Context ctx;
   model.prepare(ctx, a.batch_size, a.seq_len);
+  if (a.document_mask) {
+    TRELLIS_REQUIRE(tokens.has_doc_index(), "{}: not found: --document-mask needs the document "
+                    "index `trellis prepare` writes beside the shard", tokens.missing_doc_index());
+    ctx.doc_start.assign(size_t(a.batch_size * a.seq_len), 0);
+  }
   double sum = 0.0;
   const float scale = with_grad ? 1.0f / float(rows * a.seq_len) : 0.0f;
   for (int64_t w = 0; w < rows; w += a.batch_size) {
     TRELLIS_CHECK(w + a.batch_size <= rows, "rows must be a multiple of the batch size");
     fill_eval_windows(tokens, a.seq_len, w, a.batch_size, ctx.tokens.data(), ctx.targets.data());
+    for (int64_t r = 0; a.document_mask && r < a.batch_size; ++r)
+      window_doc_starts(tokens, a.seq_len, w + r, ctx.doc_start.data() + r * a.seq_len);
     sum += model.forward(ctx, scale);
     if (with_grad) model.backward(ctx, true);
   }

@@ -128,7 +128,12 @@ Corpus load_default_corpus() {
   TRELLIS_REQUIRE(!ec, "{}: cannot list: {}", kDefaultCorpusDir, ec.message());
   std::sort(files.begin(), files.end());
   std::string text;
-  for (const auto& f : files) text += read_file(f);
+  std::vector<size_t> doc_starts;  // each licence is a document
+  for (const auto& f : files) {
+    const std::string t = read_file(f);
+    if (!t.empty()) doc_starts.push_back(text.size());
+    text += t;
+  }
   TRELLIS_REQUIRE(text.size() >= 2, "{}: holds no text, so there is no default corpus",
                   kDefaultCorpusDir);
 
@@ -139,7 +144,13 @@ Corpus load_default_corpus() {
   // Small enough to hold in memory: no shards to map.
   auto part = [&](size_t begin, size_t end, const char* name) {
     std::vector<uint32_t> t(tokens.begin() + ptrdiff_t(begin), tokens.begin() + ptrdiff_t(end));
-    return TokenStream({std::make_shared<const Shard>(std::move(t), name)});
+    std::vector<uint32_t> starts;
+    for (size_t d : doc_starts)
+      if (d >= begin && d < end) starts.push_back(uint32_t(d - begin));
+    TokenStream s({std::make_shared<const Shard>(std::move(t), name)});
+    s.set_doc_indexes({std::make_shared<const DocIndex>(std::move(starts), int64_t(end - begin),
+                                                        std::string(name))});
+    return s;
   };
   c.train = part(0, n_train, "default corpus (train)");
   c.val = part(n_train, tokens.size(), "default corpus (val)");

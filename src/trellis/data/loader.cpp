@@ -86,6 +86,18 @@ void fill_window(const TokenStream& tokens, int64_t T, int64_t w, int32_t* input
   std::copy_n(buf.data() + 1, T, targets);
 }
 
+void window_doc_starts(const TokenStream& tokens, int64_t T, int64_t w, int32_t* doc_start) {
+  thread_local std::vector<int64_t> starts;
+  starts.clear();
+  tokens.doc_starts(w * T + 1, T - 1, starts);
+  int32_t cur = 0;
+  size_t k = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    if (k < starts.size() && starts[k] == w * T + t) cur = int32_t(t), ++k;
+    doc_start[t] = cur;
+  }
+}
+
 void BatchLoader::fill(int64_t step, int64_t first, int64_t rows, int32_t* inputs,
                        int32_t* targets) const {
   for (int64_t r = 0; r < rows; ++r)

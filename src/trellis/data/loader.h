@@ -61,6 +61,12 @@ int64_t window_count(const TokenStream& tokens, int64_t T);
 // Window w of a stream into one row of inputs/targets (T each).
 void fill_window(const TokenStream& tokens, int64_t T, int64_t w, int32_t* inputs,
                  int32_t* targets);
+// Document starts of window w's inputs (tokens [w*T, w*T + T)) into doc_start[0, T): for each
+// position, where its document starts in the window (0 for those before the window's first
+// start: the window cuts the document there). Needs the stream's document indexes. The target of
+// a document's last input is the next document's first token: it still counts in the loss (as in
+// PyTorch and Megatron), and prepare puts GPT-2's <|endoftext|> there, so it predicts the end.
+void window_doc_starts(const TokenStream& tokens, int64_t T, int64_t w, int32_t* doc_start);
 // Fixed evaluation windows: window i = tokens [i*T, i*T + T] (used by eval and validation).
 void fill_eval_windows(const TokenStream& tokens, int64_t T, int64_t first, int64_t rows,
                        int32_t* inputs, int32_t* targets);

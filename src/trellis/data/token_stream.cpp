@@ -1,6 +1,7 @@
 #include "trellis/data/token_stream.h"
 
 #include <algorithm>
+#include <filesystem>
 
 #include "trellis/core/error.h"
 
@@ -14,8 +15,45 @@ TokenStream::TokenStream(std::vector<std::shared_ptr<const Shard>> parts)
 
 TokenStream TokenStream::map_files(const std::vector<std::string>& files) {
   std::vector<std::shared_ptr<const Shard>> parts;
-  for (const auto& f : files) parts.push_back(std::make_shared<const Shard>(f));
-  return TokenStream(std::move(parts));
+  std::vector<std::shared_ptr<const DocIndex>> docs;
+  std::string missing;
+  for (const auto& f : files) {
+    parts.push_back(std::make_shared<const Shard>(f));
+    const std::string idx = doc_index_path(f);
+    std::error_code ec;
+    if (std::filesystem::exists(idx, ec))
+      docs.push_back(std::make_shared<const DocIndex>(idx, parts.back()->size()));
+    else if (missing.empty())
+      missing = idx;
+  }
+  TokenStream s(std::move(parts));
+  if (missing.empty() && !docs.empty())
+    s.set_doc_indexes(std::move(docs));
+  else
+    s.missing_docs_ = missing;
+  return s;
+}
+
+void TokenStream::set_doc_indexes(std::vector<std::shared_ptr<const DocIndex>> docs) {
+  TRELLIS_CHECK(docs.size() == parts_.size(), "{} document indexes for {} shards", docs.size(),
+                parts_.size());
+  docs_ = std::move(docs);
+  missing_docs_.clear();
+}
+
+void TokenStream::doc_starts(int64_t begin, int64_t n, std::vector<int64_t>& out) const {
+  TRELLIS_CHECK(has_doc_index(), "doc_starts of a stream without document indexes");
+  TRELLIS_CHECK(begin >= 0 && n >= 0 && begin + n <= size(), "starts in [{}, {}) of a stream of {}",
+                begin, begin + n, size());
+  size_t i = size_t(std::upper_bound(ends_.begin(), ends_.end(), begin) - ends_.begin());
+  for (int64_t pos = begin; pos < begin + n; ++i) {
+    const int64_t start = ends_[i] - parts_[i]->size();
+    const int64_t stop = std::min(begin + n, ends_[i]);
+    const size_t first = out.size();
+    docs_[i]->starts_in(pos - start, stop - start, out);
+    for (size_t k = first; k < out.size(); ++k) out[k] += start;
+    pos = stop;
+  }
 }
 
 void TokenStream::read(int64_t begin, int64_t n, int32_t* out) const {

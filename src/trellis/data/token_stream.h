@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "trellis/data/doc_index.h"
 #include "trellis/data/shard.h"
 
 namespace trellis {
@@ -20,8 +21,17 @@ class TokenStream {
 
   TokenStream() = default;
   explicit TokenStream(std::vector<std::shared_ptr<const Shard>> parts);
-  // Maps each file in order.
+  // Maps each file in order, and each one's document index (data/doc_index.h) where one lies
+  // beside it (validated against its shard's token count).
   static TokenStream map_files(const std::vector<std::string>& files);
+  // Document indexes, one per part (all of them, or the stream has none).
+  void set_doc_indexes(std::vector<std::shared_ptr<const DocIndex>> docs);
+  // Whether every part has a document index; if not, missing_doc_index() names the first
+  // missing file.
+  bool has_doc_index() const { return !docs_.empty(); }
+  const std::string& missing_doc_index() const { return missing_docs_; }
+  // Stream positions p in [begin, begin + n) where a document starts, in order (appended).
+  void doc_starts(int64_t begin, int64_t n, std::vector<int64_t>& out) const;
 
   int64_t size() const { return ends_.empty() ? 0 : ends_.back(); }
   size_t parts() const { return parts_.size(); }
@@ -39,6 +49,8 @@ class TokenStream {
  private:
   std::vector<std::shared_ptr<const Shard>> parts_;
   std::vector<int64_t> ends_;  // ends_[i]: end of part i in the concatenation
+  std::vector<std::shared_ptr<const DocIndex>> docs_;  // per part, or empty
+  std::string missing_docs_;                           // the first part's index not found
   int64_t vocab_ = int64_t(1) << 32;
   mutable int64_t mapped_bytes_ = 0;  // an upper bound of what reads have mapped since a release
 };

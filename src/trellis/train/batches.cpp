@@ -14,8 +14,14 @@ namespace {
 
 class LmBatches : public Batches {
  public:
-  LmBatches(const Mixture& data, int64_t T, int64_t G, uint64_t seed, bool shuffle)
-      : data_(data), T_(T), G_(G), mix_(data.weights, seed) {
+  LmBatches(const Mixture& data, int64_t T, int64_t G, uint64_t seed, bool shuffle, bool docs)
+      : data_(data), T_(T), G_(G), mix_(data.weights, seed), docs_(docs) {
+    for (size_t d = 0; docs && d < data.corpora.size(); ++d)
+      for (const TokenStream* s : {&data.corpora[d].train, &data.corpora[d].val})
+        TRELLIS_REQUIRE(s->has_doc_index(),
+                        "{}: not found: document_mask needs the document index `trellis "
+                        "prepare` writes beside each shard (prepare the data again)",
+                        s->missing_doc_index());
     for (size_t d = 0; d < data.corpora.size(); ++d)
       // Each dataset its own permutations; dataset 0's are those of an unmixed run.
       orders_.emplace_back(window_count(data.corpora[d].train, T), G, seed, shuffle,
@@ -24,8 +30,10 @@ class LmBatches : public Batches {
   void fill(int64_t step, int64_t first, int64_t rows, Context& ctx) override {
     for (int64_t r = 0; r < rows; ++r) {
       const auto [d, k] = mix_.at(step * G_ + first + r);
-      fill_window(data_.corpora[size_t(d)].train, T_, orders_[size_t(d)].at(k),
-                  ctx.tokens.data() + r * T_, ctx.targets.data() + r * T_);
+      const int64_t w = orders_[size_t(d)].at(k);
+      fill_window(data_.corpora[size_t(d)].train, T_, w, ctx.tokens.data() + r * T_,
+                  ctx.targets.data() + r * T_);
+      if (docs_) window_doc_starts(data_.corpora[size_t(d)].train, T_, w, doc_row(ctx, r));
     }
   }
   int64_t step_targets(int64_t) override { return G_ * T_; }
@@ -34,12 +42,15 @@ class LmBatches : public Batches {
     return val.size() > 1 ? (val.size() - 1) / T_ : 0;
   }
   void fill_val(int64_t first, int64_t rows, Context& ctx) override {
-    fill_eval_windows(data_.corpora[size_t(val_set_)].val, T_, first, rows, ctx.tokens.data(),
-                      ctx.targets.data());
+    const TokenStream& val = data_.corpora[size_t(val_set_)].val;
+    fill_eval_windows(val, T_, first, rows, ctx.tokens.data(), ctx.targets.data());
+    for (int64_t r = 0; docs_ && r < rows; ++r)
+      window_doc_starts(val, T_, first + r, doc_row(ctx, r));
     // Padding rows copy the first one; the pipeline counts the first `rows` rows' losses only.
     for (int64_t r = rows; r < ctx.B; ++r) {
       std::copy_n(ctx.tokens.data(), T_, ctx.tokens.data() + r * T_);
       std::copy_n(ctx.targets.data(), T_, ctx.targets.data() + r * T_);
+      if (docs_) std::copy_n(doc_row(ctx, 0), T_, doc_row(ctx, r));
     }
   }
   int64_t val_targets(int64_t n) override { return n * T_; }
@@ -48,9 +59,15 @@ class LmBatches : public Batches {
   void select_val(int i) override { val_set_ = i; }
 
  private:
+  // Row r of ctx.doc_start (sized to the Context's B*T on first use).
+  int32_t* doc_row(Context& ctx, int64_t r) const {
+    if (ctx.doc_start.size() != size_t(ctx.B * ctx.T)) ctx.doc_start.assign(size_t(ctx.B * ctx.T), 0);
+    return ctx.doc_start.data() + r * T_;
+  }
   const Mixture& data_;
   int64_t T_, G_;
   MixtureOrder mix_;
+  bool docs_;
   std::vector<GlobalOrder> orders_;
   int val_set_ = 0;
 };
@@ -97,8 +114,8 @@ class TaskBatches : public Batches {
 }  // namespace
 
 std::unique_ptr<Batches> make_lm_batches(const Mixture& data, int64_t T, int64_t global_batch,
-                                         uint64_t seed, bool shuffle) {
-  return std::make_unique<LmBatches>(data, T, global_batch, seed, shuffle);
+                                         uint64_t seed, bool shuffle, bool document_mask) {
+  return std::make_unique<LmBatches>(data, T, global_batch, seed, shuffle, document_mask);
 }
 
 TaskData load_task_data(const std::string& dir) {

@@ -37,9 +37,10 @@ class Batches {
 
 // Language-model windows of a mixture (one directory, or the built-in corpus, is a mixture of
 // one): sequence j of step s is the window MixtureOrder and the dataset's GlobalOrder give
-// position s*G + j.
+// position s*G + j. document_mask: each row also gets its documents' starts (ctx.doc_start,
+// from the datasets' document indexes; loader's window_doc_starts).
 std::unique_ptr<Batches> make_lm_batches(const Mixture& data, int64_t T, int64_t global_batch,
-                                         uint64_t seed, bool shuffle);
+                                         uint64_t seed, bool shuffle, bool document_mask = false);
 
 // A prepared task directory (`trellis prepare --task`).
 struct TaskData {

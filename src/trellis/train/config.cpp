@@ -168,6 +168,11 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
                "GPT2ForSequenceClassification); empty = last for decoders, mean for encoders",
                &c.pooling),
       make_key("shuffle", "shuffle training windows/examples each epoch (seeded)", &c.shuffle),
+      make_key("document_mask",
+               "language models: attention stays inside each document of a packed window (a "
+               "block-diagonal causal mask from the document index `prepare` writes beside each "
+               "shard), and positions (learned or RoPE) restart at each document",
+               &c.document_mask),
       make_key("out", "output directory: metrics.jsonl, tb/, step_NNNNNNNN/ checkpoints", &c.out),
       make_key("steps", "number of optimizer steps", &c.steps),
       make_key("batch_size",

@@ -31,6 +31,9 @@ struct TrainConfig {
   std::string task;
   std::string pooling;  // a classifier's: mean | cls | last; empty = last for decoders, else mean
   bool shuffle = true;
+  // Keep attention inside each document of a packed window (the shards' document indexes);
+  // positions restart per document.
+  bool document_mask = false;
   // run
   std::string out = "out";
   int64_t steps = 200;

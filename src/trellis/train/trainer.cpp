@@ -258,8 +258,11 @@ Trainer::Trainer(TrainConfig cfg, Communicator& world)
   pipe_ = std::make_unique<Pipeline>(mesh_.pp_comm(), chunk_models, b_, T_,
                                      parse_recompute(cfg_.recompute));
   tied_ = std::make_unique<TiedWeights>(mesh_.pp_comm(), *layout_, cfg_.comm_timeout);
+  TRELLIS_REQUIRE(!task_ || !cfg_.document_mask,
+                  "document_mask applies to language-model token shards, not to task data");
   batches_ = task_ ? make_task_batches(*task_, T_, G_, cfg_.seed, cfg_.shuffle)
-                   : make_lm_batches(lm_data_, T_, G_, cfg_.seed, cfg_.shuffle);
+                   : make_lm_batches(lm_data_, T_, G_, cfg_.seed, cfg_.shuffle,
+                                     cfg_.document_mask);
   TRELLIS_REQUIRE(cfg_.val_batches >= 0, "val_batches must be >= 0");
   for (int i = 0; i < batches_->val_sets(); ++i) val_items_ += val_items_of(i);
   if (lead_)
