@@ -91,7 +91,7 @@ expect_error(["eval", "--checkpoint", ck, "--data", shard], os.path.join(ck, "co
              "parameters (at most")
 # Sizes that are plausible but larger than the weights on disk: refused before allocating.
 ck = broken_checkpoint("bigger", setter("n_embd", 2 ** 14))
-expect_error(["eval", "--checkpoint", ck, "--data", shard], "model.safetensors", "cannot hold",
+expect_error(["eval", "--checkpoint", ck, "--data", shard], "index.json", "cannot hold",
              os.path.join(ck, "config.json"))
 expect_error(["train", "--init-from", ck] + common + ["--out", fresh_dir("bigger_out")], ck,
              "cannot hold", os.path.join(ck, "config.json"))

@@ -79,17 +79,17 @@ shard = os.path.join(data, "val_000000.bin")
 evalcmd = ["eval", "--checkpoint", ck, "--data", shard, "--seq-len", 16, "--batch-size", 2,
            "--batches", 1]
 run(evalcmd)
-model = os.path.join(ck, "model.safetensors")
+model = os.path.join(ck, "shard_00000.safetensors")
 with open(model, "rb") as f:
     blob = f.read()
 with open(model, "wb") as f:
     f.write(blob[: len(blob) // 2])
-expect_error(evalcmd, "model.safetensors")
+expect_error(evalcmd, model)
 with open(model, "wb") as f:
     f.write(b"\xff" * 8 + blob[8:])
-expect_error(evalcmd, "model.safetensors")
+expect_error(evalcmd, model)
 os.remove(model)
-expect_error(evalcmd, "model.safetensors")
+expect_error(evalcmd, model)
 with open(os.path.join(ck, "config.json"), "w") as f:
     f.write('{"n_layer": 2')
 expect_error(evalcmd, "config.json")

@@ -41,5 +41,7 @@ run(["train", "--model", "tiny", "--n-embd", 16, "--batch-size", 2, "--seq-len",
      "--tensorboard=false", "--val-every", 0])
 train, _ = metrics(resumed)
 check([r["step"] for r in train] == [4, 5], "training resumes from the old checkpoint at step 4")
-check(os.path.isfile(os.path.join(resumed, "step_00000005", "optimizer.safetensors")),
-      "and writes a new checkpoint with optimizer state")
+with open(os.path.join(resumed, "step_00000005", "index.json")) as f:
+    states = json.load(f)["states"]
+check(states == ["params", "exp_avg", "exp_avg_sq"],
+      "and writes a new (sharded) checkpoint with optimizer state")

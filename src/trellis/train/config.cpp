@@ -206,6 +206,10 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       make_key("grad_clip", "clip the global gradient norm to this (0 = off)", &o.grad_clip),
       make_key("save_every", "write a checkpoint every N steps (0 = only at the end)",
                &c.save_every),
+      make_key("async_save",
+               "write checkpoints from a background thread while training goes on (the state "
+               "is copied to host memory first; metrics.jsonl reports the stall)",
+               &c.async_save),
       make_key("resume", "continue from the newest checkpoint in out", &c.resume),
       make_key("stop_at",
                "save a checkpoint and exit after this step; resume later (0 = run all steps)",

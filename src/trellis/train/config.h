@@ -46,6 +46,7 @@ struct TrainConfig {
   OptimConfig optim;
   // checkpoints, validation, logging
   int64_t save_every = 0;  // 0 = only at the end
+  bool async_save = false;  // write checkpoints from a background thread (a host snapshot)
   bool resume = false;
   int64_t stop_at = 0;      // save and exit after this step (a time-limited job); 0 = run all
   int64_t val_every = 50;   // 0 = only at the end

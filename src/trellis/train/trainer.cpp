@@ -32,6 +32,7 @@
 #include "trellis/parallel/tied.h"
 #include "trellis/parallel/zero.h"
 #include "trellis/train/batches.h"
+#include "trellis/train/checkpointing.h"
 #include "trellis/train/fault.h"
 #include "trellis/train/metrics.h"
 #include "trellis/train/trace.h"
@@ -149,6 +150,8 @@ class Trainer {
   void log_validation(int64_t step, const EvalResult& r);
   void print_confusion(const ConfusionMatrix& m) const;
   std::string save(int64_t step);
+  // What this rank writes into a checkpoint: its owned ranges (ZeRO), or its 1/dp of a replica.
+  OwnedArrays owned_state();
   void log_step(int64_t step, const StepStats& st);
 
   TrainConfig cfg_;
@@ -176,6 +179,7 @@ class Trainer {
   std::unique_ptr<Pipeline> pipe_;
   std::unique_ptr<Batches> batches_;
   std::unique_ptr<MetricsLog> log_;
+  std::unique_ptr<Checkpointer> checkpointer_;
   int64_t start_step_ = 0;
   std::string resumed_from_;
   int64_t val_items_ = 0;
@@ -244,6 +248,14 @@ Trainer::Trainer(TrainConfig cfg, Communicator& world)
   optimizer_ = std::make_unique<Optimizer>(cfg_.optim, *layout_, dp_sync_->owned());
   load_or_init();
   check_replicas_agree();
+  checkpointer_ = std::make_unique<Checkpointer>(world_, cfg_.out, cfg_.async_save);
+  checkpointer_->on_commit = [this](int64_t step, const std::string&, double write_s) {
+    if (lead_)
+      log_->write({{"step", step},
+                   {"checkpoint_write_ms", write_s * 1e3},
+                   {"checkpoint_bytes", checkpointer_->last_bytes()}},
+                  "checkpoint");
+  };
   dp_sync_->adopt_params();  // ZeRO-2/3 keep their shards; ZeRO-3 frees the blocks
 
   tp_ = std::make_unique<TensorParallel>(&mesh_.tp_comm(), cfg_.sequence_parallel);
@@ -346,7 +358,11 @@ void Trainer::build_pipeline_chunks() {
 
 void Trainer::load_or_init() {
   if (cfg_.resume) {
-    resumed_from_ = find_latest_checkpoint(cfg_.out);
+    std::vector<std::string> skipped;
+    resumed_from_ = find_latest_checkpoint(cfg_.out, &skipped);
+    for (const std::string& why : skipped)
+      if (lead_)
+        fmt::print(stderr, "trellis: warning: --resume skips an incomplete checkpoint: {}\n", why);
     if (resumed_from_.empty() && lead_ && !cfg_.quiet)
       fmt::print("trellis: --resume: no checkpoint in {} yet, starting from step 0\n", cfg_.out);
   }
@@ -368,30 +384,24 @@ void Trainer::load_or_init() {
     }
     return;
   }
-  CheckpointData ck = load_checkpoint(resumed_from_, true);
+  // Any layout's checkpoint (sharded or whole-file): this rank reads the slices it holds.
+  CheckpointReader reader(resumed_from_);
+  const ModelConfig saved_model = read_model_config(resumed_from_ + "/config.json");
   // The same model iff the same config.json: every size and block choice (a tied head, biases,
   // eps, theta), so no configured tensor can be missing from the checkpoint.
-  nlohmann::json saved_cfg = family_of(ck.model.arch).to_hf_config(ck.model);
+  nlohmann::json saved_cfg = family_of(saved_model.arch).to_hf_config(saved_model);
   nlohmann::json want_cfg = family_of(mc_.arch).to_hf_config(mc_);
-  saved_cfg.update(block_choices(ck.model));
+  saved_cfg.update(block_choices(saved_model));
   want_cfg.update(block_choices(mc_));
   for (const auto& [key, value] : want_cfg.items())
     TRELLIS_REQUIRE(saved_cfg.contains(key) && saved_cfg[key] == value,
                     "{}: the checkpoint's {} is {}, the configured model's {}", resumed_from_, key,
                     saved_cfg.contains(key) ? saved_cfg[key].dump() : "missing", value.dump());
-  const ParamLayout saved(ck.model);
-  copy_from_global(*layout_, saved, ck.params.data(), dp_sync_->params());
-  std::vector<float> local(n_);
-  for (auto& [name, buf] : optimizer_->state()) {
-    auto it = std::find_if(ck.optimizer.buffers.begin(), ck.optimizer.buffers.end(),
-                           [&](const auto& p) { return p.first == name; });
-    TRELLIS_REQUIRE(it != ck.optimizer.buffers.end(),
-                    "{}: optimizer.safetensors has no '{}' state (optimizer changed?)",
-                    resumed_from_, name);
-    copy_from_global(*layout_, saved, it->second.data(), local.data());
-    dp_sync_->take_owned(local.data(), buf->data());
-  }
-  start_step_ = ck.state.at("step").get<int64_t>();
+  reader.read(*layout_, {{0, n_}}, "params", dp_sync_->params());
+  for (auto& [name, buf] : optimizer_->state())
+    reader.read(*layout_, optimizer_->owned(), name, buf->data());
+  const std::string state_path = resumed_from_ + "/state.json";
+  start_step_ = parse_checkpoint_state(read_file(state_path), state_path).at("step").get<int64_t>();
 }
 
 // Every DP replica must start from identical weights (they are generated, never broadcast).
@@ -614,40 +624,62 @@ void Trainer::print_confusion(const ConfusionMatrix& m) const {
   }
 }
 
-// The checkpoint holds global tensors (tp = 1, whole model), so any layout can resume it.
+// Each rank writes what it owns, in parallel (io/sharded_checkpoint.h); any layout resumes it.
+// Returns the newest committed checkpoint (with --async-save, an earlier one until the write ends).
 std::string Trainer::save(int64_t step) {
-  CheckpointData ck;
-  ck.model = mc_;
-  ck.tokenizer = tokenizer_;
+  nlohmann::json task;
   if (task_) {
     const TaskMeta& m = task_->meta;
-    ck.task = {{"task", m.task}, {"special_token", m.special_token}, {"seq_len", T_}};
-    if (!m.classes.empty()) ck.task["classes"] = m.classes;
-    if (m.feature_dim > 0) ck.task["feature_dim"] = m.feature_dim;
-  }
-  dp_sync_->gather_all_blocks();  // ZeRO-3
-  ck.params = gather_global(mesh_, *layout_, dp_sync_->params());
-  dp_sync_->release_all_blocks();
-  for (auto& [name, buf] : optimizer_->state()) {
-    const std::vector<float> local = dp_sync_->gather_owned(buf->data());
-    ck.optimizer.buffers.emplace_back(name, gather_global(mesh_, *layout_, local.data()));
+    task = {{"task", m.task}, {"special_token", m.special_token}, {"seq_len", T_}};
+    if (!m.classes.empty()) task["classes"] = m.classes;
+    if (m.feature_dim > 0) task["feature_dim"] = m.feature_dim;
   }
   nlohmann::json conf;
   for (auto& k : config_keys(cfg_)) conf[k.name] = k.get();
-  ck.state = {{"step", step},
-              {"tokens_seen", step * G_ * T_},
-              {"data",
-               {{"next_step", step},
-                {"global_batch", G_},
-                {"seq_len", T_},
-                {"shuffle", cfg_.shuffle},
-                {"seed", cfg_.seed}}},
-              {"rng", {{"kind", "philox4x32-10"}, {"seed", cfg_.seed}}},
-              {"config", conf}};
-  std::string path;
-  if (lead_) path = save_checkpoint(cfg_.out, step, ck);
-  world_.barrier();
-  return path;
+  const nlohmann::json state = {{"step", step},
+                                {"tokens_seen", step * G_ * T_},
+                                {"data",
+                                 {{"next_step", step},
+                                  {"global_batch", G_},
+                                  {"seq_len", T_},
+                                  {"shuffle", cfg_.shuffle},
+                                  {"seed", cfg_.seed}}},
+                                {"rng", {{"kind", "philox4x32-10"}, {"seed", cfg_.seed}}},
+                                {"config", conf}};
+  std::vector<std::pair<std::string, std::string>> files;
+  if (lead_)
+    files = {{"config.json", checkpoint_config_json(mc_, tokenizer_, task)},
+             // paths and config values are bytes, not necessarily UTF-8: replaced, not refused
+             {"state.json", state.dump(2, ' ', false, nlohmann::json::error_handler_t::replace)}};
+  const nlohmann::json layout = {{"world", world_.size()}, {"dp", mesh_.dp()},
+                                 {"tp", mesh_.tp()},       {"pp", mesh_.pp()},
+                                 {"virtual_stages", V_},   {"zero", cfg_.zero}};
+  const double stall = checkpointer_->save(step, *layout_, owned_state(), files,
+                                           {{"step", step}, {"layout", layout}});
+  if (lead_)
+    log_->write({{"step", step},
+                 {"checkpoint_stall_ms", stall * 1e3},
+                 {"checkpoint_async", cfg_.async_save}},
+                "checkpoint");
+  return checkpointer_->last_committed();
+}
+
+OwnedArrays Trainer::owned_state() {
+  OwnedArrays o;
+  float* params = dp_sync_->owned_params();
+  auto states = optimizer_->state();
+  if (cfg_.zero == 0 && mesh_.dp() > 1) {
+    // Replicas hold the same values (owned: the whole buffer): each writes 1/dp of them.
+    const ShardRange r = shard_range(n_, mesh_.dp(), mesh_.dp_rank());
+    o.ranges = {{r.begin, r.end}};
+    o.arrays.emplace_back("params", params + r.begin);
+    for (auto& [name, buf] : states) o.arrays.emplace_back(name, buf->data() + r.begin);
+    return o;
+  }
+  o.ranges = dp_sync_->owned();
+  o.arrays.emplace_back("params", params);
+  for (auto& [name, buf] : states) o.arrays.emplace_back(name, buf->data());
+  return o;
 }
 
 void Trainer::log_step(int64_t step, const StepStats& st) {
@@ -707,6 +739,7 @@ int Trainer::run() {
     const auto t0 = Clock::now();
     StepStats st = forward_backward_step(step);
     optimizer_step(step, st);
+    checkpointer_->poll();  // commits an --async-save whose writes all ended
     st.seconds = seconds_since(t0);
     st.start = std::chrono::duration<double>(t0 - kProcessStart).count();
     st.tp_comm = tp_->take_comm_seconds();
@@ -727,6 +760,8 @@ int Trainer::run() {
     if (stopping) break;
   }
   if (cfg_.steps <= start_step_) last_checkpoint = save(start_step_);
+  checkpointer_->finish();  // an --async-save still writing: wait for it, then commit it
+  last_checkpoint = checkpointer_->last_committed();
   if (!lead_ || cfg_.quiet) return 0;
   const int64_t end_step =
       cfg_.stop_at > start_step_ ? std::min(cfg_.stop_at, cfg_.steps) : cfg_.steps;

@@ -1,0 +1,136 @@
+#include "trellis/train/checkpointing.h"
+
+#include <chrono>
+#include <filesystem>
+
+#include "trellis/comm/communicator.h"
+#include "trellis/core/error.h"
+#include "trellis/io/atomic_file.h"
+#include "trellis/io/checkpoint.h"
+
+namespace fs = std::filesystem;
+
+namespace trellis {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+}  // namespace
+
+Checkpointer::Checkpointer(Communicator& world, std::string out_dir, bool async)
+    : world_(world), out_(std::move(out_dir)), async_(async) {}
+
+Checkpointer::~Checkpointer() { join(); }
+
+std::string Checkpointer::tmp_dir(int64_t step) const {
+  return (fs::path(out_) / ("." + checkpoint_dir_name(step) + ".tmp")).string();
+}
+
+void Checkpointer::join() {
+  if (writer_.joinable()) writer_.join();
+}
+
+double Checkpointer::save(int64_t step, const ParamLayout& layout, const OwnedArrays& owned,
+                          const std::vector<std::pair<std::string, std::string>>& lead_files,
+                          const nlohmann::json& index_extra) {
+  const auto t0 = Clock::now();
+  finish();  // one save at a time: the previous one is committed first
+  const std::string dir = tmp_dir(step);
+  if (world_.rank() == 0) {
+    fs::create_directories(out_);
+    fs::remove_all(dir);  // debris of an interrupted save of the same step
+    fs::create_directories(dir);
+    for (const auto& [name, text] : lead_files)
+      write_file_atomic((fs::path(dir) / name).string(), text);
+  }
+  world_.barrier();  // the directory exists before any rank writes into it
+  pending_step_ = step;
+  pending_extra_ = index_extra;
+  error_.clear();
+  if (!async_) {
+    const auto w0 = Clock::now();
+    try {
+      written_bytes_ = write_rank_shard(dir, world_.rank(), layout, owned);
+    } catch (const std::exception& e) {
+      error_ = e.what();
+    }
+    written_seconds_ = seconds_since(w0);
+    commit();
+    return seconds_since(t0);
+  }
+  // The host snapshot: the compact arrays copied, so training may update them at once.
+  size_t n = 0;
+  for (const FlatRange& r : owned.ranges) n += r.size();
+  snapshot_.resize(owned.arrays.size());
+  OwnedArrays copy;
+  copy.ranges = owned.ranges;
+  for (size_t k = 0; k < owned.arrays.size(); ++k) {
+    snapshot_[k].assign(owned.arrays[k].second, owned.arrays[k].second + n);
+    copy.arrays.emplace_back(owned.arrays[k].first, snapshot_[k].data());
+  }
+  done_ = false;
+  const int rank = world_.rank();
+  writer_ = std::thread([this, dir, rank, copy = std::move(copy), &layout] {
+    // Until join(), only this thread touches error_, written_bytes_ and written_seconds_.
+    const auto w0 = Clock::now();
+    try {
+      written_bytes_ = write_rank_shard(dir, rank, layout, copy);
+    } catch (const std::exception& e) {
+      error_ = e.what();
+    }
+    written_seconds_ = seconds_since(w0);
+    done_ = true;
+  });
+  return seconds_since(t0);
+}
+
+void Checkpointer::poll() {
+  if (pending_step_ < 0) return;
+  // Every rank takes part, so every rank decides alike.
+  double not_done = done_ ? 0.0 : 1.0;
+  world_.all_reduce_max(&not_done, 1);
+  if (not_done == 0.0) commit();
+}
+
+void Checkpointer::finish() {
+  if (pending_step_ < 0) return;
+  commit();
+}
+
+void Checkpointer::commit() {
+  // The snapshot stays allocated for the next save: its pages are faulted in once per run, not
+  // once per save (a host copy of what this rank owns, as long as --async-save is on).
+  join();
+  bytes_ = written_bytes_;
+  write_seconds_ = written_seconds_;
+  const int64_t step = pending_step_;
+  pending_step_ = -1;
+  double failed = error_.empty() ? 0.0 : 1.0;
+  world_.all_reduce_max(&failed, 1);
+  TRELLIS_REQUIRE(error_.empty(), "checkpoint of step {}: {}", step, error_);
+  TRELLIS_REQUIRE(failed == 0.0, "checkpoint of step {}: another rank's write failed", step);
+  const std::string dir = tmp_dir(step);
+  const std::string final_dir = (fs::path(out_) / checkpoint_dir_name(step)).string();
+  std::string error;
+  if (world_.rank() == 0) {
+    try {
+      write_checkpoint_index(dir, world_.size(), pending_extra_);
+      // Replace an older copy of the same step only once the new one is complete.
+      fs::remove_all(final_dir);
+      fs::rename(dir, final_dir);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  double lead_failed = error.empty() ? 0.0 : 1.0;
+  world_.all_reduce_max(&lead_failed, 1);
+  TRELLIS_REQUIRE(error.empty(), "checkpoint of step {}: {}", step, error);
+  TRELLIS_REQUIRE(lead_failed == 0.0, "checkpoint of step {}: rank 0 could not write the index",
+                  step);
+  last_ = final_dir;
+  if (on_commit) on_commit(step, last_, write_seconds_);
+}
+
+}  // namespace trellis
