@@ -93,7 +93,7 @@ _, err = run(common + ["--out", killed, "--resume"])
 check("incomplete" not in err, "the temporary directory is not a checkpoint candidate")
 check(same_checkpoint(step(killed, 6), step(full, 6)),
       "resumed from step 4 after the kill, the run ends where the uninterrupted one does")
-check(not os.path.exists(tmp), "the next save of step 6 replaced the debris")
+check(not os.path.exists(tmp), "the killed save's temporary directory is gone (removed at start-up)")
 
 # A failed write (TRELLIS_TEST_SAVE_FAIL=1: rank 1's) fails the run on every rank, naming it;
 # the async writer's failure too. The previous checkpoint stays the newest.

@@ -20,7 +20,18 @@ double seconds_since(Clock::time_point t) {
 }  // namespace
 
 Checkpointer::Checkpointer(Communicator& world, std::string out_dir, bool async)
-    : world_(world), out_(std::move(out_dir)), async_(async) {}
+    : world_(world), out_(std::move(out_dir)), async_(async) {
+  // Debris of saves a killed run left (never checkpoints: no index, temporary names) goes now,
+  // once, so that a save needs no collective before its ranks write.
+  if (world_.rank() == 0 && fs::is_directory(out_))
+    for (const auto& e : fs::directory_iterator(out_)) {
+      const std::string name = e.path().filename().string();
+      if (e.is_directory() && name.rfind(".step_", 0) == 0 && name.size() > 4 &&
+          name.substr(name.size() - 4) == ".tmp")
+        fs::remove_all(e.path());
+    }
+  world_.barrier();
+}
 
 Checkpointer::~Checkpointer() { join(); }
 
@@ -38,25 +49,25 @@ double Checkpointer::save(int64_t step, const ParamLayout& layout, const OwnedAr
   const auto t0 = Clock::now();
   finish();  // one save at a time: the previous one is committed first
   const std::string dir = tmp_dir(step);
-  if (world_.rank() == 0) {
-    fs::create_directories(out_);
-    fs::remove_all(dir);  // debris of an interrupted save of the same step
-    fs::create_directories(dir);
-    for (const auto& [name, text] : lead_files)
-      write_file_atomic((fs::path(dir) / name).string(), text);
-  }
-  world_.barrier();  // the directory exists before any rank writes into it
   pending_step_ = step;
   pending_extra_ = index_extra;
   error_.clear();
-  if (!async_) {
+  // Every rank creates the directory (whoever comes first), rank 0 adds the small files.
+  const int rank = world_.rank();
+  auto write = [this, dir, rank, &layout, files = lead_files](const OwnedArrays& arrays) {
     const auto w0 = Clock::now();
     try {
-      written_bytes_ = write_rank_shard(dir, world_.rank(), layout, owned);
+      fs::create_directories(dir);
+      for (const auto& [name, text] : files)
+        write_file_atomic((fs::path(dir) / name).string(), text);
+      written_bytes_ = write_rank_shard(dir, rank, layout, arrays);
     } catch (const std::exception& e) {
       error_ = e.what();
     }
     written_seconds_ = seconds_since(w0);
+  };
+  if (!async_) {
+    write(owned);
     commit();
     return seconds_since(t0);
   }
@@ -71,16 +82,9 @@ double Checkpointer::save(int64_t step, const ParamLayout& layout, const OwnedAr
     copy.arrays.emplace_back(owned.arrays[k].first, snapshot_[k].data());
   }
   done_ = false;
-  const int rank = world_.rank();
-  writer_ = std::thread([this, dir, rank, copy = std::move(copy), &layout] {
+  writer_ = std::thread([this, write = std::move(write), copy = std::move(copy)] {
     // Until join(), only this thread touches error_, written_bytes_ and written_seconds_.
-    const auto w0 = Clock::now();
-    try {
-      written_bytes_ = write_rank_shard(dir, rank, layout, copy);
-    } catch (const std::exception& e) {
-      error_ = e.what();
-    }
-    written_seconds_ = seconds_since(w0);
+    write(copy);
     done_ = true;
   });
   return seconds_since(t0);

@@ -24,6 +24,7 @@ class Communicator;
 
 class Checkpointer {
  public:
+  // Collective: rank 0 removes what killed saves left in out_dir (.step_*.tmp directories).
   Checkpointer(Communicator& world, std::string out_dir, bool async);
   // Joins a running writer; an uncommitted save stays under its temporary name.
   ~Checkpointer();
