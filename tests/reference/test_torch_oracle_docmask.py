@@ -142,6 +142,17 @@ def documents(d, n=120, seed=21, opener=""):
             f.write(text)
 
 
+def hf_dir(ckpt):
+    """A directory with config.json and model.safetensors of checkpoint ckpt: the checkpoint itself
+    when it holds whole-model weights, else its `trellis export` (sharded checkpoints)."""
+    if os.path.exists(os.path.join(ckpt, "model.safetensors")):
+        return ckpt
+    out = ckpt.rstrip("/") + "_hf"
+    if not os.path.exists(os.path.join(out, "model.safetensors")):
+        oracle.run(["export", "--checkpoint", ckpt, "--out", out])
+    return out
+
+
 def check_grad(case, fam, datadir, T=32, B=4):
     out = os.path.join(oracle.TMP, f"{case}_init")
     oracle.run(["train", *fam.args, "--data", datadir, "--out", out, "--steps", "0", "--seed",
@@ -155,7 +166,7 @@ def check_grad(case, fam, datadir, T=32, B=4):
                          "--document-mask"])
     t_loss = float(json.loads(stdout.strip().splitlines()[-1])["loss"])
     grads = load_safetensors(gpath)
-    params, cfg = fam.load_model(ckpt, dtype=oracle.DTYPE)
+    params, cfg = fam.load_model(hf_dir(ckpt), dtype=oracle.DTYPE)
     x, y = windows(read_tokens(shard), T, range(B))
     loss = fam.loss(params, cfg, x, y)
     loss.backward()
@@ -171,7 +182,7 @@ def check_mask_matters(case, datadir, T=32, B=4):
     ckpt = os.path.join(oracle.TMP, f"{CASE_A}_init", "step_00000000")
     if not os.path.isdir(ckpt):
         check_grad(CASE_A, GPT2, datadir)
-    params, cfg = torch_gpt.load_model(ckpt, requires_grad=False)
+    params, cfg = torch_gpt.load_model(hf_dir(ckpt), requires_grad=False)
     tokens = read_split(datadir, "train")
     x, y = windows(tokens, T, range(B))
     masked = gpt_docmask_loss(params, cfg, x, y).item()
