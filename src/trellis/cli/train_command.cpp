@@ -25,6 +25,7 @@ struct TrainArgs {
   std::string config_file;
   std::vector<std::string> sets;
   bool dump = false;
+  bool dry_run = false, json = false;
   std::vector<std::pair<std::string, CLI::Option*>> flag_opts;
   std::vector<std::string> flag_values;
 };
@@ -38,6 +39,10 @@ Command add_train_command(CLI::App& app) {
       ->check(CLI::ExistingFile);
   sub->add_option("--set", args->sets, "override one setting: --set key=value (repeatable)");
   sub->add_flag("--dump-config", args->dump, "print the effective configuration as TOML and exit");
+  sub->add_flag("--dry-run", args->dry_run,
+                "print the predicted memory per rank of this layout (parameters, gradients, "
+                "optimizer state, activations) and exit; one process, any --dp/--tp/--pp");
+  sub->add_flag("--json", args->json, "with --dry-run: the prediction as JSON");
   args->flag_values.resize(args->keys.size());
   for (size_t i = 0; i < args->keys.size(); ++i) {
     ConfigKey& k = args->keys[i];
@@ -71,6 +76,7 @@ Command add_train_command(CLI::App& app) {
       fmt::print("{}", dump_config(args->keys));
       return 0;
     }
+    if (args->dry_run) return dry_run(args->cfg, args->json);
     return run_training(args->cfg, world);
   };
   return {sub, run};

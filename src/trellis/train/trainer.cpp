@@ -34,6 +34,7 @@
 #include "trellis/train/batches.h"
 #include "trellis/train/checkpointing.h"
 #include "trellis/train/fault.h"
+#include "trellis/train/memory_plan.h"
 #include "trellis/train/metrics.h"
 #include "trellis/train/trace.h"
 
@@ -300,43 +301,64 @@ Trainer::Trainer(TrainConfig cfg, Communicator& world)
   print_header();
 }
 
-void Trainer::load_data() {
-  const bool task_dir = !cfg_.data.empty() && is_task_dir(cfg_.data);
-  const std::string task = task_dir ? read_task_meta(cfg_.data).task : "lm";
-  TRELLIS_REQUIRE(cfg_.task.empty() || cfg_.task == task,
-                  "task {} needs data from `trellis prepare --task {}`; {} holds {}", cfg_.task,
-                  cfg_.task, cfg_.data.empty() ? "the built-in corpus" : cfg_.data,
+// What a run trains on (a corpus or mixture, or a task's examples) and the model and sequence
+// length that implies.
+struct RunData {
+  Mixture lm;
+  std::unique_ptr<TaskData> task;
+  TokenizerInfo tokenizer;
+  ModelConfig model;
+  int64_t T = 0;
+};
+
+RunData load_run_data(const TrainConfig& cfg) {
+  RunData d;
+  const bool task_dir = !cfg.data.empty() && is_task_dir(cfg.data);
+  const std::string task = task_dir ? read_task_meta(cfg.data).task : "lm";
+  TRELLIS_REQUIRE(cfg.task.empty() || cfg.task == task,
+                  "task {} needs data from `trellis prepare --task {}`; {} holds {}", cfg.task,
+                  cfg.task, cfg.data.empty() ? "the built-in corpus" : cfg.data,
                   task == "lm" ? "language-model shards" : task + " examples");
   if (!task_dir) {
-    lm_data_ = cfg_.data.empty() ? default_mixture() : load_mixture(cfg_.data);
-    tokenizer_ = {lm_data_.tokenizer, lm_data_.tokenizer_dir};
-    mc_ = cfg_.model_config(lm_data_.vocab_size);
-    T_ = cfg_.seq_len > 0 ? cfg_.seq_len : mc_.block_size;
-    TRELLIS_REQUIRE(T_ <= mc_.block_size, "seq_len {} exceeds the model's context length {}", T_,
-                    mc_.block_size);
-    return;
+    d.lm = cfg.data.empty() ? default_mixture() : load_mixture(cfg.data);
+    d.tokenizer = {d.lm.tokenizer, d.lm.tokenizer_dir};
+    d.model = cfg.model_config(d.lm.vocab_size);
+    d.T = cfg.seq_len > 0 ? cfg.seq_len : d.model.block_size;
+    TRELLIS_REQUIRE(d.T <= d.model.block_size, "seq_len {} exceeds the model's context length {}", d.T,
+                    d.model.block_size);
+    return d;
   }
-  task_ = std::make_unique<TaskData>(load_task_data(cfg_.data));
-  const TaskMeta& meta = task_->meta;
-  tokenizer_ = {meta.tokenizer, meta.tokenizer_dir};
+  d.task = std::make_unique<TaskData>(load_task_data(cfg.data));
+  const TaskMeta& meta = d.task->meta;
+  d.tokenizer = {meta.tokenizer, meta.tokenizer_dir};
   const bool classify = task == "classify";
-  mc_ =
-      cfg_.model_config(meta.vocab_size, classify ? int(meta.classes.size()) : 0, meta.feature_dim);
-  TRELLIS_REQUIRE(classify != mc_.encoder_decoder(), "model {}: {} needs {}", cfg_.model, task,
+  d.model =
+      cfg.model_config(meta.vocab_size, classify ? int(meta.classes.size()) : 0, meta.feature_dim);
+  TRELLIS_REQUIRE(classify != d.model.encoder_decoder(), "model {}: {} needs {}", cfg.model, task,
                   classify ? "an encoder or a decoder (encoder-*, gpt2*, llama*), not an "
                              "encoder-decoder"
                            : "an encoder-decoder (seq2seq-*, transformer-base, encdec-*)");
-  const int64_t needed = task_seq_len(*task_);
-  T_ = cfg_.seq_len > 0 ? cfg_.seq_len : std::min<int64_t>(needed, mc_.block_size);
-  TRELLIS_REQUIRE(T_ <= mc_.block_size, "seq_len {} exceeds the model's context length {}", T_,
-                  mc_.block_size);
-  TRELLIS_REQUIRE(classify || needed <= T_,
+  const int64_t needed = task_seq_len(*d.task);
+  d.T = cfg.seq_len > 0 ? cfg.seq_len : std::min<int64_t>(needed, d.model.block_size);
+  TRELLIS_REQUIRE(d.T <= d.model.block_size, "seq_len {} exceeds the model's context length {}", d.T,
+                  d.model.block_size);
+  TRELLIS_REQUIRE(classify || needed <= d.T,
                   "{}: the longest translation pair needs {} positions (with its end token), more "
                   "than seq_len {}; raise seq_len (and block_size) or prepare with a smaller "
                   "--max-len",
-                  cfg_.data, needed, T_);
-  TRELLIS_REQUIRE(meta.feature_dim == 0 || needed <= T_,
-                  "{}: images have {} patches, more than seq_len {}", cfg_.data, needed, T_);
+                  cfg.data, needed, d.T);
+  TRELLIS_REQUIRE(meta.feature_dim == 0 || needed <= d.T,
+                  "{}: images have {} patches, more than seq_len {}", cfg.data, needed, d.T);
+  return d;
+}
+
+void Trainer::load_data() {
+  RunData d = load_run_data(cfg_);
+  lm_data_ = std::move(d.lm);
+  task_ = std::move(d.task);
+  tokenizer_ = d.tokenizer;
+  mc_ = d.model;
+  T_ = d.T;
 }
 
 // Pipeline: pp * V model chunks, chunk g on pipeline rank g % pp. The schedule is built now so that
@@ -782,6 +804,70 @@ int Trainer::run() {
 }
 
 }  // namespace
+
+int dry_run(const TrainConfig& cfg, bool json) {
+  const RunData data = load_run_data(cfg);
+  RunShape run;
+  run.model = data.model;
+  run.tp = cfg.tp;
+  run.pp = cfg.pp;
+  run.dp = cfg.dp > 0 ? cfg.dp : 1;
+  run.virtual_stages = cfg.virtual_stages;
+  run.zero = cfg.zero;
+  TRELLIS_REQUIRE(run.zero >= 0 && run.zero <= 3, "zero must be 0, 1, 2 or 3 (got {})", run.zero);
+  TRELLIS_REQUIRE(run.zero <= 1 || run.pp == 1,
+                  "zero {} with pipeline parallelism (pp {}) is not supported", run.zero, run.pp);
+  run.sequence_parallel = cfg.sequence_parallel && cfg.tp > 1;
+  run.recompute = parse_recompute(cfg.recompute);
+  run.schedule = parse_schedule(cfg.schedule);
+  run.layer_split = parse_layer_split(cfg.layer_split);
+  run.seq_len = data.T;
+  TRELLIS_REQUIRE(cfg.batch_size >= 1 && cfg.batch_size % run.dp == 0,
+                  "batch_size {} is not a positive multiple of dp={}", cfg.batch_size, run.dp);
+  const int64_t per_rank = cfg.batch_size / run.dp;
+  run.micro_batch = cfg.micro_batch_size > 0 ? cfg.micro_batch_size : per_rank;
+  TRELLIS_REQUIRE(per_rank % run.micro_batch == 0,
+                  "micro_batch_size {} does not divide the per-rank batch {}", run.micro_batch,
+                  per_rank);
+  run.accum = per_rank / run.micro_batch;
+  run.optimizer = cfg.optim.name;
+  run.compute = choose_precision(cfg.precision).compute;
+  const std::vector<RankMemory> ranks = predict_memory(run);
+  if (json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const RankMemory& m : ranks)
+      out.push_back({{"rank", m.rank},           {"dp_rank", m.dp_rank},
+                     {"tp_rank", m.tp_rank},     {"pp_rank", m.pp_rank},
+                     {"params", m.params},       {"grads", m.grads},
+                     {"optimizer", m.optimizer}, {"shards", m.shards},
+                     {"activations", m.activations}, {"contexts", m.contexts},
+                     {"workspace", m.workspace}, {"total", m.total()}});
+    fmt::print("{}\n", out.dump(1));
+    return 0;
+  }
+  auto mib = [](int64_t b) { return double(b) / (1 << 20); };
+  fmt::print("trellis: dry run: {} ({:.2f}M parameters) | dp {}, tp {}{}, pp {}, zero {}, recompute "
+             "{} | micro-batch {} x {} tokens, {} micro-batches\n",
+             cfg.model, double(ParamLayout(run.model).count()) / 1e6, run.dp, run.tp,
+             run.sequence_parallel ? " + sequence parallel" : "", run.pp, run.zero,
+             recompute_name(run.recompute), run.micro_batch, run.seq_len, run.accum);
+  fmt::print("{:>5} {:>9} {:>10} {:>10} {:>10} {:>10} {:>12} {:>10} {:>10}   (MiB)\n", "rank",
+             "dp/tp/pp", "params", "grads", "optimizer", "shards", "activations", "workspace",
+             "total");
+  for (const RankMemory& m : ranks)
+    fmt::print("{:>5} {:>9} {:>10.1f} {:>10.1f} {:>10.1f} {:>10.1f} {:>12} {:>10.1f} {:>10.1f}\n",
+               m.rank, fmt::format("{}/{}/{}", m.dp_rank, m.tp_rank, m.pp_rank), mib(m.params),
+               mib(m.grads), mib(m.optimizer), mib(m.shards),
+               fmt::format("{:.1f} ({}x)", mib(m.activations), m.contexts), mib(m.workspace),
+               mib(m.total()));
+  const auto top = std::max_element(ranks.begin(), ranks.end(), [](auto& a, auto& b) {
+    return a.total() < b.total();
+  });
+  fmt::print("trellis: predicted peak of the largest rank: {:.1f} MiB (rank {}); training reports "
+             "the measured one as alloc_peak_bytes_max in metrics.jsonl\n",
+             mib(top->total()), top->rank);
+  return 0;
+}
 
 int run_training(TrainConfig cfg, Communicator& world) {
   Trainer trainer(std::move(cfg), world);

@@ -1,6 +1,6 @@
 #pragma once
 // The training loop: data-parallel over the mesh's DP axis, gradient accumulation, clipping,
-// optimizer (optionally ZeRO-1 sharded), validation, metrics, checkpoints, resume.
+// optimizer (optionally ZeRO-1/2/3 sharded), validation, metrics, checkpoints, resume.
 #include "trellis/train/config.h"
 
 namespace trellis {
@@ -9,5 +9,8 @@ class Communicator;
 
 // Runs `cfg` on this rank. Returns 0 on success.
 int run_training(TrainConfig cfg, Communicator& world);
+// `train --dry-run`: prints the predicted memory of every rank of cfg's layout (train/memory_plan;
+// JSON with json) without training. One process, any layout.
+int dry_run(const TrainConfig& cfg, bool json);
 
 }  // namespace trellis

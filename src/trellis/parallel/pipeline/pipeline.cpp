@@ -58,9 +58,16 @@ void Pipeline::release_finished(bool wait_all) {
       ++it;
       continue;
     }
-    if (it->release_after) release(it->chunk, it->ctx);
     it = sends_.erase(it);
   }
+}
+
+// Sends a copy, so the Context goes back to the pool now: the pool then holds exactly the
+// Contexts the schedule keeps alive (what train/memory_plan predicts), however late the send ends.
+void Pipeline::send_copy(const Tensor& t, int dst, int tag) {
+  std::vector<float> copy(t.f32(), t.f32() + t.numel());
+  std::unique_ptr<Work> work = comm_.send_async(copy.data(), copy.size(), dst, tag);
+  sends_.push_back({std::move(work), std::move(copy)});
 }
 
 void Pipeline::release(int v, Context* ctx) {
@@ -118,10 +125,14 @@ PipelineStats Pipeline::run(const std::vector<PipeOp>& ops, const Loader& load, 
       const bool keep = grad_scale != 0.0f;
       if (g < last_chunk) {
         Tensor& out = model.output(*ctx);
-        sends_.push_back({comm_.send_async(out.f32(), size_t(out.numel()), rank_of(g + 1),
-                                           tag(op.micro, g + 1, true)),
-                          ctx, op.chunk, !keep});
-      } else if (!keep) {
+        if (keep)
+          sends_.push_back({comm_.send_async(out.f32(), size_t(out.numel()), rank_of(g + 1),
+                                             tag(op.micro, g + 1, true)),
+                            {}});
+        else
+          send_copy(out, rank_of(g + 1), tag(op.micro, g + 1, true));
+      }
+      if (!keep) {
         release(op.chunk, ctx);
       }
       if (keep)
@@ -142,12 +153,9 @@ PipelineStats Pipeline::run(const std::vector<PipeOp>& ops, const Loader& load, 
       model.backward(*ctx, i == last_backward[size_t(op.chunk)], on_block_done);
       st.compute_s += now_s() - tc;
       if (g > 0) {
-        sends_.push_back({comm_.send_async(ctx->dinput.f32(), size_t(ctx->dinput.numel()),
-                                           rank_of(g - 1), tag(op.micro, g - 1, false)),
-                          ctx, op.chunk, true});
-      } else {
-        release(op.chunk, ctx);
+        send_copy(ctx->dinput, rank_of(g - 1), tag(op.micro, g - 1, false));
       }
+      release(op.chunk, ctx);
       --n_alive;
     }
     if (tracing_)

@@ -57,6 +57,7 @@ class Pipeline {
   Context* acquire(int v);
   void release_finished(bool wait_all);
   void release(int v, Context* ctx);
+  void send_copy(const Tensor& t, int dst, int tag);
 
   Communicator& comm_;
   std::vector<Transformer*> chunks_;
@@ -70,9 +71,7 @@ class Pipeline {
   std::vector<std::vector<Slot>> pool_;  // per local chunk
   struct PendingSend {
     std::unique_ptr<class Work> work;
-    Context* ctx;  // released (if release_after) once the send completed
-    int chunk;
-    bool release_after;
+    std::vector<float> copy;  // what it sends, when not a kept Context's tensor
   };
   std::vector<PendingSend> sends_;
   bool tracing_ = false;

@@ -1,0 +1,47 @@
+#pragma once
+// The analytic memory of a training run, per rank, from its sizes alone (`trellis train
+// --dry-run`; the planner's memory model): parameters, gradients, optimizer state, ZeRO's compact
+// shards and staging, and activations (model/activation_memory: the Contexts a rank's schedule
+// keeps alive at once, plus each model chunk's workspace). It restates what the trainer
+// allocates; the metrics' allocator high-water mark (alloc_peak_bytes) is checked against it.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "trellis/core/tensor.h"
+#include "trellis/model/config.h"
+#include "trellis/model/transformer.h"
+#include "trellis/parallel/pipeline/schedule.h"
+
+namespace trellis {
+
+struct RunShape {
+  ModelConfig model;
+  int dp = 1, tp = 1, pp = 1, virtual_stages = 1, zero = 0;
+  bool sequence_parallel = false;
+  Recompute recompute = Recompute::None;
+  ScheduleKind schedule = ScheduleKind::OneFOneB;
+  std::vector<int> layer_split;  // empty: balanced
+  int64_t micro_batch = 1, seq_len = 1, accum = 1;
+  std::string optimizer = "adamw";
+  DType compute = DType::F32;
+};
+
+struct RankMemory {
+  int rank = 0, dp_rank = 0, tp_rank = 0, pp_rank = 0;
+  int64_t params = 0, grads = 0, optimizer = 0, shards = 0;
+  int64_t activations = 0;  // Contexts alive at the schedule's peak
+  int64_t workspace = 0;    // the model chunks' shared scratch
+  int contexts = 0;         // that peak
+  int64_t total() const { return params + grads + optimizer + shards + activations + workspace; }
+};
+
+// Every rank of the layout (world = dp * tp * pp), in world-rank order (TP fastest, then DP,
+// then PP, as parallel/mesh).
+std::vector<RankMemory> predict_memory(const RunShape& run);
+
+// Micro-batch Contexts each local chunk holds at once under a pipeline rank's schedule `ops` (the
+// Pipeline's pool): the most alive between a forward and its backward.
+std::vector<int> peak_contexts(const std::vector<PipeOp>& ops, int virtual_stages);
+
+}  // namespace trellis
