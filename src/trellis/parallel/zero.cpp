@@ -332,16 +332,6 @@ double DataParallelSync::gather_parameters() {
 void DataParallelSync::adopt_params() {
   if (zero_ < 2) return;
   take_owned(params_.data(), owned_params_.data());
-  if (zero_ == 3) release_all_blocks();
-}
-
-void DataParallelSync::gather_all_blocks() {
-  if (zero_ < 3) return;
-  for (Unit& u : units_)
-    if (!gathered_[size_t(&u - units_.data())]) gather_unit(u);
-}
-
-void DataParallelSync::release_all_blocks() {
   if (zero_ < 3) return;
   for (size_t u = 0; u < units_.size(); ++u)
     if (units_[u].layer >= 0) {
@@ -355,28 +345,6 @@ void DataParallelSync::take_owned(const float* whole, float* compact) const {
     std::copy(whole + r.begin, whole + r.end, compact);
     compact += r.size();
   }
-}
-
-std::vector<float> DataParallelSync::gather_owned(const float* compact) const {
-  if (zero_ == 0) return std::vector<float>(compact, compact + n_);
-  if (zero_ == 1) {
-    std::vector<float> mine(shard_.shard, 0.0f), all(shard_.padded, 0.0f);
-    std::copy_n(compact, shard_.end - shard_.begin, mine.begin());
-    dp_.all_gather_async(mine.data(), all.data(), shard_.shard)->wait();
-    all.resize(n_);
-    return all;
-  }
-  std::vector<float> all(n_, 0.0f), rest_out(static_cast<size_t>(dp_size_), 0.0f);
-  for (const Unit& u : units_) {
-    if (u.chunk > 0)
-      dp_.all_gather_async(compact + u.owned_at, all.data() + u.begin, u.chunk)->wait();
-    if (rest(u) > 0) {
-      float mine = size_t(dp_rank_) < rest(u) ? compact[u.owned_at + u.chunk] : 0.0f;
-      dp_.all_gather_async(&mine, rest_out.data(), 1)->wait();
-      std::copy_n(rest_out.data(), rest(u), all.data() + main_end(u));
-    }
-  }
-  return all;
 }
 
 int64_t DataParallelSync::resident_bytes() const {

@@ -83,13 +83,8 @@ class DataParallelSync {
   // The whole buffer has just been written (initialisation, a checkpoint): keep the owned pieces,
   // and under ZeRO-3 release the blocks.
   void adopt_params();
-  // The whole buffer of compact owned data (checkpoints). Collective over the group.
-  std::vector<float> gather_owned(const float* compact) const;
   // The owned pieces of a whole buffer, compact.
   void take_owned(const float* whole, float* compact) const;
-  // ZeRO-3: gather every block (before a whole-model save), release them afterwards.
-  void gather_all_blocks();
-  void release_all_blocks();
   // Bytes of the buffers this object holds now (parameters, gradients, compact shards).
   int64_t resident_bytes() const;
 
