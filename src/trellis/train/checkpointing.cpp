@@ -90,6 +90,14 @@ double Checkpointer::save(int64_t step, const ParamLayout& layout, const OwnedAr
   return seconds_since(t0);
 }
 
+void Checkpointer::reserve(const OwnedArrays& owned) {
+  if (!async_) return;
+  size_t n = 0;
+  for (const FlatRange& r : owned.ranges) n += r.size();
+  snapshot_.resize(owned.arrays.size());
+  for (auto& s : snapshot_) s.assign(n, 0.0f);
+}
+
 void Checkpointer::poll() {
   if (pending_step_ < 0) return;
   // Every rank takes part, so every rank decides alike.

@@ -38,6 +38,9 @@ class Checkpointer {
   double save(int64_t step, const ParamLayout& layout, const OwnedArrays& owned,
               const std::vector<std::pair<std::string, std::string>>& lead_files,
               const nlohmann::json& index_extra);
+  // --async-save: allocates (and faults in) the host snapshot for arrays of this size now, at
+  // start-up, so the first save does not pay for it inside training. Nothing otherwise.
+  void reserve(const OwnedArrays& owned);
   // Collective while a save is pending (every rank knows when): one small all-reduce that asks
   // whether every writer is done, then the commit. Call once per step.
   void poll();

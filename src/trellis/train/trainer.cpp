@@ -257,6 +257,7 @@ Trainer::Trainer(TrainConfig cfg, Communicator& world)
                    {"checkpoint_bytes", checkpointer_->last_bytes()}},
                   "checkpoint");
   };
+  checkpointer_->reserve(owned_state());
   dp_sync_->adopt_params();  // ZeRO-2/3 keep their shards; ZeRO-3 frees the blocks
 
   tp_ = std::make_unique<TensorParallel>(&mesh_.tp_comm(), cfg_.sequence_parallel);
