@@ -9,6 +9,7 @@ set(TRELLIS_FUZZ_SOURCES
     src/trellis/io/mapped_file.cpp
     src/trellis/io/safetensors.cpp
     src/trellis/io/checkpoint.cpp
+    src/trellis/io/sharded_checkpoint.cpp
     src/trellis/io/pretrained.cpp
     src/trellis/data/shard.cpp
     src/trellis/data/doc_index.cpp
