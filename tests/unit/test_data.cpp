@@ -16,6 +16,7 @@
 
 #include "trellis/core/error.h"
 #include "trellis/data/corpus.h"
+#include "trellis/data/doc_index.h"
 #include "trellis/data/loader.h"
 #include "trellis/data/mixture.h"
 #include "trellis/data/prepare.h"
@@ -280,7 +281,8 @@ std::vector<uint32_t> read_split(const std::string& dir, const std::string& pref
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(dir)) {
     const auto name = e.path().filename().string();
-    if (name.starts_with(prefix)) names.push_back(e.path().string());
+    // Shards only (each has a document index, NAME.idx, beside it).
+    if (name.starts_with(prefix) && name.ends_with(".bin")) names.push_back(e.path().string());
   }
   std::sort(names.begin(), names.end());
   std::vector<uint32_t> out;
@@ -371,6 +373,43 @@ TEST(Prepare, Gpt2InsertsEotBetweenDocuments) {
   EXPECT_EQ(c.vocab_size, 50257);
   EXPECT_TRUE(fs::path(c.tokenizer_dir).is_absolute());
   EXPECT_TRUE(fs::exists(fs::path(c.tokenizer_dir) / "encoder.json"));
+}
+
+// Documents (issue 15): prepare records each file's start in the index beside its shard; streams
+// answer the starts in a range, windows turn them into per-position starts.
+TEST(Prepare, DocumentIndexesLocateEveryFile) {
+  TempDir dir;
+  fs::create_directories(dir / "in");
+  write_text(dir / "in/a.txt", "aaaa");    // stream [0, 4)
+  write_text(dir / "in/b.txt", "bbbbbb");  // [4, 10)
+  write_text(dir / "in/c.txt", "cc");      // [10, 12)
+  PrepareOptions opt;
+  opt.inputs = {dir / "in"};
+  opt.out_dir = dir / "out";
+  opt.val_fraction = 0.25;  // val = [9, 12)
+  opt.shard_tokens = 4;     // train shards [0, 4), [4, 8), [8, 9)
+  EXPECT_EQ(prepare_dataset(opt).documents, 3u);
+  const Corpus c = load_corpus_dir(dir / "out");
+  ASSERT_TRUE(c.train.has_doc_index() && c.val.has_doc_index());
+  std::vector<int64_t> s;
+  c.train.doc_starts(0, 9, s);
+  EXPECT_EQ(s, (std::vector<int64_t>{0, 4}));
+  s.clear();
+  c.train.doc_starts(1, 3, s);  // [1, 4): none
+  EXPECT_TRUE(s.empty());
+  s.clear();
+  c.val.doc_starts(0, 3, s);
+  EXPECT_EQ(s, (std::vector<int64_t>{1}));  // c.txt at stream position 10
+  int32_t starts[3];
+  window_doc_starts(c.train, 3, 1, starts);  // inputs [3, 6): b.txt starts at 4
+  EXPECT_EQ(std::vector<int32_t>(starts, starts + 3), (std::vector<int32_t>{0, 1, 1}));
+  window_doc_starts(c.train, 3, 0, starts);  // [0, 3): one document
+  EXPECT_EQ(std::vector<int32_t>(starts, starts + 3), (std::vector<int32_t>{0, 0, 0}));
+
+  // An index that disagrees with its shard is an input error naming it, at load.
+  const std::string idx = dir / "out/train_000001.idx";
+  write_doc_index(idx, std::vector<uint32_t>{0}, 5);
+  expect_input_error([&] { load_corpus_dir(dir / "out"); }, {idx, "5 tokens", "holds 4"});
 }
 
 TEST(Prepare, RemovesStaleShardsFromAnEarlierRun) {
