@@ -1,6 +1,7 @@
 """ZeRO-2 (sharded gradients) and ZeRO-3 (sharded parameters, gathered per block) under mpirun
 equal the 1-process run: per-step losses over 20 steps, validation losses and final parameters to
-<= 1e-5 relative (fp32), with and without accumulation, alone and with tensor parallelism. Also:
+<= 1e-5 relative (fp32), with and without accumulation, alone and with tensor parallelism, and
+with each recompute policy (bitwise the same run as without). Also:
 they really shard (the allocator's high-water mark falls with the stage), they resume from their
 own checkpoints bitwise, and ZeRO-2/3 with a pipeline is refused with one line."""
 import os
@@ -32,6 +33,28 @@ llama.check("llama_tp2_dp2_zero3", 4, ["--tp", 2, "--dp", 2, "--zero", 3,
                                        "--sequence-parallel", "true"])
 llama.check("llama_tp2_dp2_zero2_micro1", 4, ["--tp", 2, "--dp", 2, "--zero", 2,
                                               "--micro-batch-size", 1])
+
+
+# Recomputation inside sharded layouts (ZeRO-3 gathers a block again for its backward, where the
+# recompute runs): each policy equals one process, and is bitwise the same run as none.
+def same_run(a, b):
+    (la, va, pa), (lb, vb, pb) = gpt._result(os.path.join(TMP, a)), gpt._result(os.path.join(TMP, b))
+    return (la == lb and va == vb and len(pa) > 0 and sorted(pa) == sorted(pb)
+            and all(pa[k].tobytes() == pb[k].tobytes() for k in pa))
+
+
+for base, ranks, args in (("gpt_dp2_zero2", 2, ["--dp", 2, "--zero", 2]),
+                          ("gpt_dp4_zero3_micro1", 4, ["--dp", 4, "--zero", 3,
+                                                        "--micro-batch-size", 1])):
+    for policy in ("selective", "full"):
+        name = f"{base}_{policy}"
+        gpt.check(name, ranks, args + ["--recompute", policy])
+        check(same_run(name, base), f"{name}: bitwise the run without recompute")
+for policy in ("selective", "full"):
+    name = f"llama_tp2_dp2_zero3_{policy}"
+    llama.check(name, 4, ["--tp", 2, "--dp", 2, "--zero", 3, "--sequence-parallel", "true",
+                          "--recompute", policy])
+    check(same_run(name, "llama_tp2_dp2_zero3"), f"{name}: bitwise the run without recompute")
 
 
 def alloc_peak(name):
