@@ -1,6 +1,6 @@
 """Nothing lost: `trellis launch --np 2` trains 60 steps (a checkpoint every 5) while this test
 kill -9s a random rank three times, at random moments, once while a checkpoint is being written.
-The final model.safetensors is byte-identical to an uninterrupted run with the same layout, and the
+The final parameters are byte-identical to an uninterrupted run with the same layout, and the
 restarts show in restarts.jsonl and metrics.jsonl."""
 import json
 import os

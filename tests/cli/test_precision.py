@@ -2,7 +2,7 @@
 
 (a) Resume is bitwise under bf16: 20 steps in one go == 10 steps, --stop-at, --resume for 10
     more (as test_resume): per-step losses, learning rates, validation losses, final
-    model.safetensors and optimizer.safetensors equal.
+    parameters and optimizer state equal.
 (b) TRELLIS_ISA=avx512 (a CPU without AVX512-BF16) with --precision bf16: trellis's one-line
     notice (naming AVX512-BF16 and fp32) on stderr, once also with 2 ranks, and the run is
     exactly --precision fp32 under the same cap (losses, validation losses, final weights).

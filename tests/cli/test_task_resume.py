@@ -1,7 +1,7 @@
 """Resume of task runs: a classification run (encoder-tiny, padded texts) and a translation run
 (encdec-tiny, padded pairs), each 20 steps in one go == 10 steps, --stop-at, --resume for 10 more:
-bitwise equal per-step losses and learning rates, validation metrics, final model.safetensors and
-optimizer.safetensors. The runs shuffle (default), 6 steps per epoch, so the resumed run must
+bitwise equal per-step losses and learning rates, validation metrics, final parameters and
+optimizer state. The runs shuffle (default), 6 steps per epoch, so the resumed run must
 also continue the data order inside an epoch and across the next ones."""
 import os
 

@@ -42,7 +42,7 @@ Training cases: each step's learning rate is computed here from the schedule the
 documents (linear warmup, then cosine decay to min_lr at the last step) and drives the
 reference; trellis's logged lr must equal it (1e-6 relative). The final checkpoint must hold
 every optimizer tensor torch has (exp_avg/exp_avg_sq, or momentum_buffer, of every parameter):
-a missing optimizer.safetensors or tensor fails.
+a missing optimizer state or tensor fails.
 
 Usage: test_torch_oracle.py [a b c d e f g h i]  (default: all cases)
 
