@@ -5,16 +5,10 @@
 #include <algorithm>
 #include <chrono>
 
+#include "trellis/core/clock.h"
 #include "trellis/core/error.h"
 
 namespace trellis {
-
-namespace {
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-}  // namespace
 
 DataParallelSync::DataParallelSync(Communicator& dp, int zero, const ParamLayout& layout,
                                    size_t bucket_bytes)

@@ -1,9 +1,9 @@
 #include "trellis/train/checkpointing.h"
 
-#include <chrono>
 #include <filesystem>
 
 #include "trellis/comm/communicator.h"
+#include "trellis/core/clock.h"
 #include "trellis/core/error.h"
 #include "trellis/io/atomic_file.h"
 #include "trellis/io/checkpoint.h"
@@ -11,13 +11,6 @@
 namespace fs = std::filesystem;
 
 namespace trellis {
-
-namespace {
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-}  // namespace
 
 Checkpointer::Checkpointer(Communicator& world, std::string out_dir, bool async)
     : world_(world), out_(std::move(out_dir)), async_(async) {

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "trellis/comm/communicator.h"
+#include "trellis/core/clock.h"
 #include "trellis/core/error.h"
 #include "trellis/core/memory.h"
 #include "trellis/data/corpus.h"
@@ -42,13 +43,9 @@ namespace trellis {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 // Taken when the program is loaded (static initialisation, before main): `start_s` counts all of
 // start-up, MPI and data included.
 const Clock::time_point kProcessStart = Clock::now();
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 int default_threads() {
   const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
