@@ -323,15 +323,16 @@ double DataParallelSync::gather_parameters() {
   return seconds_since(t0);
 }
 
-void DataParallelSync::adopt_params() {
+void DataParallelSync::adopt_params(bool whole_buffer) {
   if (zero_ < 2) return;
-  take_owned(params_.data(), owned_params_.data());
-  if (zero_ < 3) return;
-  for (size_t u = 0; u < units_.size(); ++u)
-    if (units_[u].layer >= 0) {
-      params_.release(units_[u].begin, units_[u].end);
-      gathered_[u] = 0;
-    }
+  if (whole_buffer) take_owned(params_.data(), owned_params_.data());
+  if (zero_ == 3)
+    for (size_t u = 0; u < units_.size(); ++u)
+      if (units_[u].layer >= 0) {
+        params_.release(units_[u].begin, units_[u].end);
+        gathered_[u] = 0;
+      }
+  if (!whole_buffer) gather_parameters();
 }
 
 void DataParallelSync::take_owned(const float* whole, float* compact) const {

@@ -80,9 +80,10 @@ class DataParallelSync {
   // the buffer; ZeRO-3: the root unit). Returns seconds.
   double gather_parameters();
 
-  // The whole buffer has just been written (initialisation, a checkpoint): keep the owned pieces,
-  // and under ZeRO-3 release the blocks.
-  void adopt_params();
+  // The parameters have just been written: the whole buffer (initialisation), or under ZeRO-2/3
+  // only the owned pieces, compact (a checkpoint, read without materialising the model). Keeps the
+  // owned pieces or gathers the rest from them; under ZeRO-3 the blocks end up released.
+  void adopt_params(bool whole_buffer);
   // The owned pieces of a whole buffer, compact.
   void take_owned(const float* whole, float* compact) const;
   // Bytes of the buffers this object holds now (parameters, gradients, compact shards).

@@ -170,6 +170,7 @@ class Trainer {
   std::unique_ptr<ParamLayout> layout_;
   size_t n_ = 0;
   std::unique_ptr<DataParallelSync> dp_sync_;  // holds the parameter and gradient buffers
+  bool params_compact_ = false;  // loaded as the owned pieces only (ZeRO-2/3 resume)
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<TensorParallel> tp_;
   std::unique_ptr<TiedWeights> tied_;
@@ -255,7 +256,8 @@ Trainer::Trainer(TrainConfig cfg, Communicator& world)
                   "checkpoint");
   };
   checkpointer_->reserve(owned_state());
-  dp_sync_->adopt_params();  // ZeRO-2/3 keep their shards; ZeRO-3 frees the blocks
+  // ZeRO-2/3 keep their shards (or, resumed, gather the rest from them); ZeRO-3 frees the blocks.
+  dp_sync_->adopt_params(!params_compact_);
 
   tp_ = std::make_unique<TensorParallel>(&mesh_.tp_comm(), cfg_.sequence_parallel);
   std::vector<Transformer*> chunk_models;
@@ -417,7 +419,12 @@ void Trainer::load_or_init() {
     TRELLIS_REQUIRE(saved_cfg.contains(key) && saved_cfg[key] == value,
                     "{}: the checkpoint's {} is {}, the configured model's {}", resumed_from_, key,
                     saved_cfg.contains(key) ? saved_cfg[key].dump() : "missing", value.dump());
-  reader.read(*layout_, {{0, n_}}, "params", dp_sync_->params());
+  // ZeRO-2/3 read only their shard: no rank materialises its whole stage.
+  params_compact_ = cfg_.zero >= 2;
+  if (params_compact_)
+    reader.read(*layout_, dp_sync_->owned(), "params", dp_sync_->owned_params());
+  else
+    reader.read(*layout_, {{0, n_}}, "params", dp_sync_->params());
   for (auto& [name, buf] : optimizer_->state())
     reader.read(*layout_, optimizer_->owned(), name, buf->data());
   const std::string state_path = resumed_from_ + "/state.json";
