@@ -39,6 +39,8 @@ struct RankMemory {
 // Every rank of the layout (world = dp * tp * pp), in world-rank order (TP fastest, then DP,
 // then PP, as parallel/mesh).
 std::vector<RankMemory> predict_memory(const RunShape& run);
+// One rank of it (the planner asks for a few ranks of layouts with thousands).
+RankMemory predict_rank_memory(const RunShape& run, int pp_rank, int dp_rank, int tp_rank);
 
 // Micro-batch Contexts each local chunk holds at once under a pipeline rank's schedule `ops` (the
 // Pipeline's pool): the most alive between a forward and its backward.

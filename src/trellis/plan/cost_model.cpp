@@ -1,0 +1,299 @@
+#include "trellis/plan/cost_model.h"
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "trellis/core/error.h"
+#include "trellis/model/activation_memory.h"
+#include "trellis/model/params.h"
+
+namespace trellis {
+
+double model_state_bytes(double n_params, int dp, int zero, StateBytes b) {
+  const double n = dp;
+  const double params = zero >= 3 ? b.params / n : b.params;
+  const double grads = zero >= 2 ? b.grads / n : b.grads;
+  const double optimizer = zero >= 1 ? b.optimizer / n : b.optimizer;
+  return n_params * (params + grads + optimizer);
+}
+
+double megatron_activation_per_layer(double s, double b, double h, double a, double t,
+                                     bool sequence_parallel, Recompute recompute) {
+  const double sbh = s * b * h;
+  switch (recompute) {
+    case Recompute::Full:
+      return 2 * sbh;  // the layer's fp16 input, not divided by t
+    case Recompute::Selective:
+      return sequence_parallel ? 34 * sbh / t : sbh * (10 + 24 / t);
+    case Recompute::None:
+      break;
+  }
+  const double attention = 5 * a * s / (h * t);
+  return sequence_parallel ? sbh * (34 / t + attention) : sbh * (10 + 24 / t + attention);
+}
+
+std::string Layout::describe() const {
+  std::string s = fmt::format("dp{} tp{}{} pp{}", dp, tp, sequence_parallel ? "+sp" : "", pp);
+  if (pp > 1) s += fmt::format(" {}", schedule_name(schedule));
+  if (virtual_stages > 1) s += fmt::format(" v{}", virtual_stages);
+  s += fmt::format(" zero{} {} mb{}x{}", zero, recompute_name(recompute), micro_batch, accum);
+  return s;
+}
+
+double block_forward_flops(const ModelConfig& cfg, bool decoder, double b, double s, int tp) {
+  const double h = cfg.n_embd, hd = cfg.head_size(), kv = cfg.kv_heads(), f = cfg.ffn();
+  const double tokens = b * s;
+  double flops = 2 * tokens * h * (h + 2 * kv * hd)  // q|k|v
+                 + 4 * tokens * s * h                // scores and probabilities x values
+                 + 2 * tokens * h * h;               // output projection
+  if (cfg.mlp == MlpKind::Gelu) flops += 4 * tokens * h * f;
+  if (cfg.mlp == MlpKind::SwiGLU) flops += 6 * tokens * h * f;
+  if (decoder)  // cross-attention over an encoder output of s positions
+    flops +=
+        2 * tokens * h * h + 2 * tokens * h * 2 * kv * hd + 4 * tokens * s * h + 2 * tokens * h * h;
+  return flops / tp;
+}
+
+namespace {
+
+double ring_all_reduce(double bytes, int n, const Link& l) {
+  if (n <= 1) return 0;
+  return 2.0 * (n - 1) * l.latency + 2.0 * (n - 1) / n * bytes / l.effective_bandwidth();
+}
+// Reduce-scatter or all-gather of a buffer of `bytes` (whole, before sharding).
+double ring_half(double bytes, int n, const Link& l) {
+  if (n <= 1) return 0;
+  return (n - 1) * l.latency + double(n - 1) / n * bytes / l.effective_bandwidth();
+}
+
+struct ChunkCost {
+  double fwd_compute = 0, fwd_comm = 0, bwd_compute = 0, bwd_comm = 0, recompute = 0;
+  double gemm_flops_fwd = 0, recompute_flops = 0;
+  double fwd() const { return fwd_compute + fwd_comm; }
+  double bwd() const { return bwd_compute + bwd_comm; }
+};
+
+// Finish time of the last op when every rank runs its op list in order, an op starting once
+// its rank is free and its input has arrived (`send` seconds after the producing op ended on
+// another rank).
+double play_schedule(const std::vector<std::vector<PipeOp>>& ops, const std::vector<ChunkCost>& c,
+                     int pp, int V, int64_t micro, double send) {
+  const int G = pp * V;
+  std::vector<double> done_f(size_t(micro * G), -1), done_b(size_t(micro * G), -1);
+  std::vector<size_t> next(size_t(pp), 0);
+  std::vector<double> clock(size_t(pp), 0);
+  size_t remaining = 0;
+  for (const auto& o : ops) remaining += o.size();
+  while (remaining > 0) {
+    bool progressed = false;
+    for (int r = 0; r < pp; ++r) {
+      while (next[size_t(r)] < ops[size_t(r)].size()) {
+        const PipeOp& op = ops[size_t(r)][next[size_t(r)]];
+        const int g = op.chunk * pp + r;
+        const size_t at = size_t(op.micro) * size_t(G) + size_t(g);
+        double ready = 0;
+        if (op.forward) {
+          if (g > 0) {
+            const double d = done_f[at - 1];
+            if (d < 0) break;
+            ready = d + send;
+          }
+        } else if (g == G - 1) {
+          if (done_f[at] < 0) break;
+          ready = done_f[at];
+        } else {
+          const double d = done_b[at + 1];
+          if (d < 0) break;
+          ready = d + send;
+        }
+        const double start = std::max(clock[size_t(r)], ready);
+        clock[size_t(r)] = start + (op.forward ? c[size_t(g)].fwd() : c[size_t(g)].bwd());
+        (op.forward ? done_f : done_b)[at] = clock[size_t(r)];
+        ++next[size_t(r)];
+        --remaining;
+        progressed = true;
+      }
+    }
+    TRELLIS_CHECK(progressed, "pipeline schedule deadlocks in the planner's replay");
+  }
+  return *std::max_element(clock.begin(), clock.end());
+}
+
+}  // namespace
+
+double pipeline_makespan(ScheduleKind kind, int pp, int micro_batches, int virtual_stages,
+                         double fwd_s, double bwd_s) {
+  ChunkCost c;
+  c.fwd_compute = fwd_s;
+  c.bwd_compute = bwd_s;
+  const std::vector<ChunkCost> cost(static_cast<size_t>(pp * virtual_stages), c);
+  std::vector<std::vector<PipeOp>> ops;
+  for (int r = 0; r < pp; ++r)
+    ops.push_back(build_schedule(kind, pp, r, micro_batches, virtual_stages));
+  return play_schedule(ops, cost, pp, virtual_stages, micro_batches, 0);
+}
+
+StepCost predict_step(const CostInputs& in, const Machine& machine) {
+  const ModelConfig& mc = in.model;
+  const Layout& L = in.layout;
+  const bool megatron = in.engine == Engine::Megatron;
+  const int pp = L.pp, V = L.virtual_stages, G = pp * V, t = L.tp, R = in.ranks_per_node;
+  TRELLIS_REQUIRE(L.dp >= 1 && t >= 1 && pp >= 1 && V >= 1 && L.micro_batch >= 1 && L.accum >= 1,
+                  "layout sizes must be positive");
+  const double b = double(L.micro_batch), s = double(in.seq_len), h = mc.n_embd;
+  const double act = megatron ? 2 : 4;  // bytes per activation element on the wire
+  const double gemm_rate = machine.peak(in.precision) * machine.gemm_efficiency;
+  const double hbm = machine.memory_bandwidth;
+  // Mesh order: TP fastest, then DP, then PP; a group is inside a node when its span is.
+  const Link& tp_link = (t <= R && R % t == 0) ? machine.intra : machine.inter;
+  const Link& dp_link = t * L.dp <= R ? machine.intra : machine.inter;
+  const Link& pp_link = t * L.dp * pp <= R ? machine.intra : machine.inter;
+  const double tp_coll = ring_all_reduce(b * s * h * act, t, tp_link);
+
+  const auto chunks = partition_layers(mc.total_layers(), G, {});
+  std::vector<ChunkCost> cost(static_cast<size_t>(G), ChunkCost{});
+  for (int g = 0; g < G; ++g) {
+    ChunkCost& c = cost[size_t(g)];
+    for (int layer : chunks[size_t(g)]) {
+      const bool decoder = mc.encoder_decoder() && layer >= mc.n_layer;
+      const double fl = block_forward_flops(mc, decoder, b, s, t);
+      // Memory-bound ops: the forward writes what it keeps and reads it once more (2x the kept
+      // bytes), backward reads it and writes gradients of the same size (4x): an assumption.
+      const double kept =
+          megatron ? megatron_activation_per_layer(s, b, h, mc.n_head, t, L.sequence_parallel,
+                                                   Recompute::None)
+                   : double(block_activation_bytes(mc, decoder, int64_t(b), in.seq_len, t,
+                                                   L.sequence_parallel, Recompute::None));
+      const int colls = (mc.mlp != MlpKind::None ? 2 : 1) + (decoder ? 1 : 0);
+      c.gemm_flops_fwd += fl;
+      c.fwd_compute += fl / gemm_rate + 2 * kept / hbm;
+      c.fwd_comm += colls * tp_coll;
+      c.bwd_compute += 2 * fl / gemm_rate + 4 * kept / hbm;
+      c.bwd_comm += colls * tp_coll;
+      double re_flops = 0, re_time = 0, re_comm = 0;
+      if (L.recompute == Recompute::Full) {
+        re_flops = fl;
+        re_time = fl / gemm_rate + 2 * kept / hbm;
+        // trellis reruns the forward's collectives except the MLP's (its result is kept).
+        re_comm = (megatron || mc.mlp == MlpKind::None ? colls : colls - 1) * tp_coll;
+      } else if (L.recompute == Recompute::Selective) {
+        re_flops = 4 * b * s * s * h / t;  // attention's two batched products
+        if (!megatron)                     // trellis also reruns the MLP's up projection
+          re_flops += (mc.mlp == MlpKind::SwiGLU ? 4
+                       : mc.mlp == MlpKind::Gelu ? 2
+                                                 : 0) *
+                      b * s * h * mc.ffn() / t;
+        re_time = re_flops / gemm_rate;
+      }
+      c.recompute_flops += re_flops;
+      c.recompute += re_time + re_comm;
+      c.bwd_compute += re_time;
+      c.bwd_comm += re_comm;
+    }
+    if (g == 0 && t > 1) c.fwd_comm += tp_coll;  // vocabulary-parallel embedding's sum
+    if (g == G - 1 && mc.lm_head()) {
+      const double vocab = mc.padded_vocab();
+      const double fl = 2 * b * s * h * vocab / t;
+      const double logits = b * s * vocab / t * 4;  // fp32 logits, softmax and its gradient
+      c.gemm_flops_fwd += fl;
+      c.fwd_compute += fl / gemm_rate + 3 * logits / hbm;
+      c.bwd_compute += 2 * fl / gemm_rate + 3 * logits / hbm;
+      c.bwd_comm += tp_coll;  // the head's input gradient
+    }
+  }
+
+  // Every pipeline rank's op list, played with and without the sends' cost.
+  std::vector<std::vector<PipeOp>> ops;
+  for (int r = 0; r < pp; ++r) ops.push_back(build_schedule(L.schedule, pp, r, int(L.accum), V));
+  double send = 0;
+  if (pp > 1) {
+    const double bytes = b * s * h * act / (megatron && t > 1 ? t : 1);
+    send = pp_link.latency + bytes / pp_link.effective_bandwidth();
+  }
+  const double span0 = play_schedule(ops, cost, pp, V, L.accum, 0);
+  const double span = pp > 1 ? play_schedule(ops, cost, pp, V, L.accum, send) : span0;
+
+  StepCost out;
+  double busiest = -1;
+  for (int r = 0; r < pp; ++r) {
+    double compute = 0, comm = 0, recompute = 0;
+    for (const PipeOp& op : ops[size_t(r)]) {
+      const ChunkCost& c = cost[size_t(op.chunk * pp + r)];
+      compute += op.forward ? c.fwd_compute : c.bwd_compute;
+      comm += op.forward ? c.fwd_comm : c.bwd_comm;
+      if (!op.forward) recompute += c.recompute;
+    }
+    if (compute + comm > busiest) {
+      busiest = compute + comm;
+      out.compute_s = compute;
+      out.tp_comm_s = comm;
+      out.recompute_s = recompute;
+    }
+  }
+  out.bubble_s = std::max(0.0, span0 - busiest);
+  out.pp_comm_s = span - span0;
+
+  // Data-parallel gradient sync of the largest stage (stages sync in parallel).
+  double stage_floats = 0;
+  for (int r = 0; r < pp; ++r) {
+    StageSpec stage;
+    stage.embedding = r == 0;
+    stage.head = r == pp - 1;
+    for (int v = 0; v < V; ++v)
+      stage.layers.insert(stage.layers.end(), chunks[size_t(v * pp + r)].begin(),
+                          chunks[size_t(v * pp + r)].end());
+    stage_floats = std::max(stage_floats, double(ParamLayout(mc, t, 0, &stage).size()));
+  }
+  const double grad_bytes = stage_floats * (megatron ? 2 : 4);
+  const double param_bytes = stage_floats * (megatron ? 2 : 4);
+  const int dp = L.dp;
+  const double m = double(L.accum);
+  switch (L.zero) {
+    case 0:
+      out.dp_comm_total_s = ring_all_reduce(grad_bytes, dp, dp_link);
+      break;
+    case 1:
+      out.dp_comm_total_s =
+          ring_half(grad_bytes, dp, dp_link) + ring_half(param_bytes, dp, dp_link);
+      break;
+    case 2:  // a reduce-scatter per block per micro-batch, one gather after the update
+      out.dp_comm_total_s =
+          m * ring_half(grad_bytes, dp, dp_link) + ring_half(param_bytes, dp, dp_link);
+      break;
+    default:  // and each block's parameters gathered before its forward and its backward
+      out.dp_comm_total_s =
+          m * (ring_half(grad_bytes, dp, dp_link) + 2 * ring_half(param_bytes, dp, dp_link));
+  }
+  out.dp_comm_s = out.dp_comm_total_s;
+  if (!megatron && L.zero == 0 && pp == 1 && dp > 1) {
+    // The bucketed reducer starts as the last micro-batch's backward finishes blocks; the last
+    // bucket (about one block's share) is always exposed.
+    const double blocks = double(mc.total_layers()) + 1;
+    out.dp_comm_s = std::max(out.dp_comm_total_s - cost[0].bwd() * (blocks - 1) / blocks,
+                             out.dp_comm_total_s / blocks);
+  }
+  // AdamW reads weights, gradients and two moments and writes three of them: 28 bytes per owned
+  // parameter at memory bandwidth.
+  const double owned = stage_floats / (L.zero >= 1 ? dp : 1);
+  out.optimizer_s = owned * 28 / hbm;
+  out.step_s = span + out.dp_comm_s + out.optimizer_s;
+
+  double fwd_flops = 0, re_flops = 0;
+  for (const ChunkCost& c : cost) {
+    fwd_flops += c.gemm_flops_fwd;
+    re_flops += c.recompute_flops;
+  }
+  // Per-rank FLOPs times the tensor-parallel ranks that share each chunk, per micro-batch.
+  const double per_replica = m * t;
+  out.model_flops = 3 * fwd_flops * per_replica * dp;
+  out.hardware_flops = out.model_flops + re_flops * per_replica * dp;
+  out.tokens_per_s = double(dp) * m * b * s / out.step_s;
+  const double world_peak = double(L.world()) * machine.peak(in.precision);
+  out.mfu = out.model_flops / out.step_s / world_peak;
+  out.hfu = out.hardware_flops / out.step_s / world_peak;
+  return out;
+}
+
+}  // namespace trellis

@@ -1,0 +1,88 @@
+#include "trellis/plan/machine.h"
+
+#include <cmath>
+#include <fstream>
+
+#include "trellis/core/error.h"
+
+namespace trellis {
+
+namespace {
+
+const nlohmann::json& member(const nlohmann::json& j, const char* key, const std::string& where,
+                             const std::string& path) {
+  TRELLIS_REQUIRE(j.is_object(), "{}: {}: expected an object", where, path);
+  auto it = j.find(key);
+  TRELLIS_REQUIRE(it != j.end(), "{}: {}{}: missing", where, path.empty() ? "" : path + ".", key);
+  return *it;
+}
+
+double positive(const nlohmann::json& j, const char* key, const std::string& where,
+                const std::string& path, double max = INFINITY) {
+  const nlohmann::json& v = member(j, key, where, path);
+  const std::string name = (path.empty() ? "" : path + ".") + key;
+  TRELLIS_REQUIRE(v.is_number(), "{}: {}: expected a number", where, name);
+  const double x = v.get<double>();
+  TRELLIS_REQUIRE(std::isfinite(x) && x > 0 && x <= max, "{}: {}: {} is out of range (0, {}]",
+                  where, name, x, max);
+  return x;
+}
+
+Link parse_link(const nlohmann::json& j, const std::string& where, const std::string& path) {
+  const nlohmann::json& l = member(j, path.c_str(), where, "");
+  Link link;
+  link.bandwidth = positive(l, "bandwidth", where, path);
+  link.latency = positive(l, "latency", where, path, 1.0);
+  link.efficiency = l.contains("efficiency") ? positive(l, "efficiency", where, path, 1.0) : 1.0;
+  return link;
+}
+
+}  // namespace
+
+double Machine::peak(const std::string& precision) const {
+  auto it = peak_flops.find(precision);
+  TRELLIS_REQUIRE(it != peak_flops.end(), "{}: device.peak_flops.{}: not described", path,
+                  precision);
+  return it->second;
+}
+
+Machine parse_machine(const nlohmann::json& j, const std::string& where) {
+  Machine m;
+  m.path = where;
+  const nlohmann::json& name = member(j, "name", where, "");
+  TRELLIS_REQUIRE(name.is_string(), "{}: name: expected a string", where);
+  m.name = name.get<std::string>();
+  m.devices_per_node = int(positive(j, "devices_per_node", where, "", 1 << 16));
+  TRELLIS_REQUIRE(double(m.devices_per_node) == j["devices_per_node"].get<double>(),
+                  "{}: devices_per_node: expected an integer", where);
+  const nlohmann::json& d = member(j, "device", where, "");
+  m.memory_bytes = int64_t(positive(d, "memory_bytes", where, "device", 1e15));
+  m.memory_bandwidth = positive(d, "memory_bandwidth", where, "device");
+  m.gemm_efficiency = positive(d, "gemm_efficiency", where, "device", 1.0);
+  const nlohmann::json& peaks = member(d, "peak_flops", where, "device");
+  TRELLIS_REQUIRE(peaks.is_object() && !peaks.empty(),
+                  "{}: device.peak_flops: expected an object of precision: FLOP/s", where);
+  for (auto it = peaks.begin(); it != peaks.end(); ++it) {
+    TRELLIS_REQUIRE(it.key() == "fp32" || it.key() == "tf32" || it.key() == "bf16",
+                    "{}: device.peak_flops.{}: unknown precision (fp32, tf32, bf16)", where,
+                    it.key());
+    m.peak_flops[it.key()] = positive(peaks, it.key().c_str(), where, "device.peak_flops");
+  }
+  m.intra = parse_link(j, where, "intra_node");
+  m.inter = parse_link(j, where, "inter_node");
+  return m;
+}
+
+Machine load_machine(const std::string& path) {
+  std::ifstream in(path);
+  TRELLIS_REQUIRE(in.good(), "{}: cannot open the machine file", path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    TRELLIS_REQUIRE(false, "{}: not valid JSON: {}", path, e.what());
+  }
+  return parse_machine(j, path);
+}
+
+}  // namespace trellis

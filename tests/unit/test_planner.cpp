@@ -1,0 +1,238 @@
+// The planner's formulas against published numbers (ZeRO, Korthikanti et al., Narayanan et al.),
+// its pipeline replay against the schedules' closed forms, the machine files, and the search.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "trellis/core/error.h"
+#include "trellis/model/family.h"
+#include "trellis/plan/cost_model.h"
+#include "trellis/plan/planner.h"
+
+namespace trellis {
+namespace {
+
+std::string hardware(const std::string& name) {
+  return (std::filesystem::path(__FILE__).parent_path() / "../../hardware" / name).string();
+}
+
+// Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter
+// Models", Fig. 1: a 7.5B-parameter model on 64 devices with mixed-precision Adam (K = 12):
+// 120 GB (baseline), 31.4 GB (P_os), 16.6 GB (P_os+g), 1.9 GB (P_os+g+p) per device.
+TEST(PlannerPublished, ZeroPaperFigure1ModelStates) {
+  const double published[] = {120, 31.4, 16.6, 1.9};
+  for (int zero = 0; zero <= 3; ++zero) {
+    const double gb = model_state_bytes(7.5e9, 64, zero, StateBytes::mixed_precision_adam()) / 1e9;
+    EXPECT_NEAR(gb, published[zero], 0.02 * published[zero]) << "ZeRO-" << zero;
+  }
+  // trellis's own accounting: fp32 weights and gradients, two fp32 moments (4 + 4 + 8 bytes).
+  const double trellis[] = {120, 7.5 * (8 + 8.0 / 64), 7.5 * (4 + 12.0 / 64), 7.5 * 16.0 / 64};
+  for (int zero = 0; zero <= 3; ++zero)
+    EXPECT_DOUBLE_EQ(model_state_bytes(7.5e9, 64, zero, StateBytes::trellis_adamw()) / 1e9,
+                     trellis[zero]);
+}
+
+// Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
+// Sec. 4 and Table 2 (activation bytes per transformer layer, fp16).
+TEST(PlannerPublished, KorthikantiActivationPerLayer) {
+  for (double t : {1.0, 2.0, 8.0}) {
+    const double s = 2048, b = 4, h = 12288, a = 96, sbh = s * b * h;
+    EXPECT_DOUBLE_EQ(megatron_activation_per_layer(s, b, h, a, 1, false, Recompute::None),
+                     sbh * (34 + 5 * a * s / h));
+    EXPECT_DOUBLE_EQ(megatron_activation_per_layer(s, b, h, a, t, false, Recompute::None),
+                     sbh * (10 + 24 / t + 5 * a * s / (h * t)));
+    EXPECT_DOUBLE_EQ(megatron_activation_per_layer(s, b, h, a, t, true, Recompute::None),
+                     sbh / t * (34 + 5 * a * s / h));
+    EXPECT_DOUBLE_EQ(megatron_activation_per_layer(s, b, h, a, t, true, Recompute::Selective),
+                     34 * sbh / t);
+    EXPECT_DOUBLE_EQ(megatron_activation_per_layer(s, b, h, a, t, true, Recompute::Full), 2 * sbh);
+  }
+}
+
+// Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
+// Megatron-LM" (SC21, arXiv:2104.04473), Table 1: GPT models (vocabulary 51,200, sequence
+// 2048, full activation recomputation) on DGX A100 nodes (8 x 80 GB, 8 x HDR InfiniBand);
+// achieved TFLOP/s per GPU, recomputation counted. The planner predicts them with
+// hardware/dgx-a100-80gb.json in Megatron mode (fp16 traffic; micro-batch 1 and the 1F1B
+// schedule assumed: the table gives neither). The model omits the end-to-end overheads the
+// paper's numbers include (data loading, the optimizer's fp32 copies, logging) and assumes
+// 80% of peak for every GEMM, so it is optimistic: bench/RESULTS.md records every row.
+TEST(PlannerPublished, NarayananTable1PerGpuThroughput) {
+  struct Row {
+    double billions;
+    int heads, hidden, layers, tp, pp, gpus, batch;
+    double tflops;
+    bool known_miss;  // outside 15%: recorded in bench/RESULTS.md
+  };
+  const Row rows[] = {
+      {1.7, 24, 2304, 24, 1, 1, 32, 512, 137, false},
+      {3.6, 32, 3072, 30, 2, 1, 64, 512, 138, false},
+      {7.5, 32, 4096, 36, 4, 1, 128, 512, 142, false},
+      {18.4, 48, 6144, 40, 8, 1, 256, 1024, 135, false},
+      {39.1, 64, 8192, 48, 8, 2, 512, 1536, 138, false},
+      {76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140, true},
+      {145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148, false},
+      {310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155, false},
+      {529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163, false},
+      {1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163, false},
+  };
+  const Machine a100 = load_machine(hardware("dgx-a100-80gb.json"));
+  int within = 0;
+  for (const Row& r : rows) {
+    CostInputs in;
+    in.model.arch = "gpt2";
+    family_of("gpt2").configure(in.model);
+    in.model.n_layer = r.layers;
+    in.model.n_head = r.heads;
+    in.model.n_embd = r.hidden;
+    in.model.vocab_size = 51200;
+    in.model.block_size = 2048;
+    in.seq_len = 2048;
+    in.ranks_per_node = 8;
+    in.precision = "bf16";
+    in.engine = Engine::Megatron;
+    in.layout.tp = r.tp;
+    in.layout.pp = r.pp;
+    in.layout.dp = r.gpus / (r.tp * r.pp);
+    in.layout.recompute = Recompute::Full;
+    in.layout.micro_batch = 1;
+    in.layout.accum = r.batch / in.layout.dp;
+    // Parameters, as the table counts them (12lh^2(1 + 13/(12h) + (V + s)/(12lh))).
+    const double n = double(ParamLayout(in.model).count());
+    const double l = r.layers, h = r.hidden;
+    EXPECT_NEAR(n, 12 * l * h * h * (1 + 13 / (12 * h) + (51200 + 2048) / (12 * l * h)), 1e-3 * n);
+    EXPECT_NEAR(n / 1e9, r.billions, 0.05 + 1e-4 * r.billions) << "the table rounds";
+    const StepCost c = predict_step(in, a100);
+    const double tflops = c.hardware_flops / c.step_s / r.gpus / 1e12;
+    const double err = tflops / r.tflops - 1;
+    std::printf("%7.1fB tp%d pp%d dp%d: predicted %.1f TFLOP/s per GPU, published %.0f (%+.1f%%)\n",
+                r.billions, r.tp, r.pp, in.layout.dp, tflops, r.tflops, 100 * err);
+    if (r.known_miss) {
+      EXPECT_GT(std::abs(err), 0.15) << r.billions << "B now within 15%: update bench/RESULTS.md";
+    } else {
+      EXPECT_LE(std::abs(err), 0.15) << r.billions << "B";
+      ++within;
+    }
+  }
+  EXPECT_GE(within, 5);
+}
+
+// The replay of the op lists gives the schedules' known bubbles for uniform chunks.
+TEST(PlannerPipeline, ReplayMatchesClosedFormBubbles) {
+  const double f = 1.0, b = 2.0;
+  for (int pp : {2, 4}) {
+    for (int m : {4, 8}) {
+      for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB}) {
+        const double span = pipeline_makespan(kind, pp, m, 1, f, b);
+        EXPECT_DOUBLE_EQ(span, (m + pp - 1) * (f + b));
+        EXPECT_NEAR(1 - m * (f + b) / span, theoretical_bubble(pp, m, 1), 1e-12);
+      }
+      // Interleaved: V chunks of 1/V the work each; the bubble shrinks by V.
+      const int V = 2;
+      const double span = pipeline_makespan(ScheduleKind::Interleaved, pp, m, V, f / V, b / V);
+      EXPECT_NEAR(span, m * (f + b) + (pp - 1) * (f + b) / V, 1e-9) << pp << " " << m;
+    }
+  }
+}
+
+TEST(PlannerMachine, ShippedFilesLoadAndBadOnesNameTheKey) {
+  const Machine a100 = load_machine(hardware("dgx-a100-80gb.json"));
+  EXPECT_EQ(a100.devices_per_node, 8);
+  EXPECT_DOUBLE_EQ(a100.peak("bf16"), 312e12);
+  EXPECT_DOUBLE_EQ(a100.peak("tf32"), 156e12);
+  EXPECT_DOUBLE_EQ(a100.inter.bandwidth, 25e9);
+  const Machine h100 = load_machine(hardware("dgx-h100.json"));
+  EXPECT_DOUBLE_EQ(h100.peak("bf16"), 989.5e12);
+  EXPECT_DOUBLE_EQ(h100.intra.bandwidth, 450e9);
+
+  auto error_of = [](const std::string& text) {
+    const std::string path = ::testing::TempDir() + "/bad_machine.json";
+    std::ofstream(path) << text;
+    try {
+      load_machine(path);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Input);
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(hardware("dgx-a100-80gb.json")));
+  j["device"]["peak_flops"]["bf16"] = -1;
+  EXPECT_NE(error_of(j.dump()).find("bad_machine.json: device.peak_flops.bf16"), std::string::npos)
+      << error_of(j.dump());
+  j = nlohmann::json::parse(std::ifstream(hardware("dgx-a100-80gb.json")));
+  j["inter_node"].erase("latency");
+  EXPECT_NE(error_of(j.dump()).find("inter_node.latency: missing"), std::string::npos);
+  EXPECT_NE(error_of("{ not json").find("not valid JSON"), std::string::npos);
+  EXPECT_NE(error_of("[]").find("expected an object"), std::string::npos);
+}
+
+ModelConfig gpt2_sized(const std::string& preset) {
+  ModelConfig base;
+  base.vocab_size = 50257;
+  return model_preset(preset, base);
+}
+
+TEST(PlannerSearch, LayoutsRespectTrellisRules) {
+  const ModelConfig m = gpt2_sized("gpt2");  // 12 heads, 12 blocks
+  const auto layouts = enumerate_layouts(m, 8, 16);
+  ASSERT_FALSE(layouts.empty());
+  for (const Layout& l : layouts) {
+    EXPECT_EQ(l.world(), 8);
+    EXPECT_EQ(m.n_head % l.tp, 0);
+    EXPECT_EQ(m.n_layer % (l.pp * l.virtual_stages), 0);
+    EXPECT_EQ(l.dp * l.micro_batch * l.accum, 16);
+    if (l.pp > 1) EXPECT_LE(l.zero, 1);
+    if (l.dp == 1) EXPECT_EQ(l.zero, 0);
+    if (l.virtual_stages > 1) EXPECT_EQ(l.accum % l.pp, 0);
+  }
+}
+
+TEST(PlannerSearch, RanksFittingLayoutsAndSaysWhyOthersLose) {
+  PlanRequest req;
+  req.model = gpt2_sized("gpt2-medium");
+  req.model.block_size = 1024;
+  req.world = 8;
+  req.ranks_per_node = 8;
+  req.batch = 32;
+  req.seq_len = 1024;
+  const Machine a100 = load_machine(hardware("dgx-a100-80gb.json"));
+  const Plan plan = make_plan(req, a100);
+  ASSERT_GT(plan.fitting, 10);
+  EXPECT_EQ(plan.smallest_world, 0);
+  for (int64_t i = 0; i < plan.fitting; ++i) {
+    const Candidate& c = plan.candidates[size_t(i)];
+    EXPECT_TRUE(c.fits);
+    EXPECT_LE(c.memory.total(), a100.memory_bytes);
+    if (i > 0) {
+      EXPECT_LE(c.cost.tokens_per_s, plan.candidates[size_t(i - 1)].cost.tokens_per_s);
+      EXPECT_FALSE(c.loses.empty());
+    }
+    EXPECT_GT(c.cost.mfu, 0);
+    EXPECT_LT(c.cost.mfu, a100.gemm_efficiency);
+  }
+  for (size_t i = size_t(plan.fitting); i < plan.candidates.size(); ++i)
+    EXPECT_GT(plan.candidates[i].memory.total(), a100.memory_bytes);
+}
+
+TEST(PlannerSearch, AModelThatFitsNowhereGetsTheSmallestWorld) {
+  PlanRequest req;
+  req.model = gpt2_sized("gpt2-xl");
+  req.model.block_size = 1024;
+  req.world = 1;
+  req.ranks_per_node = 8;
+  req.batch = 8;
+  req.seq_len = 1024;
+  Machine small = load_machine(hardware("dgx-a100-80gb.json"));
+  small.memory_bytes = int64_t(8) << 30;  // an 8 GiB device: gpt2-xl's fp32 states alone are 25 GB
+  const Plan plan = make_plan(req, small);
+  EXPECT_EQ(plan.fitting, 0);
+  ASSERT_GT(plan.smallest_world, 1);
+  EXPECT_LE(plan.smallest.memory.total(), small.memory_bytes);
+  EXPECT_EQ(plan.smallest.layout.world(), plan.smallest_world);
+}
+
+}  // namespace
+}  // namespace trellis
