@@ -72,3 +72,15 @@ expect_error(["plan", "--model", "layers=2,width=64,heads=3", "--world", 1, "--b
               "--seq-len", 64, "--machine", a100])
 expect_error(base[:4] + [0] + base[5:] + ["--machine", a100], "--world")
 print("ok")
+
+# calibrate: this machine as a machine file that plan reads back.
+cal = os.path.join(TMP, "plan", "this.json")
+out, _ = run(["calibrate", "--out", cal, "--threads", 1, "--seconds", 0.05, "--gemm-size", 256])
+m = json.load(open(cal))
+check(m["device"]["peak_flops"]["fp32"] > 1e9 and m["device"]["memory_bandwidth"] > 1e8,
+      f"calibrate measured GEMM and memory rates: {out.strip()}")
+out, _ = run(["plan", "--model", "baby", "--world", 2, "--batch-size", 8, "--seq-len", 64,
+              "--precision", "fp32", "--machine", cal, "--top", 3])
+check("(first)" in out, "plan reads a calibrated machine file")
+expect_error(["calibrate", "--out", cal, "--seconds", 0], "--seconds")
+print("ok")
