@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <limits>
+#include <type_traits>
 
 #include "trellis/core/error.h"
 #include "trellis/io/atomic_file.h"
@@ -91,6 +92,10 @@ nlohmann::json hf_config(const ModelConfig& m, const TokenizerInfo& tok,
 template <class T>
 T json_get(const nlohmann::json& j, const char* key, const std::string& path) {
   TRELLIS_REQUIRE(j.contains(key), "{}: missing key '{}'", path, key);
+  // nlohmann converts a float to an integer type by a cast, undefined beyond the type's range
+  // (found by fuzzing: 6e56 as an int64).
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>)
+    TRELLIS_REQUIRE(j.at(key).is_number_integer(), "{}: key '{}' must be an integer", path, key);
   try {
     return j.at(key).get<T>();
   } catch (const nlohmann::json::exception&) {
