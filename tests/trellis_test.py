@@ -165,6 +165,29 @@ def checkpoint_bytes(step_dir, what="params"):
     return b"".join(k.encode() + b"\0" + arrays[k].tobytes() for k in sorted(arrays))
 
 
+def stop_and_resume(args, stop_at, steps, what, launch=None):
+    """Runs `args` whole and again stopped after step stop_at, then resumed (both through launch:
+    run by default, or an mpirun-like function); checks the resumed run logs each step once with
+    bitwise the same losses, validation losses (every val key) and final checkpoint. Returns the
+    two output directories."""
+    launch = launch or run
+    full, split = fresh_dir(f"{what}_full"), fresh_dir(f"{what}_split")
+    launch(args + ["--out", full])
+    launch(args + ["--out", split, "--stop-at", stop_at])
+    launch(args + ["--out", split, "--resume"])
+    (fa, fva), (sa, sva) = metrics(full), metrics(split)
+    check([r["step"] for r in sa] == list(range(1, steps + 1)),
+          f"{what}: the resumed run logs steps 1..{steps} once")
+    check(len(fa) == steps and [r["loss"] for r in fa] == [r["loss"] for r in sa],
+          f"{what}: resumed losses bitwise equal")
+    vals = lambda rows: [{k: v for k, v in r.items() if k.startswith("val_")} for r in rows]
+    check(len(fva) > 0 and vals(fva) == vals(sva), f"{what}: and its validation losses")
+    last = f"step_{steps:08d}"
+    check(same_checkpoint(os.path.join(full, last), os.path.join(split, last)),
+          f"{what}: final parameters and optimizer state bitwise equal")
+    return full, split
+
+
 def same_checkpoint(a, b):
     """Whether two checkpoints hold bitwise equal parameters and optimizer state."""
     import numpy as np

@@ -15,7 +15,7 @@ import random
 import shutil
 import struct
 
-from trellis_test import (TMP, LayoutCheck, check, fresh_dir, metrics, run)
+from trellis_test import (TMP, LayoutCheck, check, fresh_dir, metrics, run, stop_and_resume)
 
 
 def expect_error(args, *needles):
@@ -72,23 +72,7 @@ llama = ["train", "--model", "llama-tiny", "--n-kv-head", 2, "--batch-size", 4, 
 llama_layouts = LayoutCheck(llama, n_embd=64, steps=4, name="llama_baseline")
 llama_layouts.check("doc_llama_tp2", 2, ["--tp", 2])
 
-full = fresh_dir("full")
-run(common + ["--out", full])
-split = fresh_dir("split")
-run(common + ["--out", split, "--stop-at", 5])
-run(common + ["--out", split, "--resume"])
-fa, fva = metrics(full)
-sa, sva = metrics(split)
-check([r["step"] for r in sa] == list(range(1, 11)), "the resumed run logs steps 1..10 once")
-check([r["loss"] for r in fa] == [r["loss"] for r in sa], "resumed masked losses bitwise equal")
-check([r["val_loss"] for r in fva] == [r["val_loss"] for r in sva], "and its val losses")
-tensors = sorted(n for n in os.listdir(os.path.join(full, "step_00000010"))
-                 if n.endswith(".safetensors"))
-check(tensors != [], "the final checkpoint holds tensors")
-for n in tensors:
-    with open(os.path.join(full, "step_00000010", n), "rb") as f1, \
-            open(os.path.join(split, "step_00000010", n), "rb") as f2:
-        check(f1.read() == f2.read(), f"final {n} bitwise equal")
+stop_and_resume(common, 5, 10, "masked")
 
 # Bad indexes.
 one_step = base + ["--steps", 1, "--out", fresh_dir("bad"), "--document-mask"]

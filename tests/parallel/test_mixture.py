@@ -15,7 +15,7 @@ covered too.
 import os
 import struct
 
-from trellis_test import (TMP, LayoutCheck, check, fresh_dir, metrics, run, same_checkpoint,
+from trellis_test import (TMP, LayoutCheck, check, fresh_dir, metrics, run, stop_and_resume,
                           write_text_corpus)
 
 
@@ -96,19 +96,7 @@ layouts.check("mix_dp2", 2, ["--dp", 2])
 layouts.check("mix_tp2", 2, ["--tp", 2])
 layouts.check("mix_pp2", 2, ["--pp", 2, "--schedule", "1f1b", "--micro-batch-size", 2])
 
-full = fresh_dir("full")
-run(common + ["--out", full])
-split = fresh_dir("split")
-run(common + ["--out", split, "--stop-at", 5])
-run(common + ["--out", split, "--resume"])
-fa, fva = metrics(full)
-sa, sva = metrics(split)
-check([r["step"] for r in sa] == list(range(1, 11)), "the resumed mixture logs steps 1..10 once")
-check([r["loss"] for r in fa] == [r["loss"] for r in sa], "resumed mixture losses bitwise equal")
-check([(r["val_loss/A"], r["val_loss/B"]) for r in fva] ==
-      [(r["val_loss/A"], r["val_loss/B"]) for r in sva], "and its per-dataset val losses")
-check(same_checkpoint(os.path.join(full, "step_00000010"), os.path.join(split, "step_00000010")),
-      "final parameters and optimizer state bitwise equal")
+stop_and_resume(common, 5, 10, "mixture")
 
 # Bad mixtures.
 one_step = base + ["--steps", 1, "--out", fresh_dir("bad")]
