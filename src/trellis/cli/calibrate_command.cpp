@@ -41,10 +41,11 @@ Command add_calibrate_command(CLI::App& app) {
             f << j.dump(2) << "\n";
             TRELLIS_REQUIRE(f.good(), "{}: write failed", a->out);
             fmt::print(
-                "trellis calibrate: {}: fp32 GEMM {:.1f} GFLOP/s, bf16 {:.1f} GFLOP/s per "
-                "rank, memory {:.1f} GB/s, link {:.2f} GB/s, {:.1f} us\n",
+                "trellis calibrate: {}: peak fp32 {:.1f} GFLOP/s, bf16 {:.1f} GFLOP/s per rank, "
+                "GEMMs at {:.0f}% of it, memory {:.1f} GB/s, link {:.2f} GB/s, {:.1f} us\n",
                 a->out, j["device"]["peak_flops"]["fp32"].get<double>() / 1e9,
                 j["device"]["peak_flops"]["bf16"].get<double>() / 1e9,
+                100 * j["device"]["gemm_efficiency"].get<double>(),
                 j["device"]["memory_bandwidth"].get<double>() / 1e9,
                 j["intra_node"]["bandwidth"].get<double>() / 1e9,
                 j["intra_node"]["latency"].get<double>() * 1e6);
