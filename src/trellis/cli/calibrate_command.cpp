@@ -7,6 +7,7 @@
 #include "trellis/cli/commands.h"
 #include "trellis/comm/communicator.h"
 #include "trellis/core/error.h"
+#include "trellis/core/threads.h"
 #include "trellis/plan/calibrate.h"
 #include "trellis/plan/machine.h"
 
@@ -27,12 +28,12 @@ Command add_calibrate_command(CLI::App& app) {
       "measure this machine (GEMM rates, memory bandwidth; all-reduce latency and bandwidth "
       "under mpirun) into a machine file for `trellis plan`");
   sub->add_option("--out", a->out, "machine file to write (JSON)")->required();
-  sub->add_option("--threads", a->threads, "threads per rank (default: OpenMP's)");
+  sub->add_option("--threads", a->threads, "threads per rank (default: as train, this node's cores / its ranks)");
   sub->add_option("--gemm-size", a->gemm_size, "n of the n x n x n GEMMs timed (default 1024)");
   sub->add_option("--seconds", a->seconds, "time per measurement (default 0.3)");
   return {sub, [a](Communicator& world) {
             TRELLIS_REQUIRE(a->threads >= 0, "--threads must not be negative");
-            if (a->threads > 0) omp_set_num_threads(a->threads);
+            omp_set_num_threads(a->threads > 0 ? a->threads : default_threads_per_rank());
             const nlohmann::json j = calibrate_machine(world, a->gemm_size, a->seconds);
             if (world.rank() != 0) return 0;
             parse_machine(j, a->out);  // what plan will read back

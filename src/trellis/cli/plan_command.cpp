@@ -110,6 +110,7 @@ nlohmann::json candidate_json(const Candidate& c) {
                  {"dp_comm_s", s.dp_comm_s},
                  {"dp_comm_total_s", s.dp_comm_total_s},
                  {"optimizer_s", s.optimizer_s},
+                 {"page_refill_s", s.page_refill_s},
                  {"tokens_per_s", s.tokens_per_s},
                  {"mfu", s.mfu},
                  {"hfu", s.hfu},

@@ -3,8 +3,12 @@
 #include <fmt/core.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
+#include <cmath>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <ctime>
 
 #include <omp.h>
@@ -12,6 +16,8 @@
 
 #include "trellis/comm/communicator.h"
 #include "trellis/core/error.h"
+#include "trellis/core/memory.h"
+#include "trellis/plan/machine.h"
 #include "trellis/kernels/ops.h"
 #include "trellis/core/tensor.h"
 #include "trellis/kernels/peak.h"
@@ -37,15 +43,157 @@ double time_per_call(F&& f, double seconds) {
   return elapsed / calls;
 }
 
-double gemm_rate(bool bf16, int64_t n, double seconds) {
-  std::vector<float> a(size_t(n * n), 0.5f), b(size_t(n * n), 0.25f), c(size_t(n * n), 0.f);
-  const double t = time_per_call(
+// time_per_call for a collective: every rank must run it the same number of times, so the
+// count comes from the slowest rank's first call.
+template <class F>
+double time_collective(Communicator& world, F&& f, double seconds) {
+  f();
+  auto start = Clock::now();
+  f();
+  double first = std::chrono::duration<double>(Clock::now() - start).count();
+  world.all_reduce_max(&first, 1);
+  const int calls = std::max(2, int(std::min(seconds / std::max(first, 1e-9), 1e6)));
+  world.barrier();
+  start = Clock::now();
+  for (int i = 0; i < calls; ++i) f();
+  double t = std::chrono::duration<double>(Clock::now() - start).count() / calls;
+  world.all_reduce_max(&t, 1);
+  return t;
+}
+
+double gemm_seconds(bool bf16, int64_t m, int64_t n, int64_t k, double seconds) {
+  std::vector<float> a(size_t(m * k), 0.5f), b(size_t(k * n), 0.25f), c(size_t(m * n), 0.f);
+  return time_per_call(
       [&] {
-        (bf16 ? ops::gemm_bf16 : ops::gemm)(false, false, n, n, n, 1.f, a.data(), n, b.data(), n,
+        (bf16 ? ops::gemm_bf16 : ops::gemm)(false, false, m, n, k, 1.f, a.data(), k, b.data(), n,
                                             0.f, c.data(), n);
       },
       seconds);
-  return 2.0 * double(n) * double(n) * double(n) / t;
+}
+
+// GEMM shapes (M rows, N columns, K inner) of the sizes a Transformer block's projections take
+// for small models and micro-batches, and the n^3 cube of --gemm-size.
+std::vector<std::array<int64_t, 3>> gemm_shapes(int64_t cube) {
+  return {{256, 384, 384},   {256, 1536, 384},  {256, 384, 1536}, {512, 768, 768},
+          {1024, 1152, 384}, {2048, 384, 1536}, {2048, 64, 64},   {4096, 768, 3072},
+          {cube, cube, cube}};
+}
+
+// Least squares of relative errors for t = F / rate + E * element_s + call_s, with terms that
+// would come out negative left out (the best fit of the rest): Gaussian elimination on the
+// normal equations of at most three unknowns.
+GemmFit fit_gemm(const std::vector<std::array<double, 4>>& rows) {  // {F, E, 1, t}
+  GemmFit best;
+  double best_residual = INFINITY;
+  for (int mask = 1; mask < 8; ++mask) {
+    if (!(mask & 1)) continue;  // the FLOP term is always there
+    std::vector<int> cols;
+    for (int j = 0; j < 3; ++j)
+      if (mask & (1 << j)) cols.push_back(j);
+    const size_t k = cols.size();
+    double A[3][4] = {};
+    for (const auto& r : rows)
+      for (size_t i = 0; i < k; ++i) {
+        for (size_t j = 0; j < k; ++j) A[i][j] += r[size_t(cols[i])] * r[size_t(cols[j])] / (r[3] * r[3]);
+        A[i][3] += r[size_t(cols[i])] / r[3];
+      }
+    for (size_t i = 0; i < k; ++i)  // elimination with partial pivoting
+      for (size_t r = i + 1; r < k; ++r) {
+        const double f = A[r][i] / A[i][i];
+        for (size_t j = i; j <= 3; ++j) A[r][j] -= f * A[i][j];
+      }
+    double x[3] = {};
+    bool ok = true;
+    for (size_t i = k; i-- > 0;) {
+      double v = A[i][3];
+      for (size_t j = i + 1; j < k; ++j) v -= A[i][j] * x[j];
+      x[i] = v / A[i][i];
+      ok = ok && std::isfinite(x[i]) && x[i] >= 0 && (i > 0 || x[i] > 0);
+    }
+    if (!ok) continue;
+    double coef[3] = {};
+    for (size_t i = 0; i < k; ++i) coef[cols[i]] = x[i];
+    double residual = 0;
+    for (const auto& r : rows) {
+      const double e = (r[0] * coef[0] + r[1] * coef[1] + r[2] * coef[2]) / r[3] - 1;
+      residual += e * e;
+    }
+    if (residual < best_residual) {
+      best_residual = residual;
+      best = {1 / coef[0], coef[1], coef[2]};
+    }
+  }
+  TRELLIS_CHECK(best.rate > 0, "calibrate: no GEMM fit");
+  return best;
+}
+
+// Times every shape and fits it; the table of measurements goes to the file too.
+GemmFit calibrate_gemm(bool bf16, int64_t cube, double seconds, nlohmann::json& table) {
+  std::vector<std::array<double, 4>> rows;
+  for (const auto& [m, n, k] : gemm_shapes(cube)) {
+    const double t = gemm_seconds(bf16, m, n, k, seconds / 4);
+    rows.push_back({2.0 * double(m * n * k), double(m * k + k * n + m * n), 1.0, t});
+    table.push_back({{"m", m}, {"n", n}, {"k", k}, {"seconds", t}});
+  }
+  return fit_gemm(rows);
+}
+
+// trellis's own causal attention kernels (forward and backward) as FLOP/s of the products a
+// non-causal attention would do (4 B T^2 C forward, twice that backward), the count the cost
+// model uses; B = 2 sequences of T = 256, C = 384 (6 heads of 64).
+double attention_rate(double seconds) {
+  const int64_t B = 2, T = 256, C = 384, H = 6;
+  std::vector<float> qkv(size_t(B * T * 3 * C), 0.01f), out(size_t(B * T * C)),
+      probs(size_t(B * H * T * T)), dqkv(qkv.size()), dout(out.size(), 0.02f);
+  const double t = time_per_call(
+      [&] {
+        ops::attention_forward(out.data(), probs.data(), qkv.data(), B, T, C, H);
+        ops::attention_backward(dqkv.data(), dout.data(), qkv.data(), probs.data(), B, T, C, H);
+      },
+      seconds);
+  return 3.0 * 4.0 * double(B * T * T * C) / t;
+}
+
+// The memory-bound ops' bandwidth: LayerNorm and GELU forward and backward on 4096 x 384 rows,
+// counted as the bytes they must move (forward: read x, write y; backward: read dy and x,
+// write dx; LayerNorm's statistics and weights are small).
+double elementwise_bandwidth(double seconds) {
+  const int64_t rows = 4096, C = 384, n = rows * C;
+  std::vector<float> x(size_t(n), 0.5f), y(x.size()), dy(x.size(), 0.1f), dx(x.size()),
+      w(size_t(C), 1.f), bias(w.size()), dw(w.size()), db(w.size()), mean(y.size() / C),
+      rstd(mean.size());
+  const double t = time_per_call(
+      [&] {
+        ops::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), bias.data(),
+                               rows, C);
+        ops::layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(),
+                                mean.data(), rstd.data(), rows, C);
+        ops::gelu_forward(y.data(), x.data(), n);
+        ops::gelu_backward(dx.data(), x.data(), dy.data(), n);
+      },
+      seconds);
+  return 2.0 * (8.0 + 12.0) * double(n) / t;
+}
+
+// Seconds per byte to write again pages given back with madvise (PageBuffer::release), beyond
+// writing resident ones: the page faults ZeRO-2/3 pay per released byte.
+double page_refill_bandwidth(double seconds) {
+  const size_t floats = size_t(16) << 20;
+  PageBuffer buf(floats);
+  buf.commit(0, floats);
+  const double resident = time_per_call([&] { std::memset(buf.data(), 1, floats * 4); }, seconds);
+  const double refill = time_per_call(
+      [&] {
+        buf.release(0, floats);
+        buf.commit(0, floats);
+        std::memset(buf.data(), 1, floats * 4);
+      },
+      seconds);
+  return double(floats * 4) / std::max(refill - resident, 1e-9);
+}
+
+nlohmann::json gemm_json(const GemmFit& f, const nlohmann::json& table) {
+  return {{"rate", f.rate}, {"element_s", f.element_s}, {"call_s", f.call_s}, {"table", table}};
 }
 
 }  // namespace
@@ -56,16 +204,25 @@ nlohmann::json calibrate_machine(Communicator& world, int gemm_size, double seco
   const int ranks = world.size();
   // Every rank measures at once, as training would run them.
   world.barrier();
-  const double fp32 = gemm_rate(false, gemm_size, seconds);
+  nlohmann::json table32 = nlohmann::json::array(), table16 = nlohmann::json::array();
+  const GemmFit fit32 = calibrate_gemm(false, gemm_size, seconds, table32);
   world.barrier();
-  const double bf16 = gemm_rate(true, gemm_size, seconds);
+  const GemmFit fit16 = calibrate_gemm(true, gemm_size, seconds, table16);
+  world.barrier();
+  const double g = double(gemm_size);
+  const double fp32 = 2 * g * g * g / table32.back()["seconds"].get<double>();
+  const double bf16 = 2 * g * g * g / table16.back()["seconds"].get<double>();
+  const double refill = page_refill_bandwidth(seconds);
+  const double attention = attention_rate(seconds);
+  const double elementwise = elementwise_bandwidth(seconds);
   world.barrier();
   // MFU divides by the hardware's peak: the FMA (fp32) and dot-product (bf16) probes of a core,
   // times the threads; the GEMMs' share of it is the efficiency.
   const double threads = double(omp_get_max_threads());
   const double peak32 = measure_peak_gflops_per_core(DType::F32) * 1e9 * threads;
   const double peak16 = measure_peak_gflops_per_core(DType::BF16) * 1e9 * threads;
-  const double efficiency = fp32 / peak32;
+  // A probe that lost its core for a moment must not give an efficiency above 1.
+  const double efficiency = std::min(1.0, fp32 / peak32);
   // Memory bandwidth: a 256 MiB copy reads and writes every byte.
   const size_t floats = size_t(64) << 20;
   std::vector<float> src(floats, 1.f), dst(floats, 0.f);
@@ -74,28 +231,51 @@ nlohmann::json calibrate_machine(Communicator& world, int gemm_size, double seco
   const double bandwidth = 2.0 * double(floats * sizeof(float)) / copy_s;
   nlohmann::json link;
   if (ranks > 1) {
-    // Ring all-reduce: t = 2(n-1) alpha + 2(n-1)/n bytes / beta.
-    std::vector<float> small(256, 1.f), big(size_t(16) << 20, 1.f);
-    world.barrier();
-    const double t_small =
-        time_per_call([&] { world.all_reduce(small.data(), small.size()); }, seconds);
-    world.barrier();
-    const double t_big = time_per_call([&] { world.all_reduce(big.data(), big.size()); }, seconds);
-    double times[2] = {t_small, t_big};
-    world.all_reduce_max(times, 2);
-    const double steps = 2.0 * (ranks - 1);
-    const double alpha = times[0] / steps;
-    const double bytes = double(big.size() * sizeof(float));
-    const double beta = steps / ranks * bytes / std::max(times[1] - steps * alpha, 1e-9);
-    link = {{"bandwidth", beta},
-            {"bandwidth_note", fmt::format("measured: a {} MiB all-reduce over {} ranks took "
-                                           "{:.2f} ms",
-                                           bytes / (1 << 20), ranks, times[1] * 1e3)},
-            {"latency", alpha},
-            {"latency_note", fmt::format("measured: a 1 KiB all-reduce over {} ranks took "
-                                         "{:.1f} us, per ring step",
-                                         ranks, times[0] * 1e6)},
-            {"efficiency", 1.0}};
+    // Each collective fitted to the ring model t = steps * latency + volume * bytes / bandwidth
+    // from a 1 KiB and a 64 MiB buffer: all-reduce 2(n-1) steps moving 2(n-1)/n of the buffer,
+    // reduce-scatter and all-gather n-1 steps and (n-1)/n, send/recv (each rank to the next
+    // while receiving from the previous) one step and the whole buffer.
+    const size_t small_n = 256, big_n = size_t(16) << 20;
+    std::vector<float> a(big_n, 1.f), b(big_n, 0.f);
+    const int next = (world.rank() + 1) % ranks, prev = (world.rank() + ranks - 1) % ranks;
+    struct Kind {
+      const char* name;
+      double steps, volume;
+      std::function<void(size_t)> run;
+    };
+    const double n = ranks;
+    const Kind kinds[] = {
+        {"all_reduce", 2 * (n - 1), 2 * (n - 1) / n, [&](size_t k) { world.all_reduce(a.data(), k); }},
+        {"reduce_scatter", n - 1, (n - 1) / n,
+         [&](size_t k) { world.reduce_scatter_async(a.data(), b.data(), k / ranks)->wait(); }},
+        {"all_gather", n - 1, (n - 1) / n,
+         [&](size_t k) { world.all_gather_async(a.data(), b.data(), k / ranks)->wait(); }},
+        {"send_recv", 1, 1, [&](size_t k) {
+           auto r = world.recv_async(b.data(), k, prev, 7);
+           world.send_async(a.data(), k, next, 7)->wait();
+           r->wait();
+         }}};
+    nlohmann::json collectives = nlohmann::json::object();
+    for (const Kind& kind : kinds) {
+      const double t_small = time_collective(world, [&] { kind.run(small_n); }, seconds);
+      const double t_big = time_collective(world, [&] { kind.run(big_n); }, seconds);
+      const double latency = t_small / kind.steps;
+      const double bytes = double(big_n * sizeof(float));
+      const double bandwidth =
+          kind.volume * bytes / std::max(t_big - kind.steps * latency, 1e-9);
+      collectives[kind.name] = {
+          {"latency", latency},
+          {"bandwidth", bandwidth},
+          {"note", fmt::format("measured over {} ranks: 1 KiB in {:.1f} us, 64 MiB in {:.2f} ms",
+                               ranks, t_small * 1e6, t_big * 1e3)}};
+    }
+    const nlohmann::json& ar = collectives["all_reduce"];
+    link = {{"bandwidth", ar["bandwidth"]},
+            {"bandwidth_note", "measured: the all-reduce's (see collectives)"},
+            {"latency", ar["latency"]},
+            {"latency_note", "measured: the all-reduce's, per ring step"},
+            {"efficiency", 1.0},
+            {"collectives", collectives}};
   } else {
     link = {{"bandwidth", bandwidth / 2},
             {"bandwidth_note",
@@ -129,7 +309,23 @@ nlohmann::json calibrate_machine(Communicator& world, int gemm_size, double seco
                      "the GEMMs reached {:.3g} (fp32) and {:.3g} (bf16) FLOP/s",
                      threads, fp32, bf16)},
         {"gemm_efficiency", efficiency},
-        {"gemm_efficiency_note", "measured fp32 GEMM rate / fp32 peak (bf16 assumed the same)"}}},
+        {"gemm_efficiency_note",
+         "measured fp32 GEMM rate / fp32 peak; used only where device.gemm has no fit"},
+        {"gemm",
+         {{"fp32", gemm_json(fit32, table32)}, {"bf16", gemm_json(fit16, table16)}}},
+        {"gemm_note",
+         "measured: the GEMMs of `table` (row-major, M x K times K x N) fitted as "
+         "2MNK / rate + element_s (MK + KN + MN) + call_s (least squares of relative errors)"},
+        {"attention_flops", attention},
+        {"attention_flops_note",
+         "measured: trellis's causal attention forward + backward (2 x 256 tokens, 6 heads of "
+         "64) as FLOP/s of 12 B T^2 C"},
+        {"elementwise_bandwidth", elementwise},
+        {"elementwise_bandwidth_note",
+         "measured: LayerNorm and GELU forward + backward on 4096 x 384, as the bytes they move"},
+        {"page_refill_bandwidth", refill},
+        {"page_refill_bandwidth_note",
+         "measured: writing 64 MiB of released pages, beyond writing resident ones"}}},
       {"intra_node", link},
       {"inter_node", link}};
   return j;

@@ -58,14 +58,41 @@ double block_forward_flops(const ModelConfig& cfg, bool decoder, double b, doubl
 
 namespace {
 
+// Ring collectives over n ranks with the link's fit for that collective.
 double ring_all_reduce(double bytes, int n, const Link& l) {
   if (n <= 1) return 0;
-  return 2.0 * (n - 1) * l.latency + 2.0 * (n - 1) / n * bytes / l.effective_bandwidth();
+  const CollectiveFit f = l.fit("all_reduce");
+  return 2.0 * (n - 1) * f.latency + 2.0 * (n - 1) / n * bytes / f.bandwidth;
 }
-// Reduce-scatter or all-gather of a buffer of `bytes` (whole, before sharding).
-double ring_half(double bytes, int n, const Link& l) {
+// Reduce-scatter ("reduce_scatter") or all-gather ("all_gather") of a buffer of `bytes` (whole,
+// before sharding).
+double ring_half(const char* collective, double bytes, int n, const Link& l) {
   if (n <= 1) return 0;
-  return (n - 1) * l.latency + double(n - 1) / n * bytes / l.effective_bandwidth();
+  const CollectiveFit f = l.fit(collective);
+  return (n - 1) * f.latency + double(n - 1) / n * bytes / f.bandwidth;
+}
+
+struct Gemm {
+  double m, n, k;  // rows, columns, inner
+};
+
+// The projections of one block on one of tp ranks for `tokens` rows (attention's two batched
+// products are not GEMM calls in trellis; they are counted apart).
+std::vector<Gemm> block_gemms(const ModelConfig& cfg, bool decoder, double tokens, int tp) {
+  const double h = cfg.n_embd, kv = cfg.kv_heads() * cfg.head_size(), f = cfg.ffn(), t = tp;
+  std::vector<Gemm> g = {{tokens, (h + 2 * kv) / t, h}, {tokens, h, h / t}};
+  if (decoder) g.insert(g.end(), {{tokens, h / t, h}, {tokens, 2 * kv / t, h}, {tokens, h, h / t}});
+  if (cfg.mlp == MlpKind::Gelu) g.insert(g.end(), {{tokens, f / t, h}, {tokens, h, f / t}});
+  if (cfg.mlp == MlpKind::SwiGLU)
+    g.insert(g.end(), {{tokens, f / t, h}, {tokens, f / t, h}, {tokens, h, f / t}});
+  return g;
+}
+
+// Seconds of a forward GEMM (its backward is two of the same size: input and weight gradients).
+double gemm_seconds(const Gemm& g, const Machine& machine, const std::string& precision) {
+  auto it = machine.gemm.find(precision);
+  if (it != machine.gemm.end()) return it->second.seconds(g.m, g.n, g.k);
+  return 2 * g.m * g.n * g.k / (machine.peak(precision) * machine.gemm_efficiency);
 }
 
 struct ChunkCost {
@@ -144,8 +171,22 @@ StepCost predict_step(const CostInputs& in, const Machine& machine) {
                   "layout sizes must be positive");
   const double b = double(L.micro_batch), s = double(in.seq_len), h = mc.n_embd;
   const double act = megatron ? 2 : 4;  // bytes per activation element on the wire
-  const double gemm_rate = machine.peak(in.precision) * machine.gemm_efficiency;
-  const double hbm = machine.memory_bandwidth;
+  auto fit = machine.gemm.find(in.precision);
+  // Attention's batched products run at the large GEMMs' rate.
+  const double gemm_rate = fit != machine.gemm.end()
+                               ? fit->second.rate
+                               : machine.peak(in.precision) * machine.gemm_efficiency;
+  const auto gemms_seconds = [&](const std::vector<Gemm>& gemms) {
+    double sec = 0;
+    for (const Gemm& g : gemms) sec += gemm_seconds(g, machine, in.precision);
+    return sec;
+  };
+  // Memory-bound ops at the measured rate of trellis's own, where calibrated.
+  const double hbm = machine.elementwise_bandwidth > 0 && !megatron ? machine.elementwise_bandwidth
+                                                                    : machine.memory_bandwidth;
+  const double attention_rate =
+      machine.attention_flops > 0 && !megatron ? machine.attention_flops : gemm_rate;
+  const double stream = machine.memory_bandwidth;  // weights, gradients, optimizer state
   // Mesh order: TP fastest, then DP, then PP; a group is inside a node when its span is.
   const Link& tp_link = (t <= R && R % t == 0) ? machine.intra : machine.inter;
   const Link& dp_link = t * L.dp <= R ? machine.intra : machine.inter;
@@ -159,6 +200,12 @@ StepCost predict_step(const CostInputs& in, const Machine& machine) {
     for (int layer : chunks[size_t(g)]) {
       const bool decoder = mc.encoder_decoder() && layer >= mc.n_layer;
       const double fl = block_forward_flops(mc, decoder, b, s, t);
+      const std::vector<Gemm> gemms = block_gemms(mc, decoder, b * s, t);
+      double weights = 0;  // this rank's share of the block's weights
+      for (const Gemm& g : gemms) weights += g.n * g.k;
+      const double gemm_s = gemms_seconds(gemms);
+      const double attention_flops = 4 * b * s * s * h / t * (decoder ? 2 : 1);
+      const double attention_s = attention_flops / attention_rate;
       // Memory-bound ops: the forward writes what it keeps and reads it once more (2x the kept
       // bytes), backward reads it and writes gradients of the same size (4x): an assumption.
       const double kept =
@@ -168,24 +215,27 @@ StepCost predict_step(const CostInputs& in, const Machine& machine) {
                                                    L.sequence_parallel, Recompute::None));
       const int colls = (mc.mlp != MlpKind::None ? 2 : 1) + (decoder ? 1 : 0);
       c.gemm_flops_fwd += fl;
-      c.fwd_compute += fl / gemm_rate + 2 * kept / hbm;
+      c.fwd_compute += gemm_s + attention_s + 2 * kept / hbm;
       c.fwd_comm += colls * tp_coll;
-      c.bwd_compute += 2 * fl / gemm_rate + 4 * kept / hbm;
+      // Backward: two GEMMs per forward one; the weight gradients are read and written again
+      // (accumulated) per micro-batch.
+      c.bwd_compute += 2 * (gemm_s + attention_s) + 4 * kept / hbm + 2 * weights * 4 / stream;
       c.bwd_comm += colls * tp_coll;
       double re_flops = 0, re_time = 0, re_comm = 0;
       if (L.recompute == Recompute::Full) {
         re_flops = fl;
-        re_time = fl / gemm_rate + 2 * kept / hbm;
+        re_time = gemm_s + attention_s + 2 * kept / hbm;
         // trellis reruns the forward's collectives except the MLP's (its result is kept).
         re_comm = (megatron || mc.mlp == MlpKind::None ? colls : colls - 1) * tp_coll;
       } else if (L.recompute == Recompute::Selective) {
         re_flops = 4 * b * s * s * h / t;  // attention's two batched products
-        if (!megatron)                     // trellis also reruns the MLP's up projection
-          re_flops += (mc.mlp == MlpKind::SwiGLU ? 4
-                       : mc.mlp == MlpKind::Gelu ? 2
-                                                 : 0) *
-                      b * s * h * mc.ffn() / t;
-        re_time = re_flops / gemm_rate;
+        re_time = re_flops / attention_rate;
+        if (!megatron) {  // trellis also reruns the MLP's up projection(s)
+          const int ups = mc.mlp == MlpKind::SwiGLU ? 2 : mc.mlp == MlpKind::Gelu ? 1 : 0;
+          re_flops += 2 * ups * b * s * h * mc.ffn() / t;
+          for (int i = 0; i < ups; ++i)
+            re_time += gemm_seconds({b * s, mc.ffn() / double(t), h}, machine, in.precision);
+        }
       }
       c.recompute_flops += re_flops;
       c.recompute += re_time + re_comm;
@@ -197,9 +247,10 @@ StepCost predict_step(const CostInputs& in, const Machine& machine) {
       const double vocab = mc.padded_vocab();
       const double fl = 2 * b * s * h * vocab / t;
       const double logits = b * s * vocab / t * 4;  // fp32 logits, softmax and its gradient
+      const double head_s = gemm_seconds({b * s, vocab / t, h}, machine, in.precision);
       c.gemm_flops_fwd += fl;
-      c.fwd_compute += fl / gemm_rate + 3 * logits / hbm;
-      c.bwd_compute += 2 * fl / gemm_rate + 3 * logits / hbm;
+      c.fwd_compute += head_s + 3 * logits / hbm;
+      c.bwd_compute += 2 * head_s + 3 * logits / hbm + 2 * vocab / t * h * 4 / stream;
       c.bwd_comm += tp_coll;  // the head's input gradient
     }
   }
@@ -250,22 +301,35 @@ StepCost predict_step(const CostInputs& in, const Machine& machine) {
   const double param_bytes = stage_floats * (megatron ? 2 : 4);
   const int dp = L.dp;
   const double m = double(L.accum);
+  // ZeRO-2/3 reduce (and gather) per unit, a block or the root: each unit's collective pays
+  // the latency of two (its even share and the rest elements).
+  const double units = pp == 1 ? double(mc.total_layers()) + 1 : 1;
+  const auto per_unit = [&](const char* collective, double bytes) {
+    return dp > 1 ? units * ring_half(collective, bytes / units, dp, dp_link) +
+                        units * (dp - 1) * dp_link.fit(collective).latency
+                  : 0.0;
+  };
   switch (L.zero) {
     case 0:
       out.dp_comm_total_s = ring_all_reduce(grad_bytes, dp, dp_link);
       break;
     case 1:
-      out.dp_comm_total_s =
-          ring_half(grad_bytes, dp, dp_link) + ring_half(param_bytes, dp, dp_link);
+      out.dp_comm_total_s = ring_half("reduce_scatter", grad_bytes, dp, dp_link) +
+                            ring_half("all_gather", param_bytes, dp, dp_link);
       break;
-    case 2:  // a reduce-scatter per block per micro-batch, one gather after the update
+    case 2:  // a reduce-scatter per unit per micro-batch, one gather after the update
       out.dp_comm_total_s =
-          m * ring_half(grad_bytes, dp, dp_link) + ring_half(param_bytes, dp, dp_link);
+          m * per_unit("reduce_scatter", grad_bytes) + per_unit("all_gather", param_bytes);
       break;
     default:  // and each block's parameters gathered before its forward and its backward
       out.dp_comm_total_s =
-          m * (ring_half(grad_bytes, dp, dp_link) + 2 * ring_half(param_bytes, dp, dp_link));
+          m * (per_unit("reduce_scatter", grad_bytes) + 2 * per_unit("all_gather", param_bytes));
   }
+  // ZeRO-2/3 give pages back after each unit (its gradients every micro-batch; ZeRO-3 also the
+  // blocks' parameters after forward and after backward); writing them again faults them in.
+  if (L.zero >= 2 && machine.page_refill_bandwidth > 0)
+    out.page_refill_s = m * (grad_bytes + (L.zero == 3 ? 2 * param_bytes : 0)) /
+                        machine.page_refill_bandwidth;
   out.dp_comm_s = out.dp_comm_total_s;
   if (!megatron && L.zero == 0 && pp == 1 && dp > 1) {
     // The bucketed reducer starts as the last micro-batch's backward finishes blocks; the last
@@ -277,8 +341,8 @@ StepCost predict_step(const CostInputs& in, const Machine& machine) {
   // AdamW reads weights, gradients and two moments and writes three of them: 28 bytes per owned
   // parameter at memory bandwidth.
   const double owned = stage_floats / (L.zero >= 1 ? dp : 1);
-  out.optimizer_s = owned * 28 / hbm;
-  out.step_s = span + out.dp_comm_s + out.optimizer_s;
+  out.optimizer_s = owned * 28 / stream;
+  out.step_s = span + out.dp_comm_s + out.optimizer_s + out.page_refill_s;
 
   double fwd_flops = 0, re_flops = 0;
   for (const ChunkCost& c : cost) {

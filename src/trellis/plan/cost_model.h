@@ -70,6 +70,7 @@ struct StepCost {
   double dp_comm_s = 0;        // data-parallel gradient sync (ZeRO gathers included), exposed
   double dp_comm_total_s = 0;  // ... before overlap
   double optimizer_s = 0;
+  double page_refill_s = 0;    // ZeRO-2/3: writing released pages again (page faults)
   double model_flops = 0;     // per step, all ranks: forward + backward, no recompute
   double hardware_flops = 0;  // ... with recompute
   double tokens_per_s = 0;

@@ -28,16 +28,45 @@ double positive(const nlohmann::json& j, const char* key, const std::string& whe
   return x;
 }
 
+double non_negative(const nlohmann::json& j, const char* key, const std::string& where,
+                    const std::string& path) {
+  const nlohmann::json& v = member(j, key, where, path);
+  TRELLIS_REQUIRE(v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() >= 0 &&
+                      v.get<double>() <= 1.0,
+                  "{}: {}.{}: expected a number of seconds in [0, 1]", where, path, key);
+  return v.get<double>();
+}
+
 Link parse_link(const nlohmann::json& j, const std::string& where, const std::string& path) {
   const nlohmann::json& l = member(j, path.c_str(), where, "");
   Link link;
   link.bandwidth = positive(l, "bandwidth", where, path);
   link.latency = positive(l, "latency", where, path, 1.0);
   link.efficiency = l.contains("efficiency") ? positive(l, "efficiency", where, path, 1.0) : 1.0;
+  if (l.contains("collectives")) {
+    const nlohmann::json& cs = l["collectives"];
+    TRELLIS_REQUIRE(cs.is_object(), "{}: {}.collectives: expected an object", where, path);
+    for (auto it = cs.begin(); it != cs.end(); ++it) {
+      const std::string& k = it.key();
+      TRELLIS_REQUIRE(k == "all_reduce" || k == "reduce_scatter" || k == "all_gather" ||
+                          k == "send_recv",
+                      "{}: {}.collectives.{}: unknown collective (all_reduce, reduce_scatter, "
+                      "all_gather, send_recv)",
+                      where, path, k);
+      const std::string at = path + ".collectives." + k;
+      link.collectives[k] = {positive(*it, "latency", where, at, 1.0),
+                             positive(*it, "bandwidth", where, at)};
+    }
+  }
   return link;
 }
 
 }  // namespace
+
+CollectiveFit Link::fit(const std::string& collective) const {
+  auto it = collectives.find(collective);
+  return it != collectives.end() ? it->second : CollectiveFit{latency, effective_bandwidth()};
+}
 
 double Machine::peak(const std::string& precision) const {
   auto it = peak_flops.find(precision);
@@ -68,6 +97,25 @@ Machine parse_machine(const nlohmann::json& j, const std::string& where) {
                     it.key());
     m.peak_flops[it.key()] = positive(peaks, it.key().c_str(), where, "device.peak_flops");
   }
+  if (d.contains("gemm")) {
+    const nlohmann::json& g = d["gemm"];
+    TRELLIS_REQUIRE(g.is_object(), "{}: device.gemm: expected an object of precision: fit", where);
+    for (auto it = g.begin(); it != g.end(); ++it) {
+      const std::string at = "device.gemm." + it.key();
+      TRELLIS_REQUIRE(m.peak_flops.count(it.key()), "{}: {}: no peak_flops for this precision",
+                      where, at);
+      GemmFit& f = m.gemm[it.key()];
+      f.rate = positive(*it, "rate", where, at);
+      f.element_s = non_negative(*it, "element_s", where, at);
+      f.call_s = non_negative(*it, "call_s", where, at);
+    }
+  }
+  if (d.contains("attention_flops"))
+    m.attention_flops = positive(d, "attention_flops", where, "device");
+  if (d.contains("elementwise_bandwidth"))
+    m.elementwise_bandwidth = positive(d, "elementwise_bandwidth", where, "device");
+  if (d.contains("page_refill_bandwidth"))
+    m.page_refill_bandwidth = positive(d, "page_refill_bandwidth", where, "device");
   m.intra = parse_link(j, where, "intra_node");
   m.inter = parse_link(j, where, "inter_node");
   return m;

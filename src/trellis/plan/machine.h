@@ -11,11 +11,30 @@
 
 namespace trellis {
 
+// One collective's ring fit: t = steps * latency + volume * bytes / bandwidth.
+struct CollectiveFit {
+  double latency = 0, bandwidth = 0;
+};
+
 struct Link {
   double bandwidth = 0;   // bytes/s per device, each direction
   double latency = 0;     // seconds per collective step
   double efficiency = 1;  // fraction of `bandwidth` a collective reaches
+  // Measured fits per collective ("all_reduce", "reduce_scatter", "all_gather", "send_recv"),
+  // from `trellis calibrate`; a collective not listed uses the link's own numbers.
+  std::map<std::string, CollectiveFit> collectives;
   double effective_bandwidth() const { return bandwidth * efficiency; }
+  CollectiveFit fit(const std::string& collective) const;
+};
+
+// A GEMM's time as calibrated: 2MNK / rate + element_s * (MK + KN + MN) + call_s. The element
+// term is what grows with the operands rather than the FLOPs (packing, bf16 conversion), the
+// call term a fixed cost per call; both matter for the small GEMMs of small micro-batches.
+struct GemmFit {
+  double rate = 0, element_s = 0, call_s = 0;
+  double seconds(double m, double n, double k) const {
+    return 2 * m * n * k / rate + element_s * (m * k + k * n + m * n) + call_s;
+  }
 };
 
 struct Machine {
@@ -25,6 +44,14 @@ struct Machine {
   double memory_bandwidth = 0;               // bytes/s per device (what memory-bound ops run at)
   std::map<std::string, double> peak_flops;  // "fp32", "tf32", "bf16": dense FLOP/s per device
   double gemm_efficiency = 1;                // fraction of the peak a GEMM reaches
+  std::map<std::string, GemmFit> gemm;       // per precision, when calibrated (else the two above)
+  // Measured by `trellis calibrate` (0: not described; the GEMM rate and memory bandwidth
+  // stand in): trellis's attention kernels as FLOP/s of the products, and the bytes/s of its
+  // memory-bound ops (norms, activations).
+  double attention_flops = 0, elementwise_bandwidth = 0;
+  // Bytes/s at which released pages come back when written again (a page fault and zeroing per
+  // page): what ZeRO-2/3 pay for each block's gradients and parameters they give back. 0: free.
+  double page_refill_bandwidth = 0;
   Link intra, inter;                         // within a node, between nodes
   // Input error naming the file when the precision is not described.
   double peak(const std::string& precision) const;

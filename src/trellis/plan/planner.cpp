@@ -144,6 +144,7 @@ std::string why_slower(const Candidate& c, const Candidate& best) {
       {"exposed data-parallel comm", a.dp_comm_s - b.dp_comm_s},
       {"pipeline sends", a.pp_comm_s - b.pp_comm_s},
       {"optimizer", a.optimizer_s - b.optimizer_s},
+      {"page refills (ZeRO-2/3)", a.page_refill_s - b.page_refill_s},
   };
   const Term* worst = &terms[0];
   for (const Term& t : terms)

@@ -32,6 +32,7 @@
 #include "trellis/parallel/tensor_parallel.h"
 #include "trellis/parallel/tied.h"
 #include "trellis/parallel/zero.h"
+#include "trellis/core/threads.h"
 #include "trellis/train/batches.h"
 #include "trellis/train/checkpointing.h"
 #include "trellis/train/fault.h"
@@ -46,14 +47,6 @@ namespace {
 // Taken when the program is loaded (static initialisation, before main): `start_s` counts all of
 // start-up, MPI and data included.
 const Clock::time_point kProcessStart = Clock::now();
-
-int default_threads() {
-  const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
-  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-  if (!local) local = std::getenv("SLURM_NTASKS_PER_NODE");
-  const int ranks_here = local ? std::max(1, std::atoi(local)) : 1;
-  return std::max(1, hw / ranks_here);
-}
 
 // This process's own high-water mark (VmHWM). getrusage's ru_maxrss is not: after a vfork+exec
 // (Python's subprocess, posix_spawn) it starts from the parent's peak.
@@ -208,7 +201,7 @@ Trainer::Trainer(TrainConfig cfg, Communicator& world)
                   cfg_.zero, cfg_.pp);
   for (Communicator* c : {&world_, &mesh_.dp_comm(), &mesh_.tp_comm(), &mesh_.pp_comm()})
     c->set_timeout(cfg_.comm_timeout);
-  threads_ = cfg_.threads > 0 ? cfg_.threads : default_threads();
+  threads_ = cfg_.threads > 0 ? cfg_.threads : default_threads_per_rank();
   omp_set_num_threads(threads_);
   // Every rank computes in the same precision: bf16 only if all of them have it.
   const Precision precision = choose_precision(cfg_.precision);
