@@ -223,6 +223,15 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
                "per-core peak GFLOP/s that MFU divides by (0 = measure the peak of the precision in "
                "use at start: fp32 FMA or bf16 dot products)",
                &c.peak_gflops_per_core),
+      make_key("layout",
+               "auto: take `trellis plan`'s first layout for this model, batch and world (dp, tp, "
+               "pp, schedule, virtual stages, ZeRO, recompute, sequence parallelism, micro-batch; "
+               "leave those unset); empty = as given",
+               &c.layout),
+      make_key("machine",
+               "with layout auto: the machine file to plan on (`trellis calibrate`, hardware/); "
+               "empty = calibrate this machine at start (about 2 s)",
+               &c.machine),
       make_key("dp", "data-parallel size (0 = world / (tp*pp))", &c.dp),
       make_key("tp", "tensor-parallel size (must divide the number of heads)", &c.tp),
       make_key("pp", "pipeline-parallel size (stages)", &c.pp),

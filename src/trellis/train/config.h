@@ -56,6 +56,8 @@ struct TrainConfig {
   bool tensorboard = true;
   double peak_gflops_per_core = 0.0;  // the per-core peak behind MFU; 0 = probe it at start
   // parallelism
+  std::string layout;             // "auto": the planner picks everything below (train/auto_layout)
+  std::string machine;            // with layout auto: a machine file; empty = calibrate at start
   int dp = 0, tp = 1, pp = 1;     // dp = 0: world / (tp * pp)
   std::string schedule = "1f1b";  // pipeline schedule: gpipe | 1f1b | interleaved
   int virtual_stages = 1;         // model chunks per pipeline rank (interleaved)

@@ -33,6 +33,7 @@
 #include "trellis/parallel/tied.h"
 #include "trellis/parallel/zero.h"
 #include "trellis/core/threads.h"
+#include "trellis/train/auto_layout.h"
 #include "trellis/train/batches.h"
 #include "trellis/train/checkpointing.h"
 #include "trellis/train/fault.h"
@@ -804,6 +805,9 @@ int Trainer::run() {
 }  // namespace
 
 int dry_run(const TrainConfig& cfg, bool json) {
+  TRELLIS_REQUIRE(cfg.layout.empty(),
+                  "--dry-run predicts the layout given; for layout auto, `trellis plan` shows "
+                  "every layout and which one auto takes");
   const RunData data = load_run_data(cfg);
   RunShape run;
   run.model = data.model;
@@ -868,6 +872,12 @@ int dry_run(const TrainConfig& cfg, bool json) {
 }
 
 int run_training(TrainConfig cfg, Communicator& world) {
+  TRELLIS_REQUIRE(cfg.layout.empty() || cfg.layout == "auto",
+                  "layout must be auto or empty, not '{}'", cfg.layout);
+  if (cfg.layout == "auto") {
+    const RunData data = load_run_data(cfg);
+    cfg = choose_auto_layout(std::move(cfg), data.model, data.T, world);
+  }
   Trainer trainer(std::move(cfg), world);
   return trainer.run();
 }
