@@ -37,22 +37,32 @@ namespace trellis {
 PageBuffer::PageBuffer(size_t floats) : floats_(floats) {
   page_ = size_t(sysconf(_SC_PAGESIZE));
   bytes_ = std::max<size_t>(page_, (floats * sizeof(float) + page_ - 1) / page_ * page_);
-  void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  // Transparent huge pages where the kernel allows them (madvise mode): a released range comes
+  // back with one fault per 2 MiB instead of one per 4 KiB, which dominates under a hypervisor
+  // (0.27 GB/s with small pages on the reference VM). The mapping is aligned to 2 MiB for it.
+  constexpr size_t kHuge = size_t(2) << 20;
+  map_bytes_ = bytes_ + kHuge;
+  void* p = mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   TRELLIS_CHECK(p != MAP_FAILED, "cannot map {} bytes for a parameter/gradient buffer", bytes_);
-  data_ = static_cast<float*>(p);
+  base_ = p;
+  const uintptr_t aligned = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) / kHuge * kHuge;
+  data_ = reinterpret_cast<float*>(aligned);
+  madvise(data_, bytes_, MADV_HUGEPAGE);
   live_.assign(bytes_ / page_, 0);
 }
 
 PageBuffer::~PageBuffer() {
   if (!data_) return;
   memory::sub(committed_bytes());
-  munmap(data_, bytes_);
+  munmap(base_, map_bytes_);
 }
 
 PageBuffer& PageBuffer::operator=(PageBuffer&& o) noexcept {
   if (this != &o) {
     this->~PageBuffer();
     data_ = std::exchange(o.data_, nullptr);
+    base_ = std::exchange(o.base_, nullptr);
+    map_bytes_ = std::exchange(o.map_bytes_, 0);
     floats_ = std::exchange(o.floats_, 0);
     bytes_ = std::exchange(o.bytes_, 0);
     page_ = o.page_;

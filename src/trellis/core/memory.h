@@ -44,8 +44,9 @@ class PageBuffer {
   int64_t committed_bytes() const { return committed_ * int64_t(page_); }
 
  private:
-  float* data_ = nullptr;
-  size_t floats_ = 0, bytes_ = 0, page_ = 0;
+  float* data_ = nullptr;  // 2 MiB-aligned inside the mapping [base_, base_ + map_bytes_)
+  void* base_ = nullptr;
+  size_t floats_ = 0, bytes_ = 0, page_ = 0, map_bytes_ = 0;
   std::vector<uint8_t> live_;  // per page
   int64_t committed_ = 0;      // pages
 };
