@@ -28,19 +28,25 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Runs f until `seconds` have passed (at least twice, the first untimed); seconds per call.
+// Seconds per call of f: the median of five windows of seconds/5 (each at least two calls, after
+// an untimed one), so that a moment's interference on a shared machine does not move it.
 template <class F>
 double time_per_call(F&& f, double seconds) {
   f();
-  int calls = 0;
-  const auto start = Clock::now();
-  double elapsed = 0;
-  do {
-    f();
-    ++calls;
-    elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-  } while (elapsed < seconds || calls < 2);
-  return elapsed / calls;
+  double windows[5];
+  for (double& w : windows) {
+    int calls = 0;
+    const auto start = Clock::now();
+    double elapsed = 0;
+    do {
+      f();
+      ++calls;
+      elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    } while (elapsed < seconds / 5 || calls < 2);
+    w = elapsed / calls;
+  }
+  std::sort(windows, windows + 5);
+  return windows[2];
 }
 
 // time_per_call for a collective: every rank must run it the same number of times, so the
