@@ -79,6 +79,12 @@ out, _ = run(["calibrate", "--out", cal, "--threads", 1, "--seconds", 0.05, "--g
 m = json.load(open(cal))
 check(m["device"]["peak_flops"]["fp32"] > 1e9 and m["device"]["memory_bandwidth"] > 1e8,
       f"calibrate measured GEMM and memory rates: {out.strip()}")
+for precision in ("fp32", "bf16"):
+    fit = m["device"]["gemm"][precision]
+    check(fit["rate"] > 1e9 and len(fit["table"]) == 9 and fit["table"][-1]["m"] == 256,
+          f"{precision}: a GEMM fit over nine shapes, the last the --gemm-size cube: {fit['rate']}")
+for key in ("attention_flops", "elementwise_bandwidth", "page_refill_bandwidth"):
+    check(m["device"][key] > 1e6, f"calibrate measured {key}: {m['device'][key]}")
 out, _ = run(["plan", "--model", "baby", "--world", 2, "--batch-size", 8, "--seq-len", 64,
               "--precision", "fp32", "--machine", cal, "--top", 3])
 check("(first)" in out, "plan reads a calibrated machine file")
@@ -92,6 +98,10 @@ from trellis_test import metrics, mpirun  # noqa: E402
 work = fresh_dir("plan_auto")
 cal2 = os.path.join(work, "two.json")
 mpirun(2, ["calibrate", "--out", cal2, "--seconds", 0.05, "--gemm-size", 256])
+link = json.load(open(cal2))["intra_node"]
+for kind in ("all_reduce", "reduce_scatter", "all_gather", "send_recv"):
+    fit = link["collectives"][kind]
+    check(fit["bandwidth"] > 1e6 and 0 < fit["latency"] < 1, f"two ranks: {kind} fitted: {fit}")
 auto = ["train", "--model", "tiny", "--batch-size", 8, "--seq-len", 64, "--steps", 2,
         "--val-every", 0, "--tensorboard", "false", "--layout", "auto"]
 for world, machine in ((1, cal), (2, cal2)):

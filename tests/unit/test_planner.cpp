@@ -8,6 +8,7 @@
 
 #include "trellis/core/error.h"
 #include "trellis/model/family.h"
+#include "trellis/plan/calibrate.h"
 #include "trellis/plan/cost_model.h"
 #include "trellis/plan/planner.h"
 
@@ -232,6 +233,60 @@ TEST(PlannerSearch, AModelThatFitsNowhereGetsTheSmallestWorld) {
   ASSERT_GT(plan.smallest_world, 1);
   EXPECT_LE(plan.smallest.memory.total(), small.memory_bytes);
   EXPECT_EQ(plan.smallest.layout.world(), plan.smallest_world);
+}
+
+// calibrate's GEMM fit recovers the coefficients that generated its rows, and leaves a term out
+// rather than make it negative.
+TEST(PlannerCalibration, GemmFitRecoversItsCoefficients) {
+  const GemmFit truth{500e9, 1e-10, 5e-6};
+  const double shapes[][3] = {{256, 384, 384},   {256, 1536, 384}, {2048, 64, 64},
+                              {1024, 1152, 384}, {4096, 768, 3072}, {1024, 1024, 1024}};
+  std::vector<std::array<double, 4>> rows;
+  for (const auto& s : shapes)
+    rows.push_back({2 * s[0] * s[1] * s[2], s[0] * s[2] + s[2] * s[1] + s[0] * s[1], 1,
+                    truth.seconds(s[0], s[1], s[2])});
+  const GemmFit fit = fit_gemm(rows);
+  EXPECT_NEAR(fit.rate / truth.rate, 1, 1e-6);
+  EXPECT_NEAR(fit.element_s / truth.element_s, 1, 1e-6);
+  EXPECT_NEAR(fit.call_s / truth.call_s, 1, 1e-6);
+  // Pure FLOPs, with a little noise that would pull the other terms below zero.
+  for (size_t i = 0; i < rows.size(); ++i) rows[i][3] = rows[i][0] / 400e9 * (i % 2 ? 1.01 : 0.99);
+  const GemmFit flops_only = fit_gemm(rows);
+  EXPECT_GE(flops_only.element_s, 0);
+  EXPECT_GE(flops_only.call_s, 0);
+  EXPECT_NEAR(flops_only.rate / 400e9, 1, 0.02);
+}
+
+// With a calibrated machine (per-shape GEMM fit, page refill cost), micro-batch sizes no longer
+// tie, and ZeRO-2/3 pay for the pages they give back.
+TEST(PlannerCalibration, ShapesAndPageRefillsChangeTheRanking) {
+  Machine m = load_machine(hardware("dgx-a100-80gb.json"));
+  m.gemm["bf16"] = {200e12, 2e-12, 10e-6};  // small GEMMs lose to fixed and per-element costs
+  CostInputs in;
+  in.model = gpt2_sized("gpt2");
+  in.seq_len = 1024;
+  in.ranks_per_node = 8;
+  in.layout.dp = 8;
+  in.layout.micro_batch = 1;
+  in.layout.accum = 8;
+  const double mb1 = predict_step(in, m).step_s;
+  in.layout.micro_batch = 8;
+  in.layout.accum = 1;
+  const double mb8 = predict_step(in, m).step_s;
+  EXPECT_GT(mb1, mb8 * 1.02) << "eight GEMMs of 1024 rows cost more than one of 8192";
+  double step[4];
+  for (int zero = 0; zero <= 3; ++zero) {
+    in.layout.zero = zero;
+    m.page_refill_bandwidth = 0;
+    const StepCost free_pages = predict_step(in, m);
+    EXPECT_EQ(free_pages.page_refill_s, 0);
+    m.page_refill_bandwidth = 1e9;
+    const StepCost c = predict_step(in, m);
+    step[zero] = c.step_s;
+    EXPECT_EQ(c.page_refill_s > 0, zero >= 2) << "ZeRO-" << zero;
+    EXPECT_NEAR(c.step_s - free_pages.step_s, c.page_refill_s, 1e-12);
+  }
+  EXPECT_GT(step[3], step[2]);  // ZeRO-3 also refills parameters, twice per micro-batch
 }
 
 }  // namespace

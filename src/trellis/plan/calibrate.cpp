@@ -1,6 +1,7 @@
 #include "trellis/plan/calibrate.h"
 
 #include <fmt/core.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -85,54 +86,6 @@ std::vector<std::array<int64_t, 3>> gemm_shapes(int64_t cube) {
           {cube, cube, cube}};
 }
 
-// Least squares of relative errors for t = F / rate + E * element_s + call_s, with terms that
-// would come out negative left out (the best fit of the rest): Gaussian elimination on the
-// normal equations of at most three unknowns.
-GemmFit fit_gemm(const std::vector<std::array<double, 4>>& rows) {  // {F, E, 1, t}
-  GemmFit best;
-  double best_residual = INFINITY;
-  for (int mask = 1; mask < 8; ++mask) {
-    if (!(mask & 1)) continue;  // the FLOP term is always there
-    std::vector<int> cols;
-    for (int j = 0; j < 3; ++j)
-      if (mask & (1 << j)) cols.push_back(j);
-    const size_t k = cols.size();
-    double A[3][4] = {};
-    for (const auto& r : rows)
-      for (size_t i = 0; i < k; ++i) {
-        for (size_t j = 0; j < k; ++j) A[i][j] += r[size_t(cols[i])] * r[size_t(cols[j])] / (r[3] * r[3]);
-        A[i][3] += r[size_t(cols[i])] / r[3];
-      }
-    for (size_t i = 0; i < k; ++i)  // elimination with partial pivoting
-      for (size_t r = i + 1; r < k; ++r) {
-        const double f = A[r][i] / A[i][i];
-        for (size_t j = i; j <= 3; ++j) A[r][j] -= f * A[i][j];
-      }
-    double x[3] = {};
-    bool ok = true;
-    for (size_t i = k; i-- > 0;) {
-      double v = A[i][3];
-      for (size_t j = i + 1; j < k; ++j) v -= A[i][j] * x[j];
-      x[i] = v / A[i][i];
-      ok = ok && std::isfinite(x[i]) && x[i] >= 0 && (i > 0 || x[i] > 0);
-    }
-    if (!ok) continue;
-    double coef[3] = {};
-    for (size_t i = 0; i < k; ++i) coef[cols[i]] = x[i];
-    double residual = 0;
-    for (const auto& r : rows) {
-      const double e = (r[0] * coef[0] + r[1] * coef[1] + r[2] * coef[2]) / r[3] - 1;
-      residual += e * e;
-    }
-    if (residual < best_residual) {
-      best_residual = residual;
-      best = {1 / coef[0], coef[1], coef[2]};
-    }
-  }
-  TRELLIS_CHECK(best.rate > 0, "calibrate: no GEMM fit");
-  return best;
-}
-
 // Times every shape and fits it; the table of measurements goes to the file too.
 GemmFit calibrate_gemm(bool bf16, int64_t cube, double seconds, nlohmann::json& table) {
   std::vector<std::array<double, 4>> rows;
@@ -181,21 +134,23 @@ double elementwise_bandwidth(double seconds) {
   return 2.0 * (8.0 + 12.0) * double(n) / t;
 }
 
-// Seconds per byte to write again pages given back with madvise (PageBuffer::release), beyond
-// writing resident ones: the page faults ZeRO-2/3 pay per released byte.
-double page_refill_bandwidth(double seconds) {
-  const size_t floats = size_t(16) << 20;
-  PageBuffer buf(floats);
-  buf.commit(0, floats);
-  const double resident = time_per_call([&] { std::memset(buf.data(), 1, floats * 4); }, seconds);
+// Bytes/s of writing again pages given back with madvise(MADV_DONTNEED), beyond writing resident
+// ones: the page faults ZeRO-2/3 pay. `huge`: PageBuffer's 2 MiB pages (a whole range released);
+// otherwise 4 KiB pages, what the edges of a released range that do not fill a huge page become.
+double page_refill_bandwidth(bool huge, double seconds) {
+  const size_t bytes = size_t(64) << 20;
+  PageBuffer buf(bytes / sizeof(float));
+  char* p = reinterpret_cast<char*>(buf.data());
+  if (!huge) madvise(p, bytes, MADV_NOHUGEPAGE);
+  std::memset(p, 1, bytes);
+  const double resident = time_per_call([&] { std::memset(p, 1, bytes); }, seconds);
   const double refill = time_per_call(
       [&] {
-        buf.release(0, floats);
-        buf.commit(0, floats);
-        std::memset(buf.data(), 1, floats * 4);
+        madvise(p, bytes, MADV_DONTNEED);
+        std::memset(p, 1, bytes);
       },
       seconds);
-  return double(floats * 4) / std::max(refill - resident, 1e-9);
+  return double(bytes) / std::max(refill - resident, 1e-9);
 }
 
 nlohmann::json gemm_json(const GemmFit& f, const nlohmann::json& table) {
@@ -203,6 +158,53 @@ nlohmann::json gemm_json(const GemmFit& f, const nlohmann::json& table) {
 }
 
 }  // namespace
+
+// Gaussian elimination on the normal equations of each subset of the terms that keeps the FLOP
+// term; the best fit without a negative coefficient wins.
+GemmFit fit_gemm(const std::vector<std::array<double, 4>>& rows) {  // {F, E, 1, t}
+  GemmFit best;
+  double best_residual = INFINITY;
+  for (int mask = 1; mask < 8; ++mask) {
+    if (!(mask & 1)) continue;  // the FLOP term is always there
+    std::vector<int> cols;
+    for (int j = 0; j < 3; ++j)
+      if (mask & (1 << j)) cols.push_back(j);
+    const size_t k = cols.size();
+    double A[3][4] = {};
+    for (const auto& r : rows)
+      for (size_t i = 0; i < k; ++i) {
+        for (size_t j = 0; j < k; ++j) A[i][j] += r[size_t(cols[i])] * r[size_t(cols[j])] / (r[3] * r[3]);
+        A[i][3] += r[size_t(cols[i])] / r[3];
+      }
+    for (size_t i = 0; i < k; ++i)  // elimination with partial pivoting
+      for (size_t r = i + 1; r < k; ++r) {
+        const double f = A[r][i] / A[i][i];
+        for (size_t j = i; j <= 3; ++j) A[r][j] -= f * A[i][j];
+      }
+    double x[3] = {};
+    bool ok = true;
+    for (size_t i = k; i-- > 0;) {
+      double v = A[i][3];
+      for (size_t j = i + 1; j < k; ++j) v -= A[i][j] * x[j];
+      x[i] = v / A[i][i];
+      ok = ok && std::isfinite(x[i]) && x[i] >= 0 && (i > 0 || x[i] > 0);
+    }
+    if (!ok) continue;
+    double coef[3] = {};
+    for (size_t i = 0; i < k; ++i) coef[cols[i]] = x[i];
+    double residual = 0;
+    for (const auto& r : rows) {
+      const double e = (r[0] * coef[0] + r[1] * coef[1] + r[2] * coef[2]) / r[3] - 1;
+      residual += e * e;
+    }
+    if (residual < best_residual) {
+      best_residual = residual;
+      best = {1 / coef[0], coef[1], coef[2]};
+    }
+  }
+  TRELLIS_CHECK(best.rate > 0, "calibrate: no GEMM fit");
+  return best;
+}
 
 nlohmann::json calibrate_machine(Communicator& world, int gemm_size, double seconds) {
   TRELLIS_REQUIRE(gemm_size >= 16 && gemm_size <= 16384, "--gemm-size must be in [16, 16384]");
@@ -218,7 +220,8 @@ nlohmann::json calibrate_machine(Communicator& world, int gemm_size, double seco
   const double g = double(gemm_size);
   const double fp32 = 2 * g * g * g / table32.back()["seconds"].get<double>();
   const double bf16 = 2 * g * g * g / table16.back()["seconds"].get<double>();
-  const double refill = page_refill_bandwidth(seconds);
+  const double refill = page_refill_bandwidth(false, seconds);
+  const double huge_refill = page_refill_bandwidth(true, seconds);
   const double attention = attention_rate(seconds);
   const double elementwise = elementwise_bandwidth(seconds);
   world.barrier();
@@ -330,8 +333,10 @@ nlohmann::json calibrate_machine(Communicator& world, int gemm_size, double seco
         {"elementwise_bandwidth_note",
          "measured: LayerNorm and GELU forward + backward on 4096 x 384, as the bytes they move"},
         {"page_refill_bandwidth", refill},
+        {"huge_page_refill_bandwidth", huge_refill},
         {"page_refill_bandwidth_note",
-         "measured: writing 64 MiB of released pages, beyond writing resident ones"}}},
+         "measured: writing 64 MiB of released 4 KiB pages (huge_: 2 MiB pages), beyond "
+         "writing resident ones"}}},
       {"intra_node", link},
       {"inter_node", link}};
   return j;

@@ -327,9 +327,20 @@ StepCost predict_step(const CostInputs& in, const Machine& machine) {
   }
   // ZeRO-2/3 give pages back after each unit (its gradients every micro-batch; ZeRO-3 also the
   // blocks' parameters after forward and after backward); writing them again faults them in.
-  if (L.zero >= 2 && machine.page_refill_bandwidth > 0)
-    out.page_refill_s = m * (grad_bytes + (L.zero == 3 ? 2 * param_bytes : 0)) /
-                        machine.page_refill_bandwidth;
+  // Within a unit's range whole 2 MiB pages come back with one fault each; its two edges, on
+  // average 1 MiB each of a huge page the range shares with a neighbour, were split into 4 KiB
+  // pages by the release and fault per 4 KiB.
+  if (L.zero >= 2 && machine.page_refill_bandwidth > 0) {
+    const double huge_bw = machine.huge_page_refill_bandwidth > 0
+                               ? machine.huge_page_refill_bandwidth
+                               : machine.page_refill_bandwidth;
+    const auto refill = [&](double bytes) {
+      const double edges = std::min(bytes, units * double(2 << 20));
+      return edges / machine.page_refill_bandwidth + (bytes - edges) / huge_bw;
+    };
+    out.page_refill_s =
+        m * (refill(grad_bytes) + (L.zero == 3 ? 2 * refill(param_bytes) : 0));
+  }
   out.dp_comm_s = out.dp_comm_total_s;
   if (!megatron && L.zero == 0 && pp == 1 && dp > 1) {
     // The bucketed reducer starts as the last micro-batch's backward finishes blocks; the last

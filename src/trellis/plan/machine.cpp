@@ -116,6 +116,8 @@ Machine parse_machine(const nlohmann::json& j, const std::string& where) {
     m.elementwise_bandwidth = positive(d, "elementwise_bandwidth", where, "device");
   if (d.contains("page_refill_bandwidth"))
     m.page_refill_bandwidth = positive(d, "page_refill_bandwidth", where, "device");
+  if (d.contains("huge_page_refill_bandwidth"))
+    m.huge_page_refill_bandwidth = positive(d, "huge_page_refill_bandwidth", where, "device");
   m.intra = parse_link(j, where, "intra_node");
   m.inter = parse_link(j, where, "inter_node");
   return m;

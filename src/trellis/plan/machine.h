@@ -51,7 +51,8 @@ struct Machine {
   double attention_flops = 0, elementwise_bandwidth = 0;
   // Bytes/s at which released pages come back when written again (a page fault and zeroing per
   // page): what ZeRO-2/3 pay for each block's gradients and parameters they give back. 0: free.
-  double page_refill_bandwidth = 0;
+  // 4 KiB pages, and 2 MiB ones (PageBuffer's where a released range covers them; 0: as 4 KiB).
+  double page_refill_bandwidth = 0, huge_page_refill_bandwidth = 0;
   Link intra, inter;                         // within a node, between nodes
   // Input error naming the file when the precision is not described.
   double peak(const std::string& precision) const;
