@@ -1,6 +1,10 @@
 #include "trellis/plan/calibrate.h"
 
 #include <fmt/core.h>
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -153,6 +157,77 @@ double page_refill_bandwidth(bool huge, double seconds) {
   return double(bytes) / std::max(refill - resident, 1e-9);
 }
 
+// This rank's node as a split colour: its host name and first non-loopback IPv4 address (network
+// namespaces on one host share the name, not the address).
+int node_color() {
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  std::string key = host;
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) == 0) {
+    for (ifaddrs* a = list; a; a = a->ifa_next)
+      if (a->ifa_addr && a->ifa_addr->sa_family == AF_INET && !(a->ifa_flags & IFF_LOOPBACK)) {
+        char ip[INET_ADDRSTRLEN] = {0};
+        inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, ip, sizeof ip);
+        key += std::string("/") + ip;
+        break;
+      }
+    freeifaddrs(list);
+  }
+  return int(std::hash<std::string>{}(key) & 0x3fffffff);
+}
+
+// A link's fits over the ranks of `comm` (collective over it; all of its ranks time together).
+nlohmann::json measure_link(Communicator& comm, double seconds) {
+  const int n_ranks = comm.size();
+  // Each collective fitted to the ring model t = steps * latency + volume * bytes / bandwidth
+  // from a 1 KiB and a 64 MiB buffer: all-reduce 2(n-1) steps moving 2(n-1)/n of the buffer,
+  // reduce-scatter and all-gather n-1 steps and (n-1)/n, send/recv (each rank to the next
+  // while receiving from the previous) one step and the whole buffer.
+  const size_t small_n = 256, big_n = size_t(16) << 20;
+  std::vector<float> a(big_n, 1.f), b(big_n, 0.f);
+  const int next = (comm.rank() + 1) % n_ranks, prev = (comm.rank() + n_ranks - 1) % n_ranks;
+  struct Kind {
+    const char* name;
+    double steps, volume;
+    std::function<void(size_t)> run;
+  };
+  const double n = n_ranks;
+  const Kind kinds[] = {
+      {"all_reduce", 2 * (n - 1), 2 * (n - 1) / n, [&](size_t k) { comm.all_reduce(a.data(), k); }},
+      {"reduce_scatter", n - 1, (n - 1) / n,
+       [&](size_t k) { comm.reduce_scatter_async(a.data(), b.data(), k / n_ranks)->wait(); }},
+      {"all_gather", n - 1, (n - 1) / n,
+       [&](size_t k) { comm.all_gather_async(a.data(), b.data(), k / n_ranks)->wait(); }},
+      {"send_recv", 1, 1, [&](size_t k) {
+         auto r = comm.recv_async(b.data(), k, prev, 7);
+         comm.send_async(a.data(), k, next, 7)->wait();
+         r->wait();
+       }}};
+  nlohmann::json collectives = nlohmann::json::object();
+  for (const Kind& kind : kinds) {
+    const double t_small = time_collective(comm, [&] { kind.run(small_n); }, seconds);
+    const double t_big = time_collective(comm, [&] { kind.run(big_n); }, seconds);
+    const double latency = t_small / kind.steps;
+    const double bytes = double(big_n * sizeof(float));
+    const double bandwidth =
+        kind.volume * bytes / std::max(t_big - kind.steps * latency, 1e-9);
+    collectives[kind.name] = {
+        {"latency", latency},
+        {"bandwidth", bandwidth},
+        {"note", fmt::format("measured over {} ranks: 1 KiB in {:.1f} us, 64 MiB in {:.2f} ms",
+                             n_ranks, t_small * 1e6, t_big * 1e3)}};
+  }
+  const nlohmann::json& ar = collectives["all_reduce"];
+  nlohmann::json link = {{"bandwidth", ar["bandwidth"]},
+          {"bandwidth_note", "measured: the all-reduce's (see collectives)"},
+          {"latency", ar["latency"]},
+          {"latency_note", "measured: the all-reduce's, per ring step"},
+          {"efficiency", 1.0},
+          {"collectives", collectives}};
+  return link;
+}
+
 nlohmann::json gemm_json(const GemmFit& f, const nlohmann::json& table) {
   return {{"rate", f.rate}, {"element_s", f.element_s}, {"call_s", f.call_s}, {"table", table}};
 }
@@ -238,62 +313,23 @@ nlohmann::json calibrate_machine(Communicator& world, int gemm_size, double seco
   const double copy_s =
       time_per_call([&] { std::memcpy(dst.data(), src.data(), floats * sizeof(float)); }, seconds);
   const double bandwidth = 2.0 * double(floats * sizeof(float)) / copy_s;
-  nlohmann::json link;
-  if (ranks > 1) {
-    // Each collective fitted to the ring model t = steps * latency + volume * bytes / bandwidth
-    // from a 1 KiB and a 64 MiB buffer: all-reduce 2(n-1) steps moving 2(n-1)/n of the buffer,
-    // reduce-scatter and all-gather n-1 steps and (n-1)/n, send/recv (each rank to the next
-    // while receiving from the previous) one step and the whole buffer.
-    const size_t small_n = 256, big_n = size_t(16) << 20;
-    std::vector<float> a(big_n, 1.f), b(big_n, 0.f);
-    const int next = (world.rank() + 1) % ranks, prev = (world.rank() + ranks - 1) % ranks;
-    struct Kind {
-      const char* name;
-      double steps, volume;
-      std::function<void(size_t)> run;
-    };
-    const double n = ranks;
-    const Kind kinds[] = {
-        {"all_reduce", 2 * (n - 1), 2 * (n - 1) / n, [&](size_t k) { world.all_reduce(a.data(), k); }},
-        {"reduce_scatter", n - 1, (n - 1) / n,
-         [&](size_t k) { world.reduce_scatter_async(a.data(), b.data(), k / ranks)->wait(); }},
-        {"all_gather", n - 1, (n - 1) / n,
-         [&](size_t k) { world.all_gather_async(a.data(), b.data(), k / ranks)->wait(); }},
-        {"send_recv", 1, 1, [&](size_t k) {
-           auto r = world.recv_async(b.data(), k, prev, 7);
-           world.send_async(a.data(), k, next, 7)->wait();
-           r->wait();
-         }}};
-    nlohmann::json collectives = nlohmann::json::object();
-    for (const Kind& kind : kinds) {
-      const double t_small = time_collective(world, [&] { kind.run(small_n); }, seconds);
-      const double t_big = time_collective(world, [&] { kind.run(big_n); }, seconds);
-      const double latency = t_small / kind.steps;
-      const double bytes = double(big_n * sizeof(float));
-      const double bandwidth =
-          kind.volume * bytes / std::max(t_big - kind.steps * latency, 1e-9);
-      collectives[kind.name] = {
-          {"latency", latency},
-          {"bandwidth", bandwidth},
-          {"note", fmt::format("measured over {} ranks: 1 KiB in {:.1f} us, 64 MiB in {:.2f} ms",
-                               ranks, t_small * 1e6, t_big * 1e3)}};
-    }
-    const nlohmann::json& ar = collectives["all_reduce"];
-    link = {{"bandwidth", ar["bandwidth"]},
-            {"bandwidth_note", "measured: the all-reduce's (see collectives)"},
-            {"latency", ar["latency"]},
-            {"latency_note", "measured: the all-reduce's, per ring step"},
-            {"efficiency", 1.0},
-            {"collectives", collectives}};
-  } else {
-    link = {{"bandwidth", bandwidth / 2},
-            {"bandwidth_note",
-             "assumed: one rank measures no link; half the memory bandwidth "
-             "(a copy through shared memory)"},
-            {"latency", 5e-6},
-            {"latency_note", "assumed: one rank measures no link"},
-            {"efficiency", 1.0}};
-  }
+  // Links: among the ranks of each node, then among the nodes (the ranks with the same place
+  // in theirs), each measured with all groups at once, as training runs them.
+  auto node = world.split(node_color(), world.rank());
+  auto across = world.split(node->rank(), world.rank());
+  const nlohmann::json assumed = {
+      {"bandwidth", bandwidth / 2},
+      {"bandwidth_note",
+       "assumed: one rank per node measures no link; half the memory bandwidth (a copy through "
+       "shared memory)"},
+      {"latency", 5e-6},
+      {"latency_note", "assumed: one rank per node measures no link"},
+      {"efficiency", 1.0}};
+  const nlohmann::json intra = node->size() > 1 ? measure_link(*node, seconds) : assumed;
+  nlohmann::json inter = across->size() > 1 ? measure_link(*across, seconds) : intra;
+  if (across->size() == 1)
+    inter["note"] = "one node: the same as intra_node (run across hosts to measure it)";
+  const int per_node = node->size();
   const double phys = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
@@ -301,14 +337,15 @@ nlohmann::json calibrate_machine(Communicator& world, int gemm_size, double seco
   char date[32];
   std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
   nlohmann::json j = {
-      {"name", fmt::format("{} ({} ranks, measured by trellis calibrate)", host, ranks)},
+      {"name", fmt::format("{} ({} ranks, {} per node, measured by trellis calibrate)", host,
+                           ranks, per_node)},
       {"sources",
        {{"measured", fmt::format("trellis calibrate on {} at {}: {}x{} GEMMs, a 256 MiB copy, "
                                  "all-reduces of 1 KiB and 64 MiB",
                                  host, date, gemm_size, gemm_size)}}},
-      {"devices_per_node", ranks},
+      {"devices_per_node", per_node},
       {"device",
-       {{"memory_bytes", int64_t(phys / ranks)},
+       {{"memory_bytes", int64_t(phys / per_node)},
         {"memory_note", "measured: physical memory of the host divided by its ranks"},
         {"memory_bandwidth", bandwidth},
         {"memory_bandwidth_note", "measured: a 256 MiB memcpy on one rank while all copy"},
@@ -337,8 +374,8 @@ nlohmann::json calibrate_machine(Communicator& world, int gemm_size, double seco
         {"page_refill_bandwidth_note",
          "measured: writing 64 MiB of released 4 KiB pages (huge_: 2 MiB pages), beyond "
          "writing resident ones"}}},
-      {"intra_node", link},
-      {"inter_node", link}};
+      {"intra_node", intra},
+      {"inter_node", inter}};
   return j;
 }
 
