@@ -172,7 +172,8 @@ StepCost predict_step(const CostInputs& in, const Machine& machine) {
   const double b = double(L.micro_batch), s = double(in.seq_len), h = mc.n_embd;
   const double act = megatron ? 2 : 4;  // bytes per activation element on the wire
   auto fit = machine.gemm.find(in.precision);
-  // Attention's batched products run at the large GEMMs' rate.
+  // The large GEMMs' rate: the calibrated fit's, else the file's peak x efficiency. Attention's
+  // products run at it unless the file has trellis's measured attention rate.
   const double gemm_rate = fit != machine.gemm.end()
                                ? fit->second.rate
                                : machine.peak(in.precision) * machine.gemm_efficiency;
