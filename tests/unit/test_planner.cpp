@@ -191,6 +191,28 @@ TEST(PlannerSearch, LayoutsRespectTrellisRules) {
   }
 }
 
+// Sequence parallelism splits the sequence over tp: offered only where tp divides it (the
+// trainer refuses the rest, and `--layout auto` must not pick what the trainer refuses).
+TEST(PlannerSearch, SequenceParallelOnlyWhereTheSequenceSplits) {
+  PlanRequest req;
+  req.model = gpt2_sized("gpt2");
+  req.model.block_size = 1024;
+  req.world = 2;
+  req.ranks_per_node = 2;
+  req.batch = 4;
+  const Machine a100 = load_machine(hardware("dgx-a100-80gb.json"));
+  for (int64_t seq : {1023, 1024}) {
+    req.seq_len = seq;
+    int tp = 0, sp = 0;
+    for (const Candidate& c : make_plan(req, a100).candidates) {
+      tp += c.layout.tp > 1;
+      sp += c.layout.sequence_parallel;
+    }
+    EXPECT_GT(tp, 0) << seq;
+    EXPECT_EQ(sp > 0, seq % 2 == 0) << seq;
+  }
+}
+
 TEST(PlannerSearch, RanksFittingLayoutsAndSaysWhyOthersLose) {
   PlanRequest req;
   req.model = gpt2_sized("gpt2-medium");

@@ -162,6 +162,8 @@ Plan make_plan(const PlanRequest& req, const Machine& machine) {
                   req.model.block_size);
   Plan plan;
   for (const Layout& l : enumerate_layouts(req.model, req.world, req.batch)) {
+    // The trainer splits the sequence over tp for sequence parallelism.
+    if (l.sequence_parallel && req.seq_len % l.tp != 0) continue;
     Candidate c;
     c.layout = l;
     if (!try_memory(req, l, c.memory)) continue;
