@@ -81,10 +81,10 @@ TrainConfig choose_auto_layout(TrainConfig cfg, const ModelConfig& model, int64_
                           float(l.micro_batch)};
       std::copy(v, v + 9, choice);
       if (!cfg.quiet)
-        fmt::print("trellis: layout auto: {} (predicted {:.1f} ms per step, {:.2f} GiB on the "
+        fmt::print("trellis: layout auto: {} (predicted {:.1f} ms per step, {:.1f} MiB on the "
                    "largest rank; first of {} fitting layouts on {}; `trellis plan` shows the "
                    "rest)\n",
-                   l.describe(), c.cost.step_s * 1e3, double(c.memory.total()) / (1 << 30),
+                   l.describe(), c.cost.step_s * 1e3, double(c.memory.total()) / (1 << 20),
                    plan.fitting, machine.name);
     }
   }
