@@ -1,31 +1,30 @@
 #include "trellis/plan/calibrate.h"
 
-#include <fmt/core.h>
 #include <arpa/inet.h>
+#include <fmt/core.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
+#include <omp.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <cstring>
-#include <functional>
 #include <ctime>
-
-#include <omp.h>
+#include <functional>
 #include <vector>
 
 #include "trellis/comm/communicator.h"
 #include "trellis/core/error.h"
 #include "trellis/core/memory.h"
-#include "trellis/plan/machine.h"
-#include "trellis/kernels/ops.h"
 #include "trellis/core/tensor.h"
+#include "trellis/kernels/ops.h"
 #include "trellis/kernels/peak.h"
+#include "trellis/plan/machine.h"
 
 namespace trellis {
 
