@@ -30,6 +30,9 @@ TEST(Memory, PageBufferCommitsAndReleasesWholePages) {
   const int64_t before = memory::live_bytes();
   {
     PageBuffer b(10 * page_floats);
+    // Aligned for transparent huge pages: a released range's whole 2 MiB pages refill with one
+    // fault each.
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % (size_t(2) << 20), 0u);
     EXPECT_EQ(b.committed_bytes(), 0);
     b.commit(0, 10 * page_floats);
     EXPECT_EQ(b.committed_bytes(), 10 * page);
