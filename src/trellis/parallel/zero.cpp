@@ -145,58 +145,51 @@ void DataParallelSync::begin_step() {
 
 // ---- ZeRO-2/3: units ------------------------------------------------------------------------
 
-std::unique_ptr<Work> DataParallelSync::gather_unit_async(const Unit& u) {
-  params_.commit(u.begin, u.end);
-  if (u.chunk == 0) return nullptr;
-  return dp_.all_gather_async(owned_params_.data() + u.owned_at, params_.data() + u.begin, u.chunk);
+std::unique_ptr<DataParallelSync::Gather> DataParallelSync::start_gather(int u) {
+  const Unit& unit = units_[size_t(u)];
+  auto g = std::make_unique<Gather>();
+  g->unit = u;
+  params_.commit(unit.begin, unit.end);
+  if (unit.chunk > 0)
+    g->main = dp_.all_gather_async(owned_params_.data() + unit.owned_at,
+                                   params_.data() + unit.begin, unit.chunk);
+  if (rest(unit) > 0) {
+    g->rest_in.assign(1, 0.0f);
+    g->rest_out.assign(size_t(dp_size_), 0.0f);
+    if (size_t(dp_rank_) < rest(unit)) g->rest_in[0] = owned_params_[unit.owned_at + unit.chunk];
+    g->tail = dp_.all_gather_async(g->rest_in.data(), g->rest_out.data(), 1);
+  }
+  return g;
 }
 
-void DataParallelSync::gather_unit(Unit& u) {
-  std::unique_ptr<Work> w = gather_unit_async(u);
-  std::vector<float> rest_in(1, 0.0f), rest_out;
-  if (rest(u) > 0) {
-    rest_out.assign(size_t(dp_size_), 0.0f);
-    if (size_t(dp_rank_) < rest(u)) rest_in[0] = owned_params_[u.owned_at + u.chunk];
-    dp_.all_gather_async(rest_in.data(), rest_out.data(), 1)->wait();
-    std::copy_n(rest_out.data(), rest(u), params_.data() + main_end(u));
+void DataParallelSync::finish_gather(Gather& g) {
+  const Unit& unit = units_[size_t(g.unit)];
+  if (g.main) g.main->wait();
+  if (g.tail) {
+    g.tail->wait();
+    std::copy_n(g.rest_out.data(), rest(unit), params_.data() + main_end(unit));
   }
-  if (w) w->wait();
-  gathered_[size_t(&u - units_.data())] = 1;
+  gathered_[size_t(g.unit)] = 1;
 }
+
+void DataParallelSync::gather_unit(int u) { finish_gather(*start_gather(u)); }
 
 void DataParallelSync::prefetch(int u) {
   if (u < 0 || gathered_[size_t(u)] || (prefetch_ && prefetch_->unit == u)) return;
   if (prefetch_) ensure_gathered(prefetch_->unit);
   const auto t0 = Clock::now();
-  const Unit& unit = units_[size_t(u)];
-  prefetch_ = std::make_unique<Prefetch>();
-  prefetch_->unit = u;
-  prefetch_->main = gather_unit_async(unit);
-  if (rest(unit) > 0) {
-    prefetch_->rest_in.assign(1, 0.0f);
-    prefetch_->rest_out.assign(size_t(dp_size_), 0.0f);
-    if (size_t(dp_rank_) < rest(unit))
-      prefetch_->rest_in[0] = owned_params_[unit.owned_at + unit.chunk];
-    prefetch_->tail =
-        dp_.all_gather_async(prefetch_->rest_in.data(), prefetch_->rest_out.data(), 1);
-  }
+  prefetch_ = start_gather(u);
   hook_comm_s_ += seconds_since(t0);
 }
 
 void DataParallelSync::ensure_gathered(int u) {
   if (gathered_[size_t(u)]) return;
   const auto t0 = Clock::now();
-  Unit& unit = units_[size_t(u)];
   if (prefetch_ && prefetch_->unit == u) {
-    if (prefetch_->main) prefetch_->main->wait();
-    if (prefetch_->tail) {
-      prefetch_->tail->wait();
-      std::copy_n(prefetch_->rest_out.data(), rest(unit), params_.data() + main_end(unit));
-    }
+    finish_gather(*prefetch_);
     prefetch_.reset();
-    gathered_[size_t(u)] = 1;
   } else {
-    gather_unit(unit);
+    gather_unit(u);
   }
   hook_comm_s_ += seconds_since(t0);
 }
@@ -317,8 +310,8 @@ double DataParallelSync::gather_parameters() {
     std::copy_n(params_.data() + shard_.begin, shard_.end - shard_.begin, staging_.data());
     dp_.all_gather_async(staging_.data(), params_.data(), shard_.shard)->wait();
   } else {
-    for (Unit& u : units_)
-      if (zero_ == 2 || u.layer < 0) gather_unit(u);
+    for (size_t u = 0; u < units_.size(); ++u)
+      if (zero_ == 2 || units_[u].layer < 0) gather_unit(int(u));
   }
   return seconds_since(t0);
 }

@@ -100,9 +100,12 @@ class DataParallelSync {
   size_t rest(const Unit& u) const { return u.end - main_end(u); }
   size_t owned_size(const Unit& u) const { return u.chunk + (size_t(dp_rank_) < rest(u) ? 1 : 0); }
   void build_units(const ParamLayout& layout);
-  // ZeRO-2/3 collectives on one unit.
-  void gather_unit(Unit& u);
-  std::unique_ptr<Work> gather_unit_async(const Unit& u);
+  // ZeRO-2/3 collectives on one unit. A gather is started (its even share and its rest
+  // elements) and finished (waited for, the rest placed, the unit marked gathered).
+  struct Gather;
+  std::unique_ptr<Gather> start_gather(int u);
+  void finish_gather(Gather& g);
+  void gather_unit(int u);
   void launch_reduce(int u);
   void finish_oldest();
   void finish_reductions();
@@ -136,12 +139,12 @@ class DataParallelSync {
     std::unique_ptr<Work> main, tail;
   };
   std::vector<std::unique_ptr<Reduction>> in_flight_;  // oldest first
-  struct Prefetch {
+  struct Gather {
     int unit = -1;
     std::unique_ptr<Work> main, tail;
     std::vector<float> rest_in, rest_out;
   };
-  std::unique_ptr<Prefetch> prefetch_;
+  std::unique_ptr<Gather> prefetch_;  // the next block's parameters (ZeRO-3)
   double hook_comm_s_ = 0.0;  // exposed seconds inside the hooks this step
   BlockHooks hooks_;
 };
