@@ -18,21 +18,26 @@ common = ["train", "--data", data, "--steps", 20, "--batch-size", 8, "--seq-len"
           "--tensorboard", "false"]
 
 gpt = LayoutCheck(common + ["--model", "tiny"], n_embd=32, steps=20, name="gpt_baseline")
+gpt_layouts = {}  # name -> (ranks, args), for the recompute checks below
 for dp in (2, 4):
     for zero in (2, 3):
         for micro in (None, 1):
             name = f"gpt_dp{dp}_zero{zero}" + (f"_micro{micro}" if micro else "")
-            gpt.check(name, dp, ["--dp", dp, "--zero", zero] +
-                      (["--micro-batch-size", micro] if micro else []))
+            gpt_layouts[name] = (dp, ["--dp", dp, "--zero", zero] +
+                                 (["--micro-batch-size", micro] if micro else []))
+            gpt.check(name, *gpt_layouts[name])
 
 # LLaMA blocks (RMSNorm, RoPE, GQA, SwiGLU, untied head) with tensor and sequence parallelism:
 # the data-parallel shards are cut from each tensor-parallel slice.
 llama = LayoutCheck(common + ["--model", "llama-tiny"], n_embd=32, steps=20,
                     name="llama_baseline")
-llama.check("llama_tp2_dp2_zero3", 4, ["--tp", 2, "--dp", 2, "--zero", 3,
-                                       "--sequence-parallel", "true"])
-llama.check("llama_tp2_dp2_zero2_micro1", 4, ["--tp", 2, "--dp", 2, "--zero", 2,
-                                              "--micro-batch-size", 1])
+llama_layouts = {
+    "llama_tp2_dp2_zero3": (4, ["--tp", 2, "--dp", 2, "--zero", 3, "--sequence-parallel", "true"]),
+    "llama_tp2_dp2_zero2_micro1": (4, ["--tp", 2, "--dp", 2, "--zero", 2,
+                                       "--micro-batch-size", 1]),
+}
+for name, layout in llama_layouts.items():
+    llama.check(name, *layout)
 
 
 # Recomputation inside sharded layouts (ZeRO-3 gathers a block again for its backward, where the
@@ -43,18 +48,13 @@ def same_run(a, b):
             and all(pa[k].tobytes() == pb[k].tobytes() for k in pa))
 
 
-for base, ranks, args in (("gpt_dp2_zero2", 2, ["--dp", 2, "--zero", 2]),
-                          ("gpt_dp4_zero3_micro1", 4, ["--dp", 4, "--zero", 3,
-                                                        "--micro-batch-size", 1])):
-    for policy in ("selective", "full"):
-        name = f"{base}_{policy}"
-        gpt.check(name, ranks, args + ["--recompute", policy])
-        check(same_run(name, base), f"{name}: bitwise the run without recompute")
-for policy in ("selective", "full"):
-    name = f"llama_tp2_dp2_zero3_{policy}"
-    llama.check(name, 4, ["--tp", 2, "--dp", 2, "--zero", 3, "--sequence-parallel", "true",
-                          "--recompute", policy])
-    check(same_run(name, "llama_tp2_dp2_zero3"), f"{name}: bitwise the run without recompute")
+# Every layout above under each policy.
+for model, layouts in ((gpt, gpt_layouts), (llama, llama_layouts)):
+    for base, (ranks, args) in layouts.items():
+        for policy in ("selective", "full"):
+            name = f"{base}_{policy}"
+            model.check(name, ranks, args + ["--recompute", policy])
+            check(same_run(name, base), f"{name}: bitwise the run without recompute")
 
 
 def alloc_peak(name):
