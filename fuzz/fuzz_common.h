@@ -17,7 +17,8 @@
 namespace trellis::fuzz {
 
 // A scratch directory of this process (libFuzzer's -fork/-jobs workers each have their own),
-// removed at exit.
+// removed at a normal exit; libFuzzer's own ends use _Exit, so run_fuzzer.sh gives each run a
+// TMPDIR of its own and removes that.
 inline const std::filesystem::path& scratch_dir() {
   static const std::filesystem::path dir = [] {
     const char* base = std::getenv("TMPDIR");
