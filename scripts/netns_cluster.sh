@@ -13,7 +13,9 @@
 # Layout of cluster NAME (NAME: at most 10 characters, interface names are limited to 15):
 #   namespaces NAMEn1..NAMEnN, each with lo and eth0 = 10.213.0.i/24 (IPv6 off)
 #   host side: veths NAMEv1..NAMEvN, ports of bridge NAMEbr; the host gets no address, so the
-#   subnet is reachable only from inside the namespaces (two clusters may use the same subnet)
+#   subnet is reachable only from inside the namespaces. Two clusters can be up at once, but do
+#   not run jobs on both together: every node has the host's name and /tmp, and an mpirun on one
+#   was seen to wait for ever for its daemon on a node while the other ran (the tests take turns)
 #   state: /run/trellis-netns/NAME/{nodes,owner}; nodes holds "ip namespace host-veth" lines
 #
 # `run` starts mpirun inside node 1 (the "login node" is a compute node, as no address exists

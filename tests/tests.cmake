@@ -19,6 +19,14 @@ foreach(script ${TRELLIS_SCRIPT_TESTS})
   # and test_launch_chaos (~10 min under ASan on 2 cores, beyond CI's budget; test_launch runs
   # the supervisor's restarts under ASan) and test_task_commands (6 min under ASan, more than the
   # rest of the label together; test_task_resume and test_prepare_tasks cover the task paths).
+  # One network-namespace cluster at a time: while test_calibrate_nodes's cluster ran beside
+  # test_multinode's, an mpirun of the second never got its daemon on one node up and hung to its
+  # timeout (both clusters' nodes share the host's name and /tmp, and the same subnet).
+  file(READ ${script} source)
+  string(FIND "${source}" "NetnsCluster(" uses_netns)
+  if(uses_netns GREATER -1)
+    set_tests_properties(${group}.${name} PROPERTIES RESOURCE_LOCK netns_cluster)
+  endif()
   set(not_sanitized test_big_corpus test_streaming_prepare test_launch_chaos test_task_commands)
   if(TRELLIS_SANITIZE AND group STREQUAL "cli" AND NOT name IN_LIST not_sanitized)
     set_tests_properties(${group}.${name} PROPERTIES LABELS sanitize)
