@@ -12,13 +12,6 @@ foreach(script ${TRELLIS_SCRIPT_TESTS})
   add_test(NAME ${group}.${name} COMMAND ${TRELLIS_SYSTEM_PYTHON} ${script})
   set_tests_properties(${group}.${name} PROPERTIES TIMEOUT 900 ENVIRONMENT
     "TRELLIS_BIN=$<TARGET_FILE:trellis>;TRELLIS_TMP=${CMAKE_BINARY_DIR}/testtmp/${group}.${name};TRELLIS_SOURCE=${CMAKE_SOURCE_DIR};PYTHONPATH=${CMAKE_SOURCE_DIR}/tests")
-  # Under TRELLIS_SANITIZE the CLI tests run the sanitized binary (label "sanitize"); the
-  # reference and multi-rank tests run in the normal build only, and so do test_big_corpus and
-  # test_streaming_prepare (their bounds are the release binary's peak RSS, which ASan's shadow
-  # memory and quarantine inflate; test_prepare_tasks and test_shards_v2 run prepare under ASan)
-  # and test_launch_chaos (~10 min under ASan on 2 cores, beyond CI's budget; test_launch runs
-  # the supervisor's restarts under ASan) and test_task_commands (6 min under ASan, more than the
-  # rest of the label together; test_task_resume and test_prepare_tasks cover the task paths).
   # One network-namespace cluster at a time: while test_calibrate_nodes's cluster ran beside
   # test_multinode's, an mpirun of the second never got its daemon on one node up and hung to its
   # timeout (both clusters' nodes share the host's name and /tmp, and the same subnet).
@@ -27,6 +20,13 @@ foreach(script ${TRELLIS_SCRIPT_TESTS})
   if(uses_netns GREATER -1)
     set_tests_properties(${group}.${name} PROPERTIES RESOURCE_LOCK netns_cluster)
   endif()
+  # Under TRELLIS_SANITIZE the CLI tests run the sanitized binary (label "sanitize"); the
+  # reference and multi-rank tests run in the normal build only, and so do test_big_corpus and
+  # test_streaming_prepare (their bounds are the release binary's peak RSS, which ASan's shadow
+  # memory and quarantine inflate; test_prepare_tasks and test_shards_v2 run prepare under ASan)
+  # and test_launch_chaos (~10 min under ASan on 2 cores, beyond CI's budget; test_launch runs
+  # the supervisor's restarts under ASan) and test_task_commands (6 min under ASan, more than the
+  # rest of the label together; test_task_resume and test_prepare_tasks cover the task paths).
   set(not_sanitized test_big_corpus test_streaming_prepare test_launch_chaos test_task_commands)
   if(TRELLIS_SANITIZE AND group STREQUAL "cli" AND NOT name IN_LIST not_sanitized)
     set_tests_properties(${group}.${name} PROPERTIES LABELS sanitize)
