@@ -7,6 +7,11 @@ allocator peak with the prediction. Also checks the planner's first choice of ea
 against the fastest layout measured there.
 
 usage: python3 bench/plan_check.py TRELLIS_BIN OUT_DIR [--steps N] [--model M] [--repeat R]
+  [--cluster-rate RATE]
+With --cluster-rate (e.g. 1gbit; run as root) only world 2 is checked, and across "nodes": a
+2-node network-namespace cluster (scripts/netns_cluster.sh) with one rank per node, its links
+shaped to RATE, calibrated across it and planned with --ranks-per-node 1. Its ranks run one
+thread each: the "nodes" share this machine's cores, and each would take them all.
 Run it on a quiet machine (`flock /tmp/bench.lock`); it prints the load average it saw and
 writes OUT_DIR/plan_check.json and a Markdown table for bench/RESULTS.md."""
 import argparse
@@ -15,6 +20,9 @@ import os
 import shutil
 import statistics
 import subprocess
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts",
+                      "netns_cluster.sh")
 
 # (world, train flags): world 1 and 2, ZeRO 0-3, recompute, tp (+sp), pp schedules, micro-batches.
 LAYOUTS = [
@@ -77,30 +85,49 @@ def main():
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--repeat", type=int, default=1, help="runs per layout (median of all steps)")
+    p.add_argument("--cluster-rate", help="world 2 across 2 namespaces with links at this rate")
     args = p.parse_args()
+    worlds = (2,) if args.cluster_rate else (1, 2)
+    cluster = f"pc{os.getpid() % 100000}"
+    if args.cluster_rate:
+        subprocess.run([SCRIPT, "up", "2", "--name", cluster, "--slots", "1", "--rate",
+                        args.cluster_rate], check=True)
+    try:
+        check_layouts(args, worlds, cluster if args.cluster_rate else None)
+    finally:
+        if args.cluster_rate:
+            subprocess.run([SCRIPT, "down", "--name", cluster], check=True)
+
+
+def check_layouts(args, worlds, cluster):
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     os.makedirs(args.out, exist_ok=True)
     load_before = os.getloadavg()
 
     def launch(world, argv):
         pre = ["mpirun", "--bind-to", "none", "-np", str(world)] if world > 1 else []
+        if cluster:
+            pre = [SCRIPT, "run", "--name", cluster, "--timeout", "600", "--", "-np", str(world),
+                   "--map-by", "node", "--bind-to", "none"]  # each node would bind to core 0
         return subprocess.run(pre + [args.trellis] + argv, check=True, env=env,
                               capture_output=True, text=True).stdout
 
+    threads = ["--threads", "1"] if cluster else []
     plans = {}
-    for world in (1, 2):
+    for world in worlds:
         machine = os.path.join(args.out, f"machine_w{world}.json")
-        launch(world, ["calibrate", "--out", machine])
+        launch(world, ["calibrate", "--out", machine] + threads)
         plan = json.loads(subprocess.run(
             [args.trellis, "plan", "--model", args.model, "--vocab", "256", "--world", str(world),
              "--batch-size", str(args.batch), "--seq-len", str(args.seq_len), "--precision",
-             "bf16", "--machine", machine, "--json"], check=True, capture_output=True,
-            text=True).stdout)
+             "bf16", "--machine", machine, "--json"] + (["--ranks-per-node", "1"] if cluster
+                                                         else []),
+            check=True, capture_output=True, text=True).stdout)
         plans[world] = {key_of_candidate(c): c for c in plan["layouts"]}
         plans[world]["first"] = plan["layouts"][0]
 
-    runs = list(LAYOUTS)
-    for world in (1, 2):  # the planner's first choice is measured too
+    runs = [(w, f) for w, f in LAYOUTS if w in worlds]
+    for world in worlds:  # the planner's first choice is measured too
         first = flags_of(plans[world]["first"])
         if all(key_of_flags(w, f, args.batch) != key_of_flags(world, first, args.batch)
                for w, f in runs if w == world):
@@ -117,7 +144,7 @@ def main():
             launch(world, ["train", "--model", args.model, "--batch-size", str(args.batch),
                            "--seq-len", str(args.seq_len), "--steps", str(args.steps),
                            "--val-every", "0", "--quiet", "--tensorboard", "false",
-                           "--precision", "bf16", "--out", d] + flags.split())
+                           "--precision", "bf16", "--out", d] + threads + flags.split())
             metrics = [json.loads(l) for l in open(os.path.join(d, "metrics.jsonl"))]
             metrics = [m for m in metrics if "step_ms" in m]
             steps += [m["step_ms"] for m in metrics[2:]]  # the first two warm up
@@ -139,7 +166,7 @@ def main():
     summary = {"load_before": load_before, "load_after": os.getloadavg(), "rows": rows,
                "median_abs_error": statistics.median(errors), "worst_abs_error": errors[-1],
                "worst_memory_error": max(abs(r["memory_error"]) for r in rows)}
-    for world in (1, 2):
+    for world in worlds:
         mine = [r for r in rows if r["world"] == world]
         first = next(r for r in mine if r["first"])
         fastest = min(mine, key=lambda r: r["measured_s"])
@@ -162,7 +189,7 @@ def main():
     print(f"\nmedian |error| {summary['median_abs_error']:.1%}, worst "
           f"{summary['worst_abs_error']:.1%}; worst memory error "
           f"{summary['worst_memory_error']:.1%}")
-    for world in (1, 2):
+    for world in worlds:
         s = summary[f"first_choice_w{world}"]
         print(f"world {world}: first choice {s['layout']} measured {s['measured_s'] * 1e3:.1f} ms,"
               f" fastest {s['fastest']} {s['fastest_s'] * 1e3:.1f} ms "

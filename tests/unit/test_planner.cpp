@@ -311,5 +311,40 @@ TEST(PlannerCalibration, ShapesAndPageRefillsChangeTheRanking) {
   EXPECT_GT(step[3], step[2]);  // ZeRO-3 also refills parameters, twice per micro-batch
 }
 
+// Across nodes over TCP a one-thread rank does not move ZeRO-0's all-reduce while it computes
+// (bench/RESULTS.md, the namespace cluster): it is hidden behind backward only inside a node.
+// Sequence parallelism pays an all-gather and a reduce-scatter at their own fits.
+TEST(PlannerLinks, OverlapOnlyInsideANodeAndSequenceParallelCollectives) {
+  Machine m = load_machine(hardware("dgx-a100-80gb.json"));
+  CostInputs in;
+  in.model = gpt2_sized("gpt2");
+  in.seq_len = 1024;
+  in.layout.dp = 2;
+  in.layout.micro_batch = 4;
+  in.ranks_per_node = 2;
+  const StepCost inside = predict_step(in, m);
+  EXPECT_LT(inside.dp_comm_s, inside.dp_comm_total_s);
+  in.ranks_per_node = 1;
+  const StepCost across = predict_step(in, m);
+  EXPECT_GT(across.dp_comm_total_s, 0);
+  EXPECT_DOUBLE_EQ(across.dp_comm_s, across.dp_comm_total_s);
+
+  in.layout = Layout{};
+  in.layout.tp = 2;
+  in.layout.micro_batch = 4;
+  in.layout.sequence_parallel = true;
+  in.ranks_per_node = 2;
+  m.intra.collectives = {{"all_reduce", {1e-6, 100e9}},
+                         {"all_gather", {1e-6, 100e9}},
+                         {"reduce_scatter", {1e-6, 100e9}}};
+  const double even = predict_step(in, m).tp_comm_s;
+  m.intra.collectives["reduce_scatter"].bandwidth = 25e9;
+  const double slow_scatter = predict_step(in, m).tp_comm_s;
+  EXPECT_GT(slow_scatter, even * 1.5) << "a 4x slower reduce-scatter costs half the traffic 4x";
+  m.intra.collectives["reduce_scatter"].bandwidth = 100e9;
+  m.intra.collectives["all_reduce"].bandwidth = 1e9;
+  EXPECT_DOUBLE_EQ(predict_step(in, m).tp_comm_s, even) << "no all-reduce under sequence parallelism";
+}
+
 }  // namespace
 }  // namespace trellis

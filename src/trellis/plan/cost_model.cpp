@@ -192,7 +192,13 @@ StepCost predict_step(const CostInputs& in, const Machine& machine) {
   const Link& tp_link = (t <= R && R % t == 0) ? machine.intra : machine.inter;
   const Link& dp_link = t * L.dp <= R ? machine.intra : machine.inter;
   const Link& pp_link = t * L.dp * pp <= R ? machine.intra : machine.inter;
-  const double tp_coll = ring_all_reduce(b * s * h * act, t, tp_link);
+  // Each of a block's tensor-parallel all-reduces; sequence parallelism replaces one by an
+  // all-gather and a reduce-scatter of the same activation, each at its own fit (across TCP
+  // "nodes" reduce-scatter ran at a third of all-reduce's bandwidth).
+  const double tp_bytes = b * s * h * act;
+  const double tp_coll = L.sequence_parallel ? ring_half("all_gather", tp_bytes, t, tp_link) +
+                                                   ring_half("reduce_scatter", tp_bytes, t, tp_link)
+                                             : ring_all_reduce(tp_bytes, t, tp_link);
 
   const auto chunks = partition_layers(mc.total_layers(), G, {});
   std::vector<ChunkCost> cost(static_cast<size_t>(G), ChunkCost{});
@@ -343,9 +349,11 @@ StepCost predict_step(const CostInputs& in, const Machine& machine) {
         m * (refill(grad_bytes) + (L.zero == 3 ? 2 * refill(param_bytes) : 0));
   }
   out.dp_comm_s = out.dp_comm_total_s;
-  if (!megatron && L.zero == 0 && pp == 1 && dp > 1) {
+  if (!megatron && L.zero == 0 && pp == 1 && dp > 1 && &dp_link == &machine.intra) {
     // The bucketed reducer starts as the last micro-batch's backward finishes blocks; the last
-    // bucket (about one block's share) is always exposed.
+    // bucket (about one block's share) is always exposed. Between nodes (TCP) nothing is
+    // hidden: a rank's one thread advances a non-blocking all-reduce only when it tests it
+    // between blocks (bench/RESULTS.md (e): overlap hid ~5% at 1 Gbit/s).
     const double blocks = double(mc.total_layers()) + 1;
     out.dp_comm_s = std::max(out.dp_comm_total_s - cost[0].bwd() * (blocks - 1) / blocks,
                              out.dp_comm_total_s / blocks);
