@@ -108,7 +108,7 @@ def check_layouts(args, worlds, cluster):
         pre = ["mpirun", "--bind-to", "none", "-np", str(world)] if world > 1 else []
         if cluster:
             pre = [SCRIPT, "run", "--name", cluster, "--timeout", "600", "--", "-np", str(world),
-                   "--map-by", "node", "--bind-to", "none"]  # each node would bind to core 0
+                   "--map-by", "node"]
         return subprocess.run(pre + [args.trellis] + argv, check=True, env=env,
                               capture_output=True, text=True).stdout
 

@@ -22,7 +22,8 @@
 # outside the namespaces) with -H ip1:S,...,ipN:S, the TCP transport only (--mca btl tcp,self;
 # OOB and BTL restricted to the subnet, so neither can use loopback or shared memory between
 # namespaces) and scripts/netns_rsh.sh as the rsh agent, which enters a node's namespace in
-# place of ssh. Arguments after -- go to mpirun after those options. The job is bounded by
+# place of ssh, without binding ranks to cores (every node's daemon would bind its first rank to
+# core 0 of the one machine they share). Arguments after -- go to mpirun after those options. The job is bounded by
 # --timeout seconds (SIGTERM, then SIGKILL 10 s later). Needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN)
 # and iproute2; --rate needs tc's tbf qdisc, --delay tc's netem.
 #
@@ -216,6 +217,7 @@ cmd_run() {
     --mca oob_tcp_if_include "$SUBNET_PREFIX.0/24" \
     --mca btl_tcp_if_include "$SUBNET_PREFIX.0/24" \
     --mca mpi_yield_when_idle 1 \
+    --bind-to none \
     -H "$hosts" "$@"
 }
 
