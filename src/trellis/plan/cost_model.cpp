@@ -353,7 +353,7 @@ StepCost predict_step(const CostInputs& in, const Machine& machine) {
     // The bucketed reducer starts as the last micro-batch's backward finishes blocks; the last
     // bucket (about one block's share) is always exposed. Between nodes (TCP) nothing is
     // hidden: a rank's one thread advances a non-blocking all-reduce only when it tests it
-    // between blocks (bench/RESULTS.md (e): overlap hid ~5% at 1 Gbit/s).
+    // between blocks (bench/RESULTS.md, the planner across nodes: dp2 at 1 Gbit/s).
     const double blocks = double(mc.total_layers()) + 1;
     out.dp_comm_s = std::max(out.dp_comm_total_s - cost[0].bwd() * (blocks - 1) / blocks,
                              out.dp_comm_total_s / blocks);
