@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import subprocess
-import time
 
 p = argparse.ArgumentParser()
 p.add_argument("trellis")
@@ -47,10 +46,8 @@ for zero in a.zero.split(","):
         top = max(json.loads(dry.stdout), key=lambda r: r["total"])
         out = os.path.join(a.out, f"zero{zero}_{policy}")
         shutil.rmtree(out, ignore_errors=True)
-        t0 = time.time()
         subprocess.run(["mpirun", "--oversubscribe", "-np", str(a.dp), a.trellis] + common + layout
                        + ["--out", out], check=True, env=env)
-        wall = time.time() - t0
         with open(os.path.join(out, "metrics.jsonl")) as f:
             rows = [r for r in map(json.loads, f) if "loss" in r]
         measured = max(r["alloc_peak_bytes_max"] for r in rows)

@@ -88,14 +88,14 @@ def main():
     p.add_argument("--cluster-rate", help="world 2 across 2 namespaces with links at this rate")
     args = p.parse_args()
     worlds = (2,) if args.cluster_rate else (1, 2)
-    cluster = f"pc{os.getpid() % 100000}"
-    if args.cluster_rate:
+    cluster = f"pc{os.getpid() % 100000}" if args.cluster_rate else None
+    if cluster:
         subprocess.run([SCRIPT, "up", "2", "--name", cluster, "--slots", "1", "--rate",
                         args.cluster_rate], check=True)
     try:
-        check_layouts(args, worlds, cluster if args.cluster_rate else None)
+        check_layouts(args, worlds, cluster)
     finally:
-        if args.cluster_rate:
+        if cluster:
             subprocess.run([SCRIPT, "down", "--name", cluster], check=True)
 
 

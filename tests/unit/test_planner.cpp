@@ -343,7 +343,8 @@ TEST(PlannerLinks, OverlapOnlyInsideANodeAndSequenceParallelCollectives) {
   EXPECT_GT(slow_scatter, even * 1.5) << "a 4x slower reduce-scatter costs half the traffic 4x";
   m.intra.collectives["reduce_scatter"].bandwidth = 100e9;
   m.intra.collectives["all_reduce"].bandwidth = 1e9;
-  EXPECT_DOUBLE_EQ(predict_step(in, m).tp_comm_s, even) << "no all-reduce under sequence parallelism";
+  EXPECT_DOUBLE_EQ(predict_step(in, m).tp_comm_s, even)
+      << "no all-reduce under sequence parallelism";
 }
 
 }  // namespace

@@ -190,7 +190,8 @@ StepCost predict_step(const CostInputs& in, const Machine& machine) {
   const double stream = machine.memory_bandwidth;  // weights, gradients, optimizer state
   // Mesh order: TP fastest, then DP, then PP; a group is inside a node when its span is.
   const Link& tp_link = (t <= R && R % t == 0) ? machine.intra : machine.inter;
-  const Link& dp_link = t * L.dp <= R ? machine.intra : machine.inter;
+  const bool dp_inside_node = t * L.dp <= R;
+  const Link& dp_link = dp_inside_node ? machine.intra : machine.inter;
   const Link& pp_link = t * L.dp * pp <= R ? machine.intra : machine.inter;
   // Each of a block's tensor-parallel all-reduces; sequence parallelism replaces one by an
   // all-gather and a reduce-scatter of the same activation, each at its own fit (across TCP
@@ -349,7 +350,7 @@ StepCost predict_step(const CostInputs& in, const Machine& machine) {
         m * (refill(grad_bytes) + (L.zero == 3 ? 2 * refill(param_bytes) : 0));
   }
   out.dp_comm_s = out.dp_comm_total_s;
-  if (!megatron && L.zero == 0 && pp == 1 && dp > 1 && &dp_link == &machine.intra) {
+  if (!megatron && L.zero == 0 && pp == 1 && dp > 1 && dp_inside_node) {
     // The bucketed reducer starts as the last micro-batch's backward finishes blocks; the last
     // bucket (about one block's share) is always exposed. Between nodes (TCP) nothing is
     // hidden: a rank's one thread advances a non-blocking all-reduce only when it tests it
