@@ -125,6 +125,7 @@ class Transformer {
   std::vector<float> logits_at(Context& ctx, const std::vector<int64_t>& rows);
   // Hooks run on every micro-batch from now on (null: none); they must outlive the model.
   void set_block_hooks(const BlockHooks* hooks) { hooks_ = hooks; }
+  const BlockHooks* block_hooks() const { return hooks_; }
   // Bytes of the scratch the model shares between its Contexts: backward's gradient buffers and
   // what recomputing Contexts do not keep (one block's worth); allocated by prepare and held.
   int64_t workspace_bytes() const;

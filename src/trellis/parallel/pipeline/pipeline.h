@@ -74,6 +74,7 @@ class Pipeline {
     std::vector<float> copy;  // what it sends, when not a kept Context's tensor
   };
   std::vector<PendingSend> sends_;
+  BlockHooks progress_;  // polls sends_ between blocks (pipeline ranks without ZeRO-2/3 hooks)
   bool tracing_ = false;
   std::vector<TraceEvent> trace_;
   double trace_origin_ = -1.0;
