@@ -99,6 +99,29 @@ void check_reduce_scatter_all_gather(Communicator& c) {
   }
 }
 
+// Several reduce-scatters in flight, of different sizes, completed in reverse order: each must
+// get its own sums, however their rounds interleave.
+void check_overlapping_reduce_scatters(Communicator& c) {
+  const int p = c.size(), r = c.rank();
+  std::vector<std::vector<float>> send(5), recv(5);
+  std::vector<std::unique_ptr<Work>> works;
+  for (size_t k = 0; k < send.size(); ++k) {
+    const size_t count = 1000 + 777 * k;
+    send[k].resize(count * p);
+    recv[k].assign(count, -1.0f);
+    for (size_t i = 0; i < send[k].size(); ++i) send[k][i] = float((r + 1) * (k + 1) + i % 9);
+    works.push_back(c.reduce_scatter_async(send[k].data(), recv[k].data(), count));
+  }
+  for (size_t k = works.size(); k-- > 0;) works[k]->wait();
+  for (size_t k = 0; k < send.size(); ++k) {
+    const size_t count = recv[k].size();
+    std::vector<float> want(count);
+    for (size_t i = 0; i < count; ++i)
+      want[i] = float(p * (p + 1) / 2 * (k + 1) + p * ((r * count + i) % 9));
+    expect_equal(recv[k], want, fmt::format("overlapping reduce_scatter #{}", k));
+  }
+}
+
 void check_broadcast(Communicator& c) {
   for (size_t n : {size_t{0}, size_t{1}, size_t{1000}, size_t{300001}}) {
     for (int root = 0; root < c.size(); ++root) {
@@ -300,6 +323,7 @@ int main(int argc, char** argv) {
     const int p = world->size();
     check_all_reduce(*world);
     check_reduce_scatter_all_gather(*world);
+    check_overlapping_reduce_scatters(*world);
     check_broadcast(*world);
     check_ring(*world);
     check_doubles(*world);
