@@ -347,5 +347,29 @@ TEST(PlannerLinks, OverlapOnlyInsideANodeAndSequenceParallelCollectives) {
       << "no all-reduce under sequence parallelism";
 }
 
+// Between nodes a stage's message leaves at the sender's next poll (a block boundary of the op it
+// runs next, or at once when it waits): on the same link GPipe's fill pays about one forward
+// block of the first stage more than inside a node (its drain's last message leaves at once, the
+// last stage then having nothing left to run).
+TEST(PlannerLinks, PipelineSendsBetweenNodesWaitForTheSendersNextPoll) {
+  Machine m = load_machine(hardware("dgx-a100-80gb.json"));
+  m.inter = m.intra;  // the same link: only the progress rule differs
+  CostInputs in;
+  in.model = gpt2_sized("gpt2");  // 12 blocks: 6 per stage
+  in.seq_len = 1024;
+  in.layout.pp = 2;
+  in.layout.schedule = ScheduleKind::GPipe;
+  in.layout.micro_batch = 1;
+  in.layout.accum = 4;
+  in.ranks_per_node = 2;
+  const StepCost inside = predict_step(in, m);
+  in.ranks_per_node = 1;
+  const StepCost across = predict_step(in, m);
+  const double block = across.compute_s / double(in.layout.accum) / 6;  // forward + backward
+  EXPECT_GT(across.pp_comm_s - inside.pp_comm_s, 0.25 * block);  // a forward block: ~1/3
+  EXPECT_LT(across.pp_comm_s - inside.pp_comm_s, 2.0 * block);
+  EXPECT_DOUBLE_EQ(across.compute_s, inside.compute_s);
+}
+
 }  // namespace
 }  // namespace trellis

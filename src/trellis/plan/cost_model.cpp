@@ -3,6 +3,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "trellis/core/error.h"
@@ -98,19 +99,52 @@ double gemm_seconds(const Gemm& g, const Machine& machine, const std::string& pr
 struct ChunkCost {
   double fwd_compute = 0, fwd_comm = 0, bwd_compute = 0, bwd_comm = 0, recompute = 0;
   double gemm_flops_fwd = 0, recompute_flops = 0;
+  int blocks = 1;  // polls between blocks (see SendModel)
   double fwd() const { return fwd_compute + fwd_comm; }
   double bwd() const { return bwd_compute + bwd_comm; }
 };
 
+// How a message between pipeline stages travels in the replay. By default it arrives `latency +
+// transfer` seconds after the producing op ends, whatever the sender does next. With
+// `sender_polls` (trellis between nodes: over TCP a message above the eager size moves only
+// inside the library's calls) the rest of it leaves once the receiver has posted its receive
+// and the handshake is back, at the sender's next poll: at once when it waits, else at the start
+// or the next block boundary of the op it is running (the Pipeline polls between blocks).
+struct SendModel {
+  double latency = 0, transfer = 0;
+  bool sender_polls = false;
+};
+
 // Finish time of the last op when every rank runs its op list in order, an op starting once
-// its rank is free and its input has arrived (`send` seconds after the producing op ended on
-// another rank).
+// its rank is free and its input has arrived.
 double play_schedule(const std::vector<std::vector<PipeOp>>& ops, const std::vector<ChunkCost>& c,
-                     int pp, int V, int64_t micro, double send) {
+                     int pp, int V, int64_t micro, const SendModel& send) {
   const int G = pp * V;
   std::vector<double> done_f(size_t(micro * G), -1), done_b(size_t(micro * G), -1);
   std::vector<size_t> next(size_t(pp), 0);
   std::vector<double> clock(size_t(pp), 0);
+  struct Span {
+    double start, end;
+    int blocks;
+  };
+  std::vector<std::vector<Span>> placed(static_cast<size_t>(pp));  // each rank's ops so far, in time order
+  // The first moment at or after t at which rank r enters the library.
+  const auto next_poll = [&](int r, double t) {
+    const auto& spans = placed[size_t(r)];
+    auto it = std::upper_bound(spans.begin(), spans.end(), t,
+                               [](double x, const Span& sp) { return x < sp.start; });
+    if (it == spans.begin()) return t;
+    const Span& sp = *(it - 1);
+    if (t >= sp.end) return t;  // idle: waiting polls all the time
+    const double step = (sp.end - sp.start) / std::max(1, sp.blocks);
+    return sp.start + std::ceil((t - sp.start) / step) * step;
+  };
+  // When the output of an op that ended at `d` on rank `from` reaches rank `to`, free at `post`.
+  const auto arrival = [&](int from, double d, int to) {
+    if (!send.sender_polls) return d + send.latency + send.transfer;
+    const double handshake = std::max(d, clock[size_t(to)]) + 2 * send.latency;
+    return next_poll(from, handshake) + send.transfer;
+  };
   size_t remaining = 0;
   for (const auto& o : ops) remaining += o.size();
   while (remaining > 0) {
@@ -125,7 +159,7 @@ double play_schedule(const std::vector<std::vector<PipeOp>>& ops, const std::vec
           if (g > 0) {
             const double d = done_f[at - 1];
             if (d < 0) break;
-            ready = d + send;
+            ready = arrival((g - 1) % pp, d, r);
           }
         } else if (g == G - 1) {
           if (done_f[at] < 0) break;
@@ -133,10 +167,11 @@ double play_schedule(const std::vector<std::vector<PipeOp>>& ops, const std::vec
         } else {
           const double d = done_b[at + 1];
           if (d < 0) break;
-          ready = d + send;
+          ready = arrival((g + 1) % pp, d, r);
         }
         const double start = std::max(clock[size_t(r)], ready);
         clock[size_t(r)] = start + (op.forward ? c[size_t(g)].fwd() : c[size_t(g)].bwd());
+        placed[size_t(r)].push_back({start, clock[size_t(r)], c[size_t(g)].blocks});
         (op.forward ? done_f : done_b)[at] = clock[size_t(r)];
         ++next[size_t(r)];
         --remaining;
@@ -159,7 +194,7 @@ double pipeline_makespan(ScheduleKind kind, int pp, int micro_batches, int virtu
   std::vector<std::vector<PipeOp>> ops;
   for (int r = 0; r < pp; ++r)
     ops.push_back(build_schedule(kind, pp, r, micro_batches, virtual_stages));
-  return play_schedule(ops, cost, pp, virtual_stages, micro_batches, 0);
+  return play_schedule(ops, cost, pp, virtual_stages, micro_batches, {});
 }
 
 StepCost predict_step(const CostInputs& in, const Machine& machine) {
@@ -194,8 +229,7 @@ StepCost predict_step(const CostInputs& in, const Machine& machine) {
   const Link& dp_link = dp_inside_node ? machine.intra : machine.inter;
   const Link& pp_link = t * L.dp * pp <= R ? machine.intra : machine.inter;
   // Each of a block's tensor-parallel all-reduces; sequence parallelism replaces one by an
-  // all-gather and a reduce-scatter of the same activation, each at its own fit (across TCP
-  // "nodes" reduce-scatter ran at a third of all-reduce's bandwidth).
+  // all-gather and a reduce-scatter of the same activation, each at its own calibrated fit.
   const double tp_bytes = b * s * h * act;
   const double tp_coll = L.sequence_parallel ? ring_half("all_gather", tp_bytes, t, tp_link) +
                                                    ring_half("reduce_scatter", tp_bytes, t, tp_link)
@@ -205,6 +239,7 @@ StepCost predict_step(const CostInputs& in, const Machine& machine) {
   std::vector<ChunkCost> cost(static_cast<size_t>(G), ChunkCost{});
   for (int g = 0; g < G; ++g) {
     ChunkCost& c = cost[size_t(g)];
+    c.blocks = int(chunks[size_t(g)].size());
     for (int layer : chunks[size_t(g)]) {
       const bool decoder = mc.encoder_decoder() && layer >= mc.n_layer;
       const double fl = block_forward_flops(mc, decoder, b, s, t);
@@ -266,12 +301,14 @@ StepCost predict_step(const CostInputs& in, const Machine& machine) {
   // Every pipeline rank's op list, played with and without the sends' cost.
   std::vector<std::vector<PipeOp>> ops;
   for (int r = 0; r < pp; ++r) ops.push_back(build_schedule(L.schedule, pp, r, int(L.accum), V));
-  double send = 0;
+  SendModel send;
   if (pp > 1) {
     const double bytes = b * s * h * act / (megatron && t > 1 ? t : 1);
-    send = pp_link.latency + bytes / pp_link.effective_bandwidth();
+    send.latency = pp_link.latency;
+    send.transfer = bytes / pp_link.effective_bandwidth();
+    send.sender_polls = !megatron && &pp_link == &machine.inter;
   }
-  const double span0 = play_schedule(ops, cost, pp, V, L.accum, 0);
+  const double span0 = play_schedule(ops, cost, pp, V, L.accum, {});
   const double span = pp > 1 ? play_schedule(ops, cost, pp, V, L.accum, send) : span0;
 
   StepCost out;
