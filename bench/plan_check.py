@@ -105,7 +105,9 @@ def check_layouts(args, worlds, cluster):
     load_before = os.getloadavg()
 
     def launch(world, argv):
-        pre = ["mpirun", "--bind-to", "none", "-np", str(world)] if world > 1 else []
+        # OpenMPI's default binding (a core per rank): unbound, two one-thread ranks shared a
+        # core now and then, and calibrate's rates moved by up to 35% from run to run.
+        pre = ["mpirun", "-np", str(world)] if world > 1 else []
         if cluster:
             pre = [SCRIPT, "run", "--name", cluster, "--timeout", "600", "--", "-np", str(world),
                    "--map-by", "node"]

@@ -191,6 +191,8 @@ void check_split(Communicator& world) {
   for (int q = r % 2; q < p; q += 2) want += q;
   expect(sum == want, fmt::format("all_reduce_sum over split: {} != {}", sum, want));
   check_all_reduce(*sub);
+  check_reduce_scatter_all_gather(*sub);
+  check_overlapping_reduce_scatters(*sub);
 }
 
 // For each factorisation world = dp * tp * pp: ranks, sizes and the members of each axis.

@@ -128,7 +128,9 @@ class MpiCommunicator final : public Communicator {
       if (i != rank_) peers_.push_back(global[size_t(i)]);
     int* tag_ub = nullptr;
     int found = 0;
-    check(MPI_Comm_get_attr(comm_, MPI_TAG_UB, &tag_ub, &found), "MPI_Comm_get_attr", nullptr);
+    // Cached on MPI_COMM_WORLD only (a split communicator has no such attribute in OpenMPI).
+    check(MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &found), "MPI_Comm_get_attr",
+          nullptr);
     if (found && *tag_ub > 32768 + 1024) ring_tags_ = std::min(*tag_ub - 32768, 1 << 20);
   }
 
