@@ -95,7 +95,7 @@ class MpiWork final : public Work {
 
   std::vector<MPI_Request> reqs;
   std::vector<float> staging;         // copy of an input or output that aliases the other one
-  std::vector<float> staging_in;      // what a ring round received
+  std::vector<float> staging_in;      // a ring's second block buffer (more than 2 ranks)
   std::function<void()> on_complete;  // e.g. copies staging to the caller's output
   // An operation of several rounds: called when reqs have completed, it starts the next round
   // (new reqs) and returns true, or returns false when the operation is done.
@@ -333,20 +333,27 @@ class MpiCommunicator final : public Communicator {
     const auto block = [send, count, me, p](int k) {
       return send + static_cast<size_t>((me - k + 2 * p) % p) * count;
     };
-    auto& received = w.staging_in;
-    received.resize(count);
+    // Round k receives into `out` when p - 2 - k is even (the last round always), else into a
+    // scratch block, and sends what the round before received: at 2 ranks no scratch at all.
+    float* scratch = nullptr;
+    if (p > 2) {
+      w.staging_in.resize(count);
+      scratch = w.staging_in.data();
+    }
+    const auto target = [out, scratch, p](int k) { return (p - 2 - k) % 2 == 0 ? out : scratch; };
     const int n = static_cast<int>(count);
-    const auto round = [this, &w, &received, n, next, prev, tag](const float* what) {
+    const auto round = [this, &w, n, next, prev, tag](const float* what, float* into) {
       MPI_Request r;
-      launch(w, MPI_Irecv(received.data(), n, MPI_FLOAT, prev, tag, comm_, &r), "MPI_Irecv", r);
+      launch(w, MPI_Irecv(into, n, MPI_FLOAT, prev, tag, comm_, &r), "MPI_Irecv", r);
       launch(w, MPI_Isend(what, n, MPI_FLOAT, next, tag, comm_, &r), "MPI_Isend", r);
     };
-    round(block(1));
-    w.next_round = [&received, out, count, block, round, p, k = 0]() mutable {
+    round(block(1), target(0));
+    w.next_round = [count, block, round, target, p, k = 0]() mutable {
+      float* sum = target(k);
       const float* own = block(k + 2);
-      for (size_t i = 0; i < count; ++i) out[i] = received[i] + own[i];
+      for (size_t i = 0; i < count; ++i) sum[i] += own[i];
       if (++k == p - 1) return false;
-      round(out);
+      round(sum, target(k));
       return true;
     };
   }
