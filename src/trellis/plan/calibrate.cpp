@@ -16,7 +16,6 @@
 #include <cstring>
 #include <ctime>
 #include <functional>
-#include <iterator>
 #include <vector>
 
 #include "trellis/comm/communicator.h"
@@ -285,35 +284,21 @@ nlohmann::json calibrate_machine(Communicator& world, int gemm_size, double seco
   TRELLIS_REQUIRE(gemm_size >= 16 && gemm_size <= 16384, "--gemm-size must be in [16, 16384]");
   TRELLIS_REQUIRE(seconds > 0 && seconds <= 60, "--seconds must be in (0, 60]");
   const int ranks = world.size();
+  // Every rank measures at once, as training would run them.
   world.barrier();
-  auto node = world.split(node_color(), world.rank());
-  // Compute rates: one rank per node measures them while the node's others wait. Measuring all at
-  // once, ranks contended for the host's cores and memory by however much their kernels happened
-  // to coincide (rates moved by up to 25% between runs on a 2-core VM, far more than training
-  // steps did); alone is the device's own rate, what a hardware file states. Only world rank 0's
-  // file is written.
   nlohmann::json table32 = nlohmann::json::array(), table16 = nlohmann::json::array();
-  GemmFit fit32, fit16;
-  double fp32 = 0, bf16 = 0, refill = 0, huge_refill = 0, attention = 0, elementwise = 0;
-  if (node->rank() == 0) {
-    fit32 = calibrate_gemm(false, gemm_size, seconds, table32);
-    fit16 = calibrate_gemm(true, gemm_size, seconds, table16);
-    const double g = double(gemm_size);
-    fp32 = 2 * g * g * g / table32.back()["seconds"].get<double>();
-    bf16 = 2 * g * g * g / table16.back()["seconds"].get<double>();
-    refill = page_refill_bandwidth(false, seconds);
-    huge_refill = page_refill_bandwidth(true, seconds);
-    attention = attention_rate(seconds);
-    elementwise = elementwise_bandwidth(seconds);
-  }
-  // The node's other ranks take the measuring rank's numbers (every rank may plan from them).
-  double shared[] = {fit32.rate, fit32.element_s, fit32.call_s, fit16.rate, fit16.element_s,
-                     fit16.call_s, fp32, bf16, refill, huge_refill, attention, elementwise};
-  node->all_reduce_sum(shared, std::size(shared));
-  fit32 = {shared[0], shared[1], shared[2]};
-  fit16 = {shared[3], shared[4], shared[5]};
-  fp32 = shared[6], bf16 = shared[7], refill = shared[8], huge_refill = shared[9];
-  attention = shared[10], elementwise = shared[11];
+  const GemmFit fit32 = calibrate_gemm(false, gemm_size, seconds, table32);
+  world.barrier();
+  const GemmFit fit16 = calibrate_gemm(true, gemm_size, seconds, table16);
+  world.barrier();
+  const double g = double(gemm_size);
+  const double fp32 = 2 * g * g * g / table32.back()["seconds"].get<double>();
+  const double bf16 = 2 * g * g * g / table16.back()["seconds"].get<double>();
+  const double refill = page_refill_bandwidth(false, seconds);
+  const double huge_refill = page_refill_bandwidth(true, seconds);
+  const double attention = attention_rate(seconds);
+  const double elementwise = elementwise_bandwidth(seconds);
+  world.barrier();
   // MFU divides by the hardware's peak: the FMA (fp32) and dot-product (bf16) probes of a core,
   // times the threads; the GEMMs' share of it is the efficiency.
   const double threads = double(omp_get_max_threads());
@@ -329,6 +314,7 @@ nlohmann::json calibrate_machine(Communicator& world, int gemm_size, double seco
   const double bandwidth = 2.0 * double(floats * sizeof(float)) / copy_s;
   // Links: among the ranks of each node, then among the nodes (the ranks with the same place
   // in theirs), each measured with all groups at once, as training runs them.
+  auto node = world.split(node_color(), world.rank());
   auto across = world.split(node->rank(), world.rank());
   const nlohmann::json assumed = {
       {"bandwidth", bandwidth / 2},
