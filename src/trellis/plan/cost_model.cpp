@@ -127,7 +127,8 @@ double play_schedule(const std::vector<std::vector<PipeOp>>& ops, const std::vec
     double start, end;
     int blocks;
   };
-  std::vector<std::vector<Span>> placed(static_cast<size_t>(pp));  // each rank's ops so far, in time order
+  // Each rank's ops placed so far, in time order.
+  std::vector<std::vector<Span>> placed(static_cast<size_t>(pp));
   // The first moment at or after t at which rank r enters the library.
   const auto next_poll = [&](int r, double t) {
     const auto& spans = placed[size_t(r)];
@@ -139,7 +140,8 @@ double play_schedule(const std::vector<std::vector<PipeOp>>& ops, const std::vec
     const double step = (sp.end - sp.start) / std::max(1, sp.blocks);
     return sp.start + std::ceil((t - sp.start) / step) * step;
   };
-  // When the output of an op that ended at `d` on rank `from` reaches rank `to`, free at `post`.
+  // When the output of an op that ended at `d` on rank `from` reaches rank `to`, which posts its
+  // receive once it is free (clock[to]).
   const auto arrival = [&](int from, double d, int to) {
     if (!send.sender_polls) return d + send.latency + send.transfer;
     const double handshake = std::max(d, clock[size_t(to)]) + 2 * send.latency;
