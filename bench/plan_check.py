@@ -106,7 +106,7 @@ def check_layouts(args, worlds, cluster):
 
     def launch(world, argv):
         # OpenMPI's default binding (a core per rank): unbound, two one-thread ranks shared a
-        # core now and then, and calibrate's rates moved by up to 35% from run to run.
+        # core now and then (bench/RESULTS.md, Planner: calibrated GEMM rates a third lower).
         pre = ["mpirun", "-np", str(world)] if world > 1 else []
         if cluster:
             pre = [SCRIPT, "run", "--name", cluster, "--timeout", "600", "--", "-np", str(world),

@@ -24,8 +24,8 @@
 # namespaces) and scripts/netns_rsh.sh as the rsh agent, which enters a node's namespace in
 # place of ssh, without binding ranks to cores (every node's daemon would bind its first rank to
 # core 0 of the one machine they share). Arguments after -- go to mpirun after those options.
-# The job is bounded by --timeout seconds (SIGTERM, then SIGKILL 10 s later). Needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN)
-# and iproute2; --rate needs tc's tbf qdisc, --delay tc's netem.
+# The job is bounded by --timeout seconds (SIGTERM, then SIGKILL 10 s later). Needs root
+# (CAP_NET_ADMIN, CAP_SYS_ADMIN) and iproute2; --rate needs tc's tbf qdisc, --delay tc's netem.
 #
 # `--rate R` shapes each link in both directions with a token bucket (tc tbf; R as tc writes
 # rates: 1gbit, 10gbit, 500mbit): the namespace's eth0 egress (node -> switch) and the host

@@ -49,7 +49,10 @@ class PollLog final : public Communicator {
   void all_reduce_sum(double*, size_t) override { unused(); }
   void all_reduce_max(double*, size_t) override { unused(); }
   void barrier() override { unused(); }
-  std::unique_ptr<Communicator> split(int, int) override { return unused(), nullptr; }
+  std::unique_ptr<Communicator> split(int, int) override {
+    unused();
+    return nullptr;
+  }
   [[noreturn]] void abort(const std::string& msg, int) override { throw std::runtime_error(msg); }
 
  private:
@@ -68,6 +71,7 @@ class PollLog final : public Communicator {
     size_t id_;
   };
   class Received final : public Work {
+   public:
     void wait() override {}
     bool test() override { return true; }
   };
