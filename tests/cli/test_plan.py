@@ -88,7 +88,9 @@ for key in ("attention_flops", "elementwise_bandwidth", "page_refill_bandwidth")
 out, _ = run(["plan", "--model", "baby", "--world", 2, "--batch-size", 8, "--seq-len", 64,
               "--precision", "fp32", "--machine", cal, "--top", 3])
 check("(first)" in out, "plan reads a calibrated machine file")
+check("fastest of 3 rounds" in m["sources"]["measured"], f"three rounds: {m['sources']}")
 expect_error(["calibrate", "--out", cal, "--seconds", 0], "--seconds")
+expect_error(["calibrate", "--out", cal, "--rounds", 0], "--rounds")
 print("ok")
 
 # train --layout auto: the plan's first layout, on a machine file or on this machine calibrated at

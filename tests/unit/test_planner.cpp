@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "trellis/core/error.h"
+#include "trellis/model/activation_memory.h"
 #include "trellis/model/family.h"
 #include "trellis/plan/calibrate.h"
 #include "trellis/plan/cost_model.h"
@@ -309,6 +310,26 @@ TEST(PlannerCalibration, ShapesAndPageRefillsChangeTheRanking) {
     EXPECT_NEAR(c.step_s - free_pages.step_s, c.page_refill_s, 1e-12);
   }
   EXPECT_GT(step[3], step[2]);  // ZeRO-3 also refills parameters, twice per micro-batch
+}
+
+// The memory-bound ops are charged 6x a block's kept activations, without attention's
+// probabilities (the attention kernels' rate covers them): linear in the sequence length, where
+// the kept bytes grow with its square.
+TEST(PlannerCalibration, MemoryBoundBytesLeaveOutAttentionsProbabilities) {
+  for (const char* preset : {"baby", "llama-baby", "encdec-baby"}) {
+    const ModelConfig cfg = model_preset(preset);
+    const bool decoder = cfg.encoder_decoder();
+    for (int tp : {1, 2}) {
+      const double b256 = block_memory_bound_bytes(cfg, decoder, 4, 256, tp, false);
+      const double b512 = block_memory_bound_bytes(cfg, decoder, 4, 512, tp, false);
+      EXPECT_GT(b256, 0) << preset;
+      EXPECT_DOUBLE_EQ(b512, 2 * b256) << preset << " tp" << tp;
+      const double kept = double(
+          block_activation_bytes(cfg, decoder, 4, 256, tp, false, Recompute::None));
+      const double probs = 4.0 * 4 * (cfg.n_head / tp) * 256 * 256 * (decoder ? 2 : 1);
+      EXPECT_DOUBLE_EQ(b256, 6 * (kept - probs)) << preset << " tp" << tp;
+    }
+  }
 }
 
 // Across nodes over TCP a one-thread rank does not move ZeRO-0's all-reduce while it computes

@@ -16,7 +16,7 @@ namespace trellis {
 namespace {
 struct CalibrateArgs {
   std::string out;
-  int threads = 0, gemm_size = 1024;
+  int threads = 0, gemm_size = 1024, rounds = 3;
   double seconds = 0.3;
 };
 }  // namespace
@@ -28,13 +28,16 @@ Command add_calibrate_command(CLI::App& app) {
       "measure this machine (GEMM rates, memory bandwidth; all-reduce latency and bandwidth "
       "under mpirun) into a machine file for `trellis plan`");
   sub->add_option("--out", a->out, "machine file to write (JSON)")->required();
-  sub->add_option("--threads", a->threads, "threads per rank (default: as train, this node's cores / its ranks)");
+  sub->add_option("--threads", a->threads,
+                  "threads per rank (default: as train, this node's cores / its ranks)");
   sub->add_option("--gemm-size", a->gemm_size, "n of the n x n x n GEMMs timed (default 1024)");
   sub->add_option("--seconds", a->seconds, "time per measurement (default 0.3)");
+  sub->add_option("--rounds", a->rounds,
+                  "rounds of the compute measurements; each keeps its fastest (default 3)");
   return {sub, [a](Communicator& world) {
             TRELLIS_REQUIRE(a->threads >= 0, "--threads must not be negative");
             omp_set_num_threads(a->threads > 0 ? a->threads : default_threads_per_rank());
-            const nlohmann::json j = calibrate_machine(world, a->gemm_size, a->seconds);
+            const nlohmann::json j = calibrate_machine(world, a->gemm_size, a->seconds, a->rounds);
             if (world.rank() != 0) return 0;
             parse_machine(j, a->out);  // what plan will read back
             std::ofstream f(a->out);

@@ -24,6 +24,8 @@
 #include "trellis/core/tensor.h"
 #include "trellis/kernels/ops.h"
 #include "trellis/kernels/peak.h"
+#include "trellis/model/config.h"
+#include "trellis/plan/cost_model.h"
 #include "trellis/plan/machine.h"
 
 namespace trellis {
@@ -89,52 +91,94 @@ std::vector<std::array<int64_t, 3>> gemm_shapes(int64_t cube) {
           {cube, cube, cube}};
 }
 
-// Times every shape and fits it; the table of measurements goes to the file too.
-GemmFit calibrate_gemm(bool bf16, int64_t cube, double seconds, nlohmann::json& table) {
-  std::vector<std::array<double, 4>> rows;
-  for (const auto& [m, n, k] : gemm_shapes(cube)) {
-    const double t = gemm_seconds(bf16, m, n, k, seconds / 4);
-    rows.push_back({2.0 * double(m * n * k), double(m * k + k * n + m * n), 1.0, t});
-    table.push_back({{"m", m}, {"n", n}, {"k", k}, {"seconds", t}});
-  }
-  return fit_gemm(rows);
-}
-
-// trellis's own causal attention kernels (forward and backward) as FLOP/s of the products a
-// non-causal attention would do (4 B T^2 C forward, twice that backward), the count the cost
-// model uses; B = 2 sequences of T = 256, C = 384 (6 heads of 64).
-double attention_rate(double seconds) {
-  const int64_t B = 2, T = 256, C = 384, H = 6;
+// trellis's causal attention kernels (forward and backward): seconds of B = 2 sequences of
+// T = 256, C = 384 (6 heads of 64).
+constexpr int64_t kAttB = 2, kAttT = 256, kAttC = 384, kAttH = 6;
+double attention_seconds(double seconds) {
+  const int64_t B = kAttB, T = kAttT, C = kAttC, H = kAttH;
   std::vector<float> qkv(size_t(B * T * 3 * C), 0.01f), out(size_t(B * T * C)),
       probs(size_t(B * H * T * T)), dqkv(qkv.size()), dout(out.size(), 0.02f);
-  const double t = time_per_call(
+  return time_per_call(
       [&] {
         ops::attention_forward(out.data(), probs.data(), qkv.data(), B, T, C, H);
         ops::attention_backward(dqkv.data(), dout.data(), qkv.data(), probs.data(), B, T, C, H);
       },
       seconds);
-  return 3.0 * 4.0 * double(B * T * T * C) / t;
 }
 
-// The memory-bound ops' bandwidth: LayerNorm and GELU forward and backward on 4096 x 384 rows,
-// counted as the bytes they must move (forward: read x, write y; backward: read dy and x,
-// write dx; LayerNorm's statistics and weights are small).
-double elementwise_bandwidth(double seconds) {
-  const int64_t rows = 4096, C = 384, n = rows * C;
-  std::vector<float> x(size_t(n), 0.5f), y(x.size()), dy(x.size(), 0.1f), dx(x.size()),
-      w(size_t(C), 1.f), bias(w.size()), dw(w.size()), db(w.size()), mean(y.size() / C),
-      rstd(mean.size());
-  const double t = time_per_call(
+// The block whose memory-bound ops are timed: baby's (GPT-2, width 384, MLP 1536) on 8
+// sequences of 256 tokens.
+ModelConfig memory_bound_block() { return model_preset("baby"); }
+constexpr int64_t kBlockB = 8, kBlockT = 256;
+
+// Seconds of a GPT-2 block's memory-bound ops, forward and backward, as Transformer calls them:
+// the two LayerNorms, the biases (filled before a GEMM, added with the residual, fused into
+// GELU), GELU's backward, the bias gradients and the zeroed gradient buffers.
+double memory_bound_seconds(double seconds) {
+  const ModelConfig cfg = memory_bound_block();
+  const int64_t R = kBlockB * kBlockT, C = cfg.n_embd, W = 3 * C, F = cfg.ffn();
+  const auto buf = [](int64_t n, float v) { return std::vector<float>(size_t(n), v); };
+  std::vector<float> x = buf(R * C, 0.5f), ln1 = buf(R * C, 0), ln2 = buf(R * C, 0),
+                     mid = buf(R * C, 0), out = buf(R * C, 0), qkv = buf(R * W, 0),
+                     up = buf(R * F, 0.1f), act = buf(R * F, 0), dres = buf(R * C, 0.01f),
+                     dln = buf(R * C, 0.01f), dact = buf(R * F, 0.01f), dup = buf(R * F, 0),
+                     dqkv = buf(R * W, 0), mean = buf(R * 2, 0), rstd = buf(R * 2, 0),
+                     w = buf(F, 1.f), bias = buf(F, 0.1f), dw = buf(4 * F, 0);
+  float *m1 = mean.data(), *m2 = m1 + R, *r1 = rstd.data(), *r2 = r1 + R;
+  return time_per_call(
       [&] {
-        ops::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), bias.data(),
-                               rows, C);
-        ops::layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(),
-                                mean.data(), rstd.data(), rows, C);
-        ops::gelu_forward(y.data(), x.data(), n);
-        ops::gelu_backward(dx.data(), x.data(), dy.data(), n);
+        ops::layernorm_forward(ln1.data(), m1, r1, x.data(), w.data(), bias.data(), R, C);
+        ops::fill_rows(qkv.data(), W, bias.data(), R, W);
+        ops::add_bias(mid.data(), bias.data(), x.data(), R, C);
+        ops::layernorm_forward(ln2.data(), m2, r2, mid.data(), w.data(), bias.data(), R, C);
+        ops::gelu_bias_forward(act.data(), up.data(), bias.data(), R, F);
+        ops::add_bias(out.data(), bias.data(), mid.data(), R, C);
+        ops::bias_backward(dw.data(), dres.data(), R, C, C);
+        ops::zero(dup.data(), R * F);
+        ops::gelu_backward(dup.data(), up.data(), dact.data(), R * F);
+        ops::bias_backward(dw.data() + F, dup.data(), R, F, F);
+        ops::layernorm_backward(dres.data(), dw.data(), dw.data() + C, dln.data(), mid.data(),
+                                w.data(), m2, r2, R, C);
+        ops::bias_backward(dw.data(), dres.data(), R, C, C);
+        ops::zero(dqkv.data(), R * W);
+        ops::bias_backward(dw.data() + 2 * F, dqkv.data(), R, W, W);
+        ops::layernorm_backward(dres.data(), dw.data(), dw.data() + C, dln.data(), x.data(),
+                                w.data(), m1, r1, R, C);
       },
       seconds);
-  return 2.0 * (8.0 + 12.0) * double(n) / t;
+}
+
+// One round of the compute measurements: each GEMM shape per precision, attention, the
+// memory-bound ops (seconds per call).
+struct ComputeTimes {
+  std::vector<double> gemm32, gemm16;
+  double attention = 0, memory_bound = 0;
+};
+
+ComputeTimes time_compute(Communicator& world, int64_t cube, double seconds) {
+  ComputeTimes t;
+  for (const auto& [m, n, k] : gemm_shapes(cube))
+    t.gemm32.push_back(gemm_seconds(false, m, n, k, seconds / 4));
+  world.barrier();
+  for (const auto& [m, n, k] : gemm_shapes(cube))
+    t.gemm16.push_back(gemm_seconds(true, m, n, k, seconds / 4));
+  world.barrier();
+  t.attention = attention_seconds(seconds);
+  t.memory_bound = memory_bound_seconds(seconds);
+  world.barrier();
+  return t;
+}
+
+// The fit of one precision's GEMMs, and their table for the file.
+GemmFit fit_gemm_times(const std::vector<double>& seconds, int64_t cube, nlohmann::json& table) {
+  std::vector<std::array<double, 4>> rows;
+  const auto shapes = gemm_shapes(cube);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const auto [m, n, k] = shapes[i];
+    rows.push_back({2.0 * double(m * n * k), double(m * k + k * n + m * n), 1.0, seconds[i]});
+    table.push_back({{"m", m}, {"n", n}, {"k", k}, {"seconds", seconds[i]}});
+  }
+  return fit_gemm(rows);
 }
 
 // Bytes/s of writing again pages given back with madvise(MADV_DONTNEED), beyond writing resident
@@ -173,7 +217,7 @@ int node_color() {
       }
     freeifaddrs(list);
   }
-  return int(std::hash<std::string>{}(key) & 0x3fffffff);
+  return int(std::hash<std::string>{}(key)&0x3fffffff);
 }
 
 // A link's fits over the ranks of `comm` (collective over it; all of its ranks time together).
@@ -205,12 +249,13 @@ nlohmann::json measure_link(Communicator& comm, double seconds) {
        }}};
   nlohmann::json collectives = nlohmann::json::object();
   for (const Kind& kind : kinds) {
-    const double t_small = time_collective(comm, [&] { kind.run(small_n); }, seconds);
-    const double t_big = time_collective(comm, [&] { kind.run(big_n); }, seconds);
+    const double t_small = time_collective(
+        comm, [&] { kind.run(small_n); }, seconds);
+    const double t_big = time_collective(
+        comm, [&] { kind.run(big_n); }, seconds);
     const double latency = t_small / kind.steps;
     const double bytes = double(big_n * sizeof(float));
-    const double bandwidth =
-        kind.volume * bytes / std::max(t_big - kind.steps * latency, 1e-9);
+    const double bandwidth = kind.volume * bytes / std::max(t_big - kind.steps * latency, 1e-9);
     collectives[kind.name] = {
         {"latency", latency},
         {"bandwidth", bandwidth},
@@ -219,11 +264,11 @@ nlohmann::json measure_link(Communicator& comm, double seconds) {
   }
   const nlohmann::json& ar = collectives["all_reduce"];
   nlohmann::json link = {{"bandwidth", ar["bandwidth"]},
-          {"bandwidth_note", "measured: the all-reduce's (see collectives)"},
-          {"latency", ar["latency"]},
-          {"latency_note", "measured: the all-reduce's, per ring step"},
-          {"efficiency", 1.0},
-          {"collectives", collectives}};
+                         {"bandwidth_note", "measured: the all-reduce's (see collectives)"},
+                         {"latency", ar["latency"]},
+                         {"latency_note", "measured: the all-reduce's, per ring step"},
+                         {"efficiency", 1.0},
+                         {"collectives", collectives}};
   return link;
 }
 
@@ -247,7 +292,8 @@ GemmFit fit_gemm(const std::vector<std::array<double, 4>>& rows) {  // {F, E, 1,
     double A[3][4] = {};
     for (const auto& r : rows)
       for (size_t i = 0; i < k; ++i) {
-        for (size_t j = 0; j < k; ++j) A[i][j] += r[size_t(cols[i])] * r[size_t(cols[j])] / (r[3] * r[3]);
+        for (size_t j = 0; j < k; ++j)
+          A[i][j] += r[size_t(cols[i])] * r[size_t(cols[j])] / (r[3] * r[3]);
         A[i][3] += r[size_t(cols[i])] / r[3];
       }
     for (size_t i = 0; i < k; ++i)  // elimination with partial pivoting
@@ -280,24 +326,39 @@ GemmFit fit_gemm(const std::vector<std::array<double, 4>>& rows) {  // {F, E, 1,
   return best;
 }
 
-nlohmann::json calibrate_machine(Communicator& world, int gemm_size, double seconds) {
+nlohmann::json calibrate_machine(Communicator& world, int gemm_size, double seconds, int rounds) {
   TRELLIS_REQUIRE(gemm_size >= 16 && gemm_size <= 16384, "--gemm-size must be in [16, 16384]");
   TRELLIS_REQUIRE(seconds > 0 && seconds <= 60, "--seconds must be in (0, 60]");
+  TRELLIS_REQUIRE(rounds >= 1 && rounds <= 20, "--rounds must be in [1, 20]");
   const int ranks = world.size();
-  // Every rank measures at once, as training would run them.
+  // Every rank measures at once, as training would run them. Each measurement keeps its fastest
+  // round: on a shared machine a moment's interference only ever slows a round down.
   world.barrier();
+  ComputeTimes best = time_compute(world, gemm_size, seconds);
+  for (int r = 1; r < rounds; ++r) {
+    const ComputeTimes t = time_compute(world, gemm_size, seconds);
+    for (size_t i = 0; i < t.gemm32.size(); ++i) {
+      best.gemm32[i] = std::min(best.gemm32[i], t.gemm32[i]);
+      best.gemm16[i] = std::min(best.gemm16[i], t.gemm16[i]);
+    }
+    best.attention = std::min(best.attention, t.attention);
+    best.memory_bound = std::min(best.memory_bound, t.memory_bound);
+  }
   nlohmann::json table32 = nlohmann::json::array(), table16 = nlohmann::json::array();
-  const GemmFit fit32 = calibrate_gemm(false, gemm_size, seconds, table32);
-  world.barrier();
-  const GemmFit fit16 = calibrate_gemm(true, gemm_size, seconds, table16);
-  world.barrier();
+  const GemmFit fit32 = fit_gemm_times(best.gemm32, gemm_size, table32);
+  const GemmFit fit16 = fit_gemm_times(best.gemm16, gemm_size, table16);
   const double g = double(gemm_size);
-  const double fp32 = 2 * g * g * g / table32.back()["seconds"].get<double>();
-  const double bf16 = 2 * g * g * g / table16.back()["seconds"].get<double>();
+  const double fp32 = 2 * g * g * g / best.gemm32.back();
+  const double bf16 = 2 * g * g * g / best.gemm16.back();
+  // FLOPs of a non-causal attention (4 B T^2 C forward, twice that backward), the count the cost
+  // model uses.
+  const double attention = 12.0 * double(kAttB * kAttT * kAttT * kAttC) / best.attention;
+  // The rate that makes the cost model's byte count of the timed block take the time measured.
+  const double memory_bound =
+      block_memory_bound_bytes(memory_bound_block(), false, kBlockB, kBlockT, 1, false) /
+      best.memory_bound;
   const double refill = page_refill_bandwidth(false, seconds);
   const double huge_refill = page_refill_bandwidth(true, seconds);
-  const double attention = attention_rate(seconds);
-  const double elementwise = elementwise_bandwidth(seconds);
   world.barrier();
   // MFU divides by the hardware's peak: the FMA (fp32) and dot-product (bf16) probes of a core,
   // times the threads; the GEMMs' share of it is the efficiency.
@@ -336,12 +397,13 @@ nlohmann::json calibrate_machine(Communicator& world, int gemm_size, double seco
   char date[32];
   std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
   nlohmann::json j = {
-      {"name", fmt::format("{} ({} ranks, {} per node, measured by trellis calibrate)", host,
-                           ranks, per_node)},
+      {"name", fmt::format("{} ({} ranks, {} per node, measured by trellis calibrate)", host, ranks,
+                           per_node)},
       {"sources",
        {{"measured", fmt::format("trellis calibrate on {} at {}: {}x{} GEMMs, a 256 MiB copy, "
-                                 "all-reduces of 1 KiB and 64 MiB",
-                                 host, date, gemm_size, gemm_size)}}},
+                                 "all-reduces of 1 KiB and 64 MiB; compute: the fastest of {} "
+                                 "rounds",
+                                 host, date, gemm_size, gemm_size, rounds)}}},
       {"devices_per_node", per_node},
       {"device",
        {{"memory_bytes", int64_t(phys / per_node)},
@@ -356,8 +418,7 @@ nlohmann::json calibrate_machine(Communicator& world, int gemm_size, double seco
         {"gemm_efficiency", efficiency},
         {"gemm_efficiency_note",
          "measured fp32 GEMM rate / fp32 peak; used only where device.gemm has no fit"},
-        {"gemm",
-         {{"fp32", gemm_json(fit32, table32)}, {"bf16", gemm_json(fit16, table16)}}},
+        {"gemm", {{"fp32", gemm_json(fit32, table32)}, {"bf16", gemm_json(fit16, table16)}}},
         {"gemm_note",
          "measured: the GEMMs of `table` (row-major, M x K times K x N) fitted as "
          "2MNK / rate + element_s (MK + KN + MN) + call_s (least squares of relative errors)"},
@@ -365,9 +426,11 @@ nlohmann::json calibrate_machine(Communicator& world, int gemm_size, double seco
         {"attention_flops_note",
          "measured: trellis's causal attention forward + backward (2 x 256 tokens, 6 heads of "
          "64) as FLOP/s of 12 B T^2 C"},
-        {"elementwise_bandwidth", elementwise},
+        {"elementwise_bandwidth", memory_bound},
         {"elementwise_bandwidth_note",
-         "measured: LayerNorm and GELU forward + backward on 4096 x 384, as the bytes they move"},
+         "measured: a GPT-2 block's memory-bound ops forward + backward (8 x 256 tokens, width "
+         "384, MLP 1536) as the planner's bytes for them (6x the kept activations, without "
+         "attention's probabilities) per second"},
         {"page_refill_bandwidth", refill},
         {"huge_page_refill_bandwidth", huge_refill},
         {"page_refill_bandwidth_note",

@@ -13,8 +13,10 @@ namespace trellis {
 
 class Communicator;
 
-// Collective: every rank of `world` calls it. `seconds` bounds each measurement.
-nlohmann::json calibrate_machine(Communicator& world, int gemm_size, double seconds);
+// Collective: every rank of `world` calls it. `seconds` bounds each measurement; the compute
+// measurements run `rounds` times and keep the fastest.
+nlohmann::json calibrate_machine(Communicator& world, int gemm_size, double seconds,
+                                 int rounds);
 
 // The GEMM fit from measured rows {2MNK, MK + KN + MN, 1, seconds}: least squares of relative
 // errors, leaving out a term that would come out negative.

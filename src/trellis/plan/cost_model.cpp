@@ -199,6 +199,14 @@ double pipeline_makespan(ScheduleKind kind, int pp, int micro_batches, int virtu
   return play_schedule(ops, cost, pp, virtual_stages, micro_batches, {});
 }
 
+double block_memory_bound_bytes(const ModelConfig& cfg, bool decoder, int64_t b, int64_t s, int tp,
+                                bool sequence_parallel) {
+  const double kept =
+      double(block_activation_bytes(cfg, decoder, b, s, tp, sequence_parallel, Recompute::None));
+  const double probs = 4.0 * double(b) * double(cfg.n_head / tp) * double(s) * double(s);
+  return 6 * (kept - (decoder ? 2 : 1) * probs);
+}
+
 StepCost predict_step(const CostInputs& in, const Machine& machine) {
   const ModelConfig& mc = in.model;
   const Layout& L = in.layout;
@@ -253,11 +261,12 @@ StepCost predict_step(const CostInputs& in, const Machine& machine) {
       const double attention_s = attention_flops / attention_rate;
       // Memory-bound ops: the forward writes what it keeps and reads it once more (2x the kept
       // bytes), backward reads it and writes gradients of the same size (4x): an assumption.
-      const double kept =
-          megatron ? megatron_activation_per_layer(s, b, h, mc.n_head, t, L.sequence_parallel,
-                                                   Recompute::None)
-                   : double(block_activation_bytes(mc, decoder, int64_t(b), in.seq_len, t,
-                                                   L.sequence_parallel, Recompute::None));
+      const double kept = megatron
+                              ? megatron_activation_per_layer(s, b, h, mc.n_head, t,
+                                                              L.sequence_parallel, Recompute::None)
+                              : block_memory_bound_bytes(mc, decoder, int64_t(b), in.seq_len, t,
+                                                         L.sequence_parallel) /
+                                    6;
       const int colls = (mc.mlp != MlpKind::None ? 2 : 1) + (decoder ? 1 : 0);
       c.gemm_flops_fwd += fl;
       c.fwd_compute += gemm_s + attention_s + 2 * kept / hbm;
@@ -385,8 +394,7 @@ StepCost predict_step(const CostInputs& in, const Machine& machine) {
       const double edges = std::min(bytes, units * double(2 << 20));
       return edges / machine.page_refill_bandwidth + (bytes - edges) / huge_bw;
     };
-    out.page_refill_s =
-        m * (refill(grad_bytes) + (L.zero == 3 ? 2 * refill(param_bytes) : 0));
+    out.page_refill_s = m * (refill(grad_bytes) + (L.zero == 3 ? 2 * refill(param_bytes) : 0));
   }
   out.dp_comm_s = out.dp_comm_total_s;
   if (!megatron && L.zero == 0 && pp == 1 && dp > 1 && dp_inside_node) {
