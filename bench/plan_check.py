@@ -12,6 +12,8 @@ With --cluster-rate (e.g. 1gbit; run as root) only world 2 is checked, and acros
 2-node network-namespace cluster (scripts/netns_cluster.sh) with one rank per node, its links
 shaped to RATE, calibrated across it and planned with --ranks-per-node 1. Its ranks run one
 thread each: the "nodes" share this machine's cores, and each would take them all.
+--repeat R measures every layout in each of R passes over the list (the machine's speed drifts
+over minutes; passes spread that over all layouts) and takes the median of all its steps.
 Run it on a quiet machine (`flock /tmp/bench.lock`); it prints the load average it saw and
 writes OUT_DIR/plan_check.json and a Markdown table for bench/RESULTS.md."""
 import argparse
@@ -84,7 +86,8 @@ def main():
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--steps", type=int, default=12)
-    p.add_argument("--repeat", type=int, default=1, help="runs per layout (median of all steps)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="passes over all layouts (each layout: the median of all its steps)")
     p.add_argument("--cluster-rate", help="world 2 across 2 namespaces with links at this rate")
     args = p.parse_args()
     worlds = (2,) if args.cluster_rate else (1, 2)
@@ -135,12 +138,12 @@ def check_layouts(args, worlds, cluster):
                for w, f in runs if w == world):
             runs.append((world, first))
 
-    rows = []
-    for world, flags in runs:
-        key = key_of_flags(world, flags, args.batch)
-        c = plans[world][key]
-        steps, peaks = [], []
-        for r in range(args.repeat):
+    # --repeat runs every layout once per pass, the passes one after another, so that a drift in
+    # the machine's speed over the minutes of a pass reaches every layout alike.
+    steps = {i: [] for i in range(len(runs))}
+    peaks = {i: [] for i in range(len(runs))}
+    for r in range(args.repeat):
+        for i, (world, flags) in enumerate(runs):
             d = os.path.join(args.out, "run")
             shutil.rmtree(d, ignore_errors=True)
             launch(world, ["train", "--model", args.model, "--batch-size", str(args.batch),
@@ -149,11 +152,17 @@ def check_layouts(args, worlds, cluster):
                            "--precision", "bf16", "--out", d] + threads + flags.split())
             metrics = [json.loads(l) for l in open(os.path.join(d, "metrics.jsonl"))]
             metrics = [m for m in metrics if "step_ms" in m]
-            steps += [m["step_ms"] for m in metrics[2:]]  # the first two warm up
-            peaks.append(max(m["alloc_peak_bytes_max"] for m in metrics))
-        measured = statistics.median(steps) / 1e3
+            steps[i] += [m["step_ms"] for m in metrics[2:]]  # the first two warm up
+            peaks[i].append(max(m["alloc_peak_bytes_max"] for m in metrics))
+            print(f"pass {r + 1}: {flags}: {statistics.median(steps[i]):.1f} ms", flush=True)
+
+    rows = []
+    for i, (world, flags) in enumerate(runs):
+        key = key_of_flags(world, flags, args.batch)
+        c = plans[world][key]
+        measured = statistics.median(steps[i]) / 1e3
         predicted = c["time"]["step_s"]
-        mem = max(peaks)
+        mem = max(peaks[i])
         rows.append({"world": world, "layout": c["layout"], "flags": flags,
                      "measured_s": measured, "predicted_s": predicted,
                      "error": predicted / measured - 1, "measured_bytes": mem,

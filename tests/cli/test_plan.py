@@ -83,12 +83,15 @@ for precision in ("fp32", "bf16"):
     fit = m["device"]["gemm"][precision]
     check(fit["rate"] > 1e9 and len(fit["table"]) == 9 and fit["table"][-1]["m"] == 256,
           f"{precision}: a GEMM fit over nine shapes, the last the --gemm-size cube: {fit['rate']}")
+    back = fit["backward"]
+    check(back["rate"] > 1e8 and len(back["table"]) == 9,
+          f"{precision}: the backward GEMMs fitted over the same shapes: {back['rate']}")
 for key in ("attention_flops", "elementwise_bandwidth", "page_refill_bandwidth"):
     check(m["device"][key] > 1e6, f"calibrate measured {key}: {m['device'][key]}")
 out, _ = run(["plan", "--model", "baby", "--world", 2, "--batch-size", 8, "--seq-len", 64,
               "--precision", "fp32", "--machine", cal, "--top", 3])
 check("(first)" in out, "plan reads a calibrated machine file")
-check("fastest of 3 rounds" in m["sources"]["measured"], f"three rounds: {m['sources']}")
+check("median of 3 rounds" in m["sources"]["measured"], f"three rounds: {m['sources']}")
 expect_error(["calibrate", "--out", cal, "--seconds", 0], "--seconds")
 expect_error(["calibrate", "--out", cal, "--rounds", 0], "--rounds")
 print("ok")
@@ -104,6 +107,9 @@ link = json.load(open(cal2))["intra_node"]
 for kind in ("all_reduce", "reduce_scatter", "all_gather", "send_recv"):
     fit = link["collectives"][kind]
     check(fit["bandwidth"] > 1e6 and 0 < fit["latency"] < 1, f"two ranks: {kind} fitted: {fit}")
+    sizes = [row["bytes"] for row in fit["per_step"]]
+    check(len(sizes) == 4 and sizes == sorted(sizes) and sizes[0] < sizes[-1] / 1000,
+          f"two ranks: {kind} timed at four sizes, 1 KiB to 64 MiB: {fit['per_step']}")
 auto = ["train", "--model", "tiny", "--batch-size", 8, "--seq-len", 64, "--steps", 2,
         "--val-every", 0, "--tensorboard", "false", "--layout", "auto"]
 for world, machine in ((1, cal), (2, cal2)):

@@ -167,6 +167,15 @@ TEST(PlannerMachine, ShippedFilesLoadAndBadOnesNameTheKey) {
   j = nlohmann::json::parse(std::ifstream(hardware("dgx-a100-80gb.json")));
   j["inter_node"].erase("latency");
   EXPECT_NE(error_of(j.dump()).find("inter_node.latency: missing"), std::string::npos);
+  j = nlohmann::json::parse(std::ifstream(hardware("dgx-a100-80gb.json")));
+  j["inter_node"]["collectives"]["send_recv"] = {
+      {"latency", 1e-5},
+      {"bandwidth", 1e9},
+      {"per_step", {{{"bytes", 4096}, {"seconds", 1e-5}}, {{"bytes", 1024}, {"seconds", 2e-5}}}}};
+  EXPECT_NE(error_of(j.dump()).find("inter_node.collectives.send_recv.per_step[1].bytes: 1024 is "
+                                    "not above the previous size"),
+            std::string::npos)
+      << error_of(j.dump());
   EXPECT_NE(error_of("{ not json").find("not valid JSON"), std::string::npos);
   EXPECT_NE(error_of("[]").find("expected an object"), std::string::npos);
 }
@@ -312,6 +321,25 @@ TEST(PlannerCalibration, ShapesAndPageRefillsChangeTheRanking) {
   EXPECT_GT(step[3], step[2]);  // ZeRO-3 also refills parameters, twice per micro-batch
 }
 
+// A calibrated backward fit prices the input- and weight-gradient GEMMs: one as fast as two
+// forward GEMMs predicts what the default does, a slower one adds to backward only.
+TEST(PlannerCalibration, BackwardGemmsAtTheirOwnFit) {
+  Machine m = load_machine(hardware("dgx-a100-80gb.json"));
+  m.gemm["bf16"] = {200e12, 2e-12, 10e-6};
+  CostInputs in;
+  in.model = gpt2_sized("gpt2");
+  in.seq_len = 1024;
+  in.layout.micro_batch = 4;
+  const StepCost plain = predict_step(in, m);
+  const GemmFit f = m.gemm["bf16"];
+  m.gemm_backward["bf16"] = {f.rate / 2, 2 * f.element_s, 2 * f.call_s};  // exactly two GEMMs
+  EXPECT_NEAR(predict_step(in, m).compute_s, plain.compute_s, 1e-12 * plain.compute_s);
+  m.gemm_backward["bf16"] = {f.rate / 3, 2 * f.element_s, 2 * f.call_s};
+  const StepCost slow = predict_step(in, m);
+  EXPECT_GT(slow.compute_s, plain.compute_s * 1.1);  // +50% on ~30% of the step
+  EXPECT_DOUBLE_EQ(slow.model_flops, plain.model_flops);
+}
+
 // The memory-bound ops are charged 6x a block's kept activations, without attention's
 // probabilities (the attention kernels' rate covers them): linear in the sequence length, where
 // the kept bytes grow with its square.
@@ -324,8 +352,8 @@ TEST(PlannerCalibration, MemoryBoundBytesLeaveOutAttentionsProbabilities) {
       const double b512 = block_memory_bound_bytes(cfg, decoder, 4, 512, tp, false);
       EXPECT_GT(b256, 0) << preset;
       EXPECT_DOUBLE_EQ(b512, 2 * b256) << preset << " tp" << tp;
-      const double kept = double(
-          block_activation_bytes(cfg, decoder, 4, 256, tp, false, Recompute::None));
+      const double kept =
+          double(block_activation_bytes(cfg, decoder, 4, 256, tp, false, Recompute::None));
       const double probs = 4.0 * 4 * (cfg.n_head / tp) * 256 * 256 * (decoder ? 2 : 1);
       EXPECT_DOUBLE_EQ(b256, 6 * (kept - probs)) << preset << " tp" << tp;
     }
@@ -366,6 +394,51 @@ TEST(PlannerLinks, OverlapOnlyInsideANodeAndSequenceParallelCollectives) {
   m.intra.collectives["all_reduce"].bandwidth = 1e9;
   EXPECT_DOUBLE_EQ(predict_step(in, m).tp_comm_s, even)
       << "no all-reduce under sequence parallelism";
+}
+
+// A calibrated link's table of step times by message size: interpolated between the sizes
+// measured, the ring fit beyond them; a table that agrees with the fit predicts what the fit
+// does, one whose mid-size messages are slow (TCP) makes ZeRO-2's per-block reduce-scatters cost
+// more, while ZeRO-0's one large all-reduce stays where the fit puts it.
+TEST(PlannerLinks, PerStepTableSetsTheTimeOfEachMessageSize) {
+  CollectiveFit f{1e-5, 1e8, {}};
+  EXPECT_DOUBLE_EQ(f.step_seconds(1e6), 1e-5 + 1e-2);
+  f.per_step = {{512, 2e-5}, {1 << 20, 0.02}, {32 << 20, 0.3}};
+  EXPECT_DOUBLE_EQ(f.step_seconds(100), 2e-5);
+  EXPECT_DOUBLE_EQ(f.step_seconds(512), 2e-5);
+  EXPECT_NEAR(f.step_seconds((1 << 20) + 0.5 * ((32 << 20) - (1 << 20))), 0.16, 1e-12);
+  EXPECT_DOUBLE_EQ(f.step_seconds(64 << 20), 0.3 + double(32 << 20) / 1e8);
+
+  Machine m = load_machine(hardware("dgx-a100-80gb.json"));
+  CostInputs in;
+  in.model = gpt2_sized("gpt2");
+  in.seq_len = 1024;
+  in.ranks_per_node = 1;  // data parallelism between nodes
+  in.layout.dp = 2;
+  in.layout.micro_batch = 4;
+  CollectiveFit fit{20e-6, 1e8, {}};
+  for (const char* c : {"all_reduce", "reduce_scatter", "all_gather"}) m.inter.collectives[c] = fit;
+  StepCost plain[3];
+  for (int zero : {0, 2}) {
+    in.layout.zero = zero;
+    plain[zero] = predict_step(in, m);
+  }
+  fit.per_step = {{4, fit.step_seconds(4)}, {64 << 20, fit.step_seconds(64 << 20)}};
+  for (const char* c : {"all_reduce", "reduce_scatter", "all_gather"}) m.inter.collectives[c] = fit;
+  for (int zero : {0, 2}) {
+    in.layout.zero = zero;
+    EXPECT_NEAR(predict_step(in, m).dp_comm_total_s, plain[zero].dp_comm_total_s, 1e-9);
+  }
+  // Messages of 16 MiB at half the rate: a gpt2 block's 28 MB over two ranks move 14 MB a step;
+  // the all-reduce of its 498 MB of gradients 249 MB, beyond the table.
+  fit.per_step = {{4, fit.step_seconds(4)},
+                  {16 << 20, 20e-6 + 2.0 * double(16 << 20) / 1e8},
+                  {64 << 20, fit.step_seconds(64 << 20)}};
+  for (const char* c : {"all_reduce", "reduce_scatter", "all_gather"}) m.inter.collectives[c] = fit;
+  in.layout.zero = 2;
+  EXPECT_GT(predict_step(in, m).dp_comm_total_s, 1.3 * plain[2].dp_comm_total_s);
+  in.layout.zero = 0;
+  EXPECT_NEAR(predict_step(in, m).dp_comm_total_s, plain[0].dp_comm_total_s, 1e-9);
 }
 
 // Between nodes a stage's message leaves at the sender's next poll (a block boundary of the op it

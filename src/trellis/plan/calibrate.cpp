@@ -16,6 +16,7 @@
 #include <cstring>
 #include <ctime>
 #include <functional>
+#include <iterator>
 #include <vector>
 
 #include "trellis/comm/communicator.h"
@@ -56,7 +57,10 @@ double time_per_call(F&& f, double seconds) {
 }
 
 // time_per_call for a collective: every rank must run it the same number of times, so the
-// count comes from the slowest rank's first call.
+// count comes from the slowest rank's first call. The calls run in up to five batches, each
+// started together after a barrier, and the median batch counts (its slowest rank's time): run
+// back to back, large messages over TCP queued behind the previous call's tail and measured a
+// third slower than the same collective between a training step's computations.
 template <class F>
 double time_collective(Communicator& world, F&& f, double seconds) {
   f();
@@ -64,21 +68,34 @@ double time_collective(Communicator& world, F&& f, double seconds) {
   f();
   double first = std::chrono::duration<double>(Clock::now() - start).count();
   world.all_reduce_max(&first, 1);
-  const int calls = std::max(2, int(std::min(seconds / std::max(first, 1e-9), 1e6)));
-  world.barrier();
-  start = Clock::now();
-  for (int i = 0; i < calls; ++i) f();
-  double t = std::chrono::duration<double>(Clock::now() - start).count() / calls;
-  world.all_reduce_max(&t, 1);
-  return t;
+  const int calls = std::max(3, int(std::min(seconds / std::max(first, 1e-9), 1e6)));
+  const int batches = std::min(calls, 5), per_batch = calls / batches;
+  std::vector<double> t(size_t(batches), 0.0);
+  for (double& b : t) {
+    world.barrier();
+    start = Clock::now();
+    for (int i = 0; i < per_batch; ++i) f();
+    b = std::chrono::duration<double>(Clock::now() - start).count() / per_batch;
+  }
+  world.all_reduce_max(t.data(), t.size());
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
 }
 
-double gemm_seconds(bool bf16, int64_t m, int64_t n, int64_t k, double seconds) {
-  std::vector<float> a(size_t(m * k), 0.5f), b(size_t(k * n), 0.25f), c(size_t(m * n), 0.f);
+// Seconds of a forward GEMM (X[m,k] W[k,n]) or, with `backward`, of its input- and
+// weight-gradient GEMMs as Linear runs them: dX = dY W^T, dW += X^T dY.
+double gemm_seconds(bool bf16, bool backward, int64_t m, int64_t n, int64_t k, double seconds) {
+  std::vector<float> x(size_t(m * k), 0.5f), w(size_t(k * n), 0.25f), y(size_t(m * n), 0.f),
+      dx(x.size()), dw(w.size());
+  const auto gemm = bf16 ? ops::gemm_bf16 : ops::gemm;
   return time_per_call(
       [&] {
-        (bf16 ? ops::gemm_bf16 : ops::gemm)(false, false, m, n, k, 1.f, a.data(), k, b.data(), n,
-                                            0.f, c.data(), n);
+        if (!backward) {
+          gemm(false, false, m, n, k, 1.f, x.data(), k, w.data(), n, 0.f, y.data(), n);
+          return;
+        }
+        gemm(false, true, m, k, n, 1.f, y.data(), n, w.data(), n, 0.f, dx.data(), k);
+        gemm(true, false, k, n, m, 1.f, x.data(), k, y.data(), n, 1.f, dw.data(), n);
       },
       seconds);
 }
@@ -151,19 +168,23 @@ double memory_bound_seconds(double seconds) {
 // One round of the compute measurements: each GEMM shape per precision, attention, the
 // memory-bound ops (seconds per call).
 struct ComputeTimes {
-  std::vector<double> gemm32, gemm16;
+  std::vector<double> gemm32, gemm16, gemm32_backward, gemm16_backward;
   double attention = 0, memory_bound = 0;
 };
 
 ComputeTimes time_compute(Communicator& world, int64_t cube, double seconds) {
   ComputeTimes t;
-  for (const auto& [m, n, k] : gemm_shapes(cube))
-    t.gemm32.push_back(gemm_seconds(false, m, n, k, seconds / 4));
-  world.barrier();
-  for (const auto& [m, n, k] : gemm_shapes(cube))
-    t.gemm16.push_back(gemm_seconds(true, m, n, k, seconds / 4));
+  for (bool bf16 : {false, true})
+    for (bool backward : {false, true})
+      for (const auto& [m, n, k] : gemm_shapes(cube)) {
+        world.barrier();
+        std::vector<double>& times = bf16 ? (backward ? t.gemm16_backward : t.gemm16)
+                                          : (backward ? t.gemm32_backward : t.gemm32);
+        times.push_back(gemm_seconds(bf16, backward, m, n, k, seconds / 4));
+      }
   world.barrier();
   t.attention = attention_seconds(seconds);
+  world.barrier();
   t.memory_bound = memory_bound_seconds(seconds);
   world.barrier();
   return t;
@@ -223,24 +244,26 @@ int node_color() {
 // A link's fits over the ranks of `comm` (collective over it; all of its ranks time together).
 nlohmann::json measure_link(Communicator& comm, double seconds) {
   const int n_ranks = comm.size();
-  // Each collective fitted to the ring model t = steps * latency + volume * bytes / bandwidth
-  // from a 1 KiB and a 64 MiB buffer: all-reduce 2(n-1) steps moving 2(n-1)/n of the buffer,
-  // reduce-scatter and all-gather n-1 steps and (n-1)/n, send/recv (each rank to the next
-  // while receiving from the previous) one step and the whole buffer.
-  const size_t small_n = 256, big_n = size_t(16) << 20;
+  // Each collective timed on buffers of 1 KiB, 256 KiB, 4 MiB and 64 MiB: all-reduce 2(n-1) ring
+  // steps, reduce-scatter and all-gather n-1, each moving 1/n of the buffer; send/recv (each rank
+  // to the next while receiving from the previous) one step of the whole buffer. The file keeps
+  // each size's time per step, and the ring fit t = steps * latency + volume * bytes / bandwidth
+  // from the smallest and largest.
+  const size_t sizes[] = {256, size_t(64) << 10, size_t(1) << 20, size_t(16) << 20};
+  const size_t big_n = sizes[std::size(sizes) - 1];
   std::vector<float> a(big_n, 1.f), b(big_n, 0.f);
   const int next = (comm.rank() + 1) % n_ranks, prev = (comm.rank() + n_ranks - 1) % n_ranks;
   struct Kind {
     const char* name;
-    double steps, volume;
+    double steps, share;  // ring steps, and the buffer's share each step moves
     std::function<void(size_t)> run;
   };
   const double n = n_ranks;
   const Kind kinds[] = {
-      {"all_reduce", 2 * (n - 1), 2 * (n - 1) / n, [&](size_t k) { comm.all_reduce(a.data(), k); }},
-      {"reduce_scatter", n - 1, (n - 1) / n,
+      {"all_reduce", 2 * (n - 1), 1 / n, [&](size_t k) { comm.all_reduce(a.data(), k); }},
+      {"reduce_scatter", n - 1, 1 / n,
        [&](size_t k) { comm.reduce_scatter_async(a.data(), b.data(), k / n_ranks)->wait(); }},
-      {"all_gather", n - 1, (n - 1) / n,
+      {"all_gather", n - 1, 1 / n,
        [&](size_t k) { comm.all_gather_async(a.data(), b.data(), k / n_ranks)->wait(); }},
       {"send_recv", 1, 1, [&](size_t k) {
          auto r = comm.recv_async(b.data(), k, prev, 7);
@@ -249,31 +272,46 @@ nlohmann::json measure_link(Communicator& comm, double seconds) {
        }}};
   nlohmann::json collectives = nlohmann::json::object();
   for (const Kind& kind : kinds) {
-    const double t_small = time_collective(
-        comm, [&] { kind.run(small_n); }, seconds);
-    const double t_big = time_collective(
-        comm, [&] { kind.run(big_n); }, seconds);
-    const double latency = t_small / kind.steps;
-    const double bytes = double(big_n * sizeof(float));
-    const double bandwidth = kind.volume * bytes / std::max(t_big - kind.steps * latency, 1e-9);
+    nlohmann::json per_step = nlohmann::json::array();
+    std::string note = fmt::format("measured over {} ranks:", n_ranks);
+    for (size_t k : sizes) {
+      const double t = time_collective(
+          comm, [&] { kind.run(k); }, seconds);
+      const double bytes = double(k * sizeof(float));
+      per_step.push_back({{"bytes", kind.share * bytes}, {"seconds", t / kind.steps}});
+      note += fmt::format(" {} KiB in {:.4g} ms;", k * sizeof(float) >> 10, t * 1e3);
+    }
+    note.pop_back();
+    const double latency = per_step.front()["seconds"].get<double>();
+    const double bandwidth = per_step.back()["bytes"].get<double>() /
+                             std::max(per_step.back()["seconds"].get<double>() - latency, 1e-12);
     collectives[kind.name] = {
-        {"latency", latency},
-        {"bandwidth", bandwidth},
-        {"note", fmt::format("measured over {} ranks: 1 KiB in {:.1f} us, 64 MiB in {:.2f} ms",
-                             n_ranks, t_small * 1e6, t_big * 1e3)}};
+        {"latency", latency}, {"bandwidth", bandwidth}, {"per_step", per_step}, {"note", note}};
   }
   const nlohmann::json& ar = collectives["all_reduce"];
-  nlohmann::json link = {{"bandwidth", ar["bandwidth"]},
-                         {"bandwidth_note", "measured: the all-reduce's (see collectives)"},
-                         {"latency", ar["latency"]},
-                         {"latency_note", "measured: the all-reduce's, per ring step"},
-                         {"efficiency", 1.0},
-                         {"collectives", collectives}};
+  nlohmann::json link = {
+      {"bandwidth", ar["bandwidth"]},
+      {"bandwidth_note", "measured: the all-reduce's (see collectives)"},
+      {"latency", ar["latency"]},
+      {"latency_note", "measured: the all-reduce's, per ring step"},
+      {"efficiency", 1.0},
+      {"collectives", collectives},
+      {"collectives_note",
+       "per_step: a ring step's time by its message size, from buffers of 1 KiB to 64 MiB "
+       "(the planner interpolates it); latency and bandwidth: the ring fit of the smallest "
+       "and largest"}};
   return link;
 }
 
-nlohmann::json gemm_json(const GemmFit& f, const nlohmann::json& table) {
-  return {{"rate", f.rate}, {"element_s", f.element_s}, {"call_s", f.call_s}, {"table", table}};
+nlohmann::json gemm_json(const GemmFit& f, const nlohmann::json& table, const GemmFit& backward,
+                         const nlohmann::json& backward_table) {
+  const auto fit = [](const GemmFit& g, const nlohmann::json& t) {
+    return nlohmann::json{
+        {"rate", g.rate}, {"element_s", g.element_s}, {"call_s", g.call_s}, {"table", t}};
+  };
+  nlohmann::json j = fit(f, table);
+  j["backward"] = fit(backward, backward_table);
+  return j;
 }
 
 }  // namespace
@@ -331,32 +369,41 @@ nlohmann::json calibrate_machine(Communicator& world, int gemm_size, double seco
   TRELLIS_REQUIRE(seconds > 0 && seconds <= 60, "--seconds must be in (0, 60]");
   TRELLIS_REQUIRE(rounds >= 1 && rounds <= 20, "--rounds must be in [1, 20]");
   const int ranks = world.size();
-  // Every rank measures at once, as training would run them. Each measurement keeps its fastest
-  // round: on a shared machine a moment's interference only ever slows a round down.
+  // Every rank measures at once, as training would run them. The rounds interleave the
+  // measurements, and each keeps its median round: a shared machine's speed drifts over seconds
+  // to minutes, and a training step runs at its typical speed, not its best.
   world.barrier();
-  ComputeTimes best = time_compute(world, gemm_size, seconds);
-  for (int r = 1; r < rounds; ++r) {
-    const ComputeTimes t = time_compute(world, gemm_size, seconds);
-    for (size_t i = 0; i < t.gemm32.size(); ++i) {
-      best.gemm32[i] = std::min(best.gemm32[i], t.gemm32[i]);
-      best.gemm16[i] = std::min(best.gemm16[i], t.gemm16[i]);
-    }
-    best.attention = std::min(best.attention, t.attention);
-    best.memory_bound = std::min(best.memory_bound, t.memory_bound);
-  }
-  nlohmann::json table32 = nlohmann::json::array(), table16 = nlohmann::json::array();
-  const GemmFit fit32 = fit_gemm_times(best.gemm32, gemm_size, table32);
-  const GemmFit fit16 = fit_gemm_times(best.gemm16, gemm_size, table16);
+  std::vector<ComputeTimes> runs;
+  for (int r = 0; r < rounds; ++r) runs.push_back(time_compute(world, gemm_size, seconds));
+  const auto median = [&](auto get) {
+    std::vector<double> v;
+    for (const ComputeTimes& t : runs) v.push_back(get(t));
+    std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
+    return v[v.size() / 2];
+  };
+  ComputeTimes typical = runs.front();
+  for (auto table : {&ComputeTimes::gemm32, &ComputeTimes::gemm16, &ComputeTimes::gemm32_backward,
+                     &ComputeTimes::gemm16_backward})
+    for (size_t i = 0; i < (typical.*table).size(); ++i)
+      (typical.*table)[i] = median([&](const ComputeTimes& t) { return (t.*table)[i]; });
+  typical.attention = median([](const ComputeTimes& t) { return t.attention; });
+  typical.memory_bound = median([](const ComputeTimes& t) { return t.memory_bound; });
+  nlohmann::json table32 = nlohmann::json::array(), table16 = nlohmann::json::array(),
+                 table32b = nlohmann::json::array(), table16b = nlohmann::json::array();
+  const GemmFit fit32 = fit_gemm_times(typical.gemm32, gemm_size, table32);
+  const GemmFit fit16 = fit_gemm_times(typical.gemm16, gemm_size, table16);
+  const GemmFit fit32b = fit_gemm_times(typical.gemm32_backward, gemm_size, table32b);
+  const GemmFit fit16b = fit_gemm_times(typical.gemm16_backward, gemm_size, table16b);
   const double g = double(gemm_size);
-  const double fp32 = 2 * g * g * g / best.gemm32.back();
-  const double bf16 = 2 * g * g * g / best.gemm16.back();
+  const double fp32 = 2 * g * g * g / typical.gemm32.back();
+  const double bf16 = 2 * g * g * g / typical.gemm16.back();
   // FLOPs of a non-causal attention (4 B T^2 C forward, twice that backward), the count the cost
   // model uses.
-  const double attention = 12.0 * double(kAttB * kAttT * kAttT * kAttC) / best.attention;
+  const double attention = 12.0 * double(kAttB * kAttT * kAttT * kAttC) / typical.attention;
   // The rate that makes the cost model's byte count of the timed block take the time measured.
   const double memory_bound =
       block_memory_bound_bytes(memory_bound_block(), false, kBlockB, kBlockT, 1, false) /
-      best.memory_bound;
+      typical.memory_bound;
   const double refill = page_refill_bandwidth(false, seconds);
   const double huge_refill = page_refill_bandwidth(true, seconds);
   world.barrier();
@@ -401,7 +448,7 @@ nlohmann::json calibrate_machine(Communicator& world, int gemm_size, double seco
                            per_node)},
       {"sources",
        {{"measured", fmt::format("trellis calibrate on {} at {}: {}x{} GEMMs, a 256 MiB copy, "
-                                 "all-reduces of 1 KiB and 64 MiB; compute: the fastest of {} "
+                                 "collectives of 1 KiB to 64 MiB; compute: the median of {} "
                                  "rounds",
                                  host, date, gemm_size, gemm_size, rounds)}}},
       {"devices_per_node", per_node},
@@ -418,10 +465,13 @@ nlohmann::json calibrate_machine(Communicator& world, int gemm_size, double seco
         {"gemm_efficiency", efficiency},
         {"gemm_efficiency_note",
          "measured fp32 GEMM rate / fp32 peak; used only where device.gemm has no fit"},
-        {"gemm", {{"fp32", gemm_json(fit32, table32)}, {"bf16", gemm_json(fit16, table16)}}},
+        {"gemm",
+         {{"fp32", gemm_json(fit32, table32, fit32b, table32b)},
+          {"bf16", gemm_json(fit16, table16, fit16b, table16b)}}},
         {"gemm_note",
          "measured: the GEMMs of `table` (row-major, M x K times K x N) fitted as "
-         "2MNK / rate + element_s (MK + KN + MN) + call_s (least squares of relative errors)"},
+         "2MNK / rate + element_s (MK + KN + MN) + call_s (least squares of relative errors); "
+         "backward: the same shapes' input- and weight-gradient GEMMs together, fitted alike"},
         {"attention_flops", attention},
         {"attention_flops_note",
          "measured: trellis's causal attention forward + backward (2 x 256 tokens, 6 heads of "

@@ -14,7 +14,7 @@ namespace trellis {
 class Communicator;
 
 // Collective: every rank of `world` calls it. `seconds` bounds each measurement; the compute
-// measurements run `rounds` times and keep the fastest.
+// measurements run `rounds` times, interleaved, and keep the median.
 nlohmann::json calibrate_machine(Communicator& world, int gemm_size, double seconds,
                                  int rounds);
 

@@ -59,18 +59,17 @@ double block_forward_flops(const ModelConfig& cfg, bool decoder, double b, doubl
 
 namespace {
 
-// Ring collectives over n ranks with the link's fit for that collective.
+// Ring collectives over n ranks with the link's fit for that collective: 2(n - 1) steps of
+// bytes / n each for an all-reduce.
 double ring_all_reduce(double bytes, int n, const Link& l) {
   if (n <= 1) return 0;
-  const CollectiveFit f = l.fit("all_reduce");
-  return 2.0 * (n - 1) * f.latency + 2.0 * (n - 1) / n * bytes / f.bandwidth;
+  return 2.0 * (n - 1) * l.fit("all_reduce").step_seconds(bytes / n);
 }
 // Reduce-scatter ("reduce_scatter") or all-gather ("all_gather") of a buffer of `bytes` (whole,
-// before sharding).
+// before sharding): n - 1 steps of bytes / n.
 double ring_half(const char* collective, double bytes, int n, const Link& l) {
   if (n <= 1) return 0;
-  const CollectiveFit f = l.fit(collective);
-  return (n - 1) * f.latency + double(n - 1) / n * bytes / f.bandwidth;
+  return (n - 1) * l.fit(collective).step_seconds(bytes / n);
 }
 
 struct Gemm {
@@ -94,6 +93,13 @@ double gemm_seconds(const Gemm& g, const Machine& machine, const std::string& pr
   auto it = machine.gemm.find(precision);
   if (it != machine.gemm.end()) return it->second.seconds(g.m, g.n, g.k);
   return 2 * g.m * g.n * g.k / (machine.peak(precision) * machine.gemm_efficiency);
+}
+
+// Seconds of a forward GEMM's backward: its input- and weight-gradient GEMMs.
+double gemm_backward_seconds(const Gemm& g, const Machine& machine, const std::string& precision) {
+  auto it = machine.gemm_backward.find(precision);
+  if (it != machine.gemm_backward.end()) return it->second.seconds(g.m, g.n, g.k);
+  return 2 * gemm_seconds(g, machine, precision);
 }
 
 struct ChunkCost {
@@ -257,6 +263,8 @@ StepCost predict_step(const CostInputs& in, const Machine& machine) {
       double weights = 0;  // this rank's share of the block's weights
       for (const Gemm& g : gemms) weights += g.n * g.k;
       const double gemm_s = gemms_seconds(gemms);
+      double gemm_bwd_s = 0;
+      for (const Gemm& g : gemms) gemm_bwd_s += gemm_backward_seconds(g, machine, in.precision);
       const double attention_flops = 4 * b * s * s * h / t * (decoder ? 2 : 1);
       const double attention_s = attention_flops / attention_rate;
       // Memory-bound ops: the forward writes what it keeps and reads it once more (2x the kept
@@ -273,7 +281,7 @@ StepCost predict_step(const CostInputs& in, const Machine& machine) {
       c.fwd_comm += colls * tp_coll;
       // Backward: two GEMMs per forward one; the weight gradients are read and written again
       // (accumulated) per micro-batch.
-      c.bwd_compute += 2 * (gemm_s + attention_s) + 4 * kept / hbm + 2 * weights * 4 / stream;
+      c.bwd_compute += gemm_bwd_s + 2 * attention_s + 4 * kept / hbm + 2 * weights * 4 / stream;
       c.bwd_comm += colls * tp_coll;
       double re_flops = 0, re_time = 0, re_comm = 0;
       if (L.recompute == Recompute::Full) {
@@ -301,10 +309,12 @@ StepCost predict_step(const CostInputs& in, const Machine& machine) {
       const double vocab = mc.padded_vocab();
       const double fl = 2 * b * s * h * vocab / t;
       const double logits = b * s * vocab / t * 4;  // fp32 logits, softmax and its gradient
-      const double head_s = gemm_seconds({b * s, vocab / t, h}, machine, in.precision);
+      const Gemm head{b * s, vocab / t, h};
+      const double head_s = gemm_seconds(head, machine, in.precision);
       c.gemm_flops_fwd += fl;
       c.fwd_compute += head_s + 3 * logits / hbm;
-      c.bwd_compute += 2 * head_s + 3 * logits / hbm + 2 * vocab / t * h * 4 / stream;
+      c.bwd_compute += gemm_backward_seconds(head, machine, in.precision) + 3 * logits / hbm +
+                       2 * vocab / t * h * 4 / stream;
       c.bwd_comm += tp_coll;  // the head's input gradient
     }
   }
@@ -315,8 +325,9 @@ StepCost predict_step(const CostInputs& in, const Machine& machine) {
   SendModel send;
   if (pp > 1) {
     const double bytes = b * s * h * act / (megatron && t > 1 ? t : 1);
-    send.latency = pp_link.latency;
-    send.transfer = bytes / pp_link.effective_bandwidth();
+    const CollectiveFit f = pp_link.fit("send_recv");
+    send.latency = f.step_seconds(0);
+    send.transfer = f.step_seconds(bytes) - send.latency;
     send.sender_polls = !megatron && &pp_link == &machine.inter;
   }
   const double span0 = play_schedule(ops, cost, pp, V, L.accum, {});
@@ -362,7 +373,7 @@ StepCost predict_step(const CostInputs& in, const Machine& machine) {
   const double units = pp == 1 ? double(mc.total_layers()) + 1 : 1;
   const auto per_unit = [&](const char* collective, double bytes) {
     return dp > 1 ? units * ring_half(collective, bytes / units, dp, dp_link) +
-                        units * (dp - 1) * dp_link.fit(collective).latency
+                        units * (dp - 1) * dp_link.fit(collective).step_seconds(4)
                   : 0.0;
   };
   switch (L.zero) {

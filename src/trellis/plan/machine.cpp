@@ -1,5 +1,7 @@
 #include "trellis/plan/machine.h"
 
+#include <fmt/core.h>
+
 #include <cmath>
 #include <fstream>
 
@@ -37,6 +39,28 @@ double non_negative(const nlohmann::json& j, const char* key, const std::string&
   return v.get<double>();
 }
 
+GemmFit parse_gemm_fit(const nlohmann::json& j, const std::string& where, const std::string& at) {
+  return {positive(j, "rate", where, at), non_negative(j, "element_s", where, at),
+          non_negative(j, "call_s", where, at)};
+}
+
+// A collective's measured step times: [{"bytes": message, "seconds": per step}, ...], at least
+// two, bytes increasing.
+std::vector<std::array<double, 2>> parse_per_step(const nlohmann::json& t, const std::string& where,
+                                                  const std::string& path) {
+  TRELLIS_REQUIRE(t.is_array() && t.size() >= 2,
+                  "{}: {}.per_step: expected an array of at least two {{bytes, seconds}}", where,
+                  path);
+  std::vector<std::array<double, 2>> rows;
+  for (size_t i = 0; i < t.size(); ++i) {
+    const std::string at = fmt::format("{}.per_step[{}]", path, i);
+    rows.push_back({positive(t[i], "bytes", where, at), positive(t[i], "seconds", where, at, 1e3)});
+    TRELLIS_REQUIRE(i == 0 || rows[i][0] > rows[i - 1][0],
+                    "{}: {}.bytes: {} is not above the previous size", where, at, rows[i][0]);
+  }
+  return rows;
+}
+
 Link parse_link(const nlohmann::json& j, const std::string& where, const std::string& path) {
   const nlohmann::json& l = member(j, path.c_str(), where, "");
   Link link;
@@ -54,14 +78,27 @@ Link parse_link(const nlohmann::json& j, const std::string& where, const std::st
                       "all_gather, send_recv)",
                       where, path, k);
       const std::string at = path + ".collectives." + k;
-      link.collectives[k] = {positive(*it, "latency", where, at, 1.0),
-                             positive(*it, "bandwidth", where, at)};
+      CollectiveFit& f = link.collectives[k];
+      f.latency = positive(*it, "latency", where, at, 1.0);
+      f.bandwidth = positive(*it, "bandwidth", where, at);
+      if (it->contains("per_step")) f.per_step = parse_per_step((*it)["per_step"], where, at);
     }
   }
   return link;
 }
 
 }  // namespace
+
+double CollectiveFit::step_seconds(double m) const {
+  if (per_step.size() < 2) return latency + m / bandwidth;
+  if (m <= per_step.front()[0]) return per_step.front()[1];
+  if (m >= per_step.back()[0]) return per_step.back()[1] + (m - per_step.back()[0]) / bandwidth;
+  size_t i = 1;
+  while (per_step[i][0] < m) ++i;
+  const auto& [m0, t0] = per_step[i - 1];
+  const auto& [m1, t1] = per_step[i];
+  return t0 + (m - m0) / (m1 - m0) * (t1 - t0);
+}
 
 CollectiveFit Link::fit(const std::string& collective) const {
   auto it = collectives.find(collective);
@@ -104,10 +141,9 @@ Machine parse_machine(const nlohmann::json& j, const std::string& where) {
       const std::string at = "device.gemm." + it.key();
       TRELLIS_REQUIRE(m.peak_flops.count(it.key()), "{}: {}: no peak_flops for this precision",
                       where, at);
-      GemmFit& f = m.gemm[it.key()];
-      f.rate = positive(*it, "rate", where, at);
-      f.element_s = non_negative(*it, "element_s", where, at);
-      f.call_s = non_negative(*it, "call_s", where, at);
+      m.gemm[it.key()] = parse_gemm_fit(*it, where, at);
+      if (it->contains("backward"))
+        m.gemm_backward[it.key()] = parse_gemm_fit((*it)["backward"], where, at + ".backward");
     }
   }
   if (d.contains("attention_flops"))

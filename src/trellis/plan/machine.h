@@ -3,17 +3,25 @@
 // per precision, memory and its bandwidth, and the links within a node and between nodes. The
 // shipped files cite a vendor datasheet for every number that has one and say "assumed" for the
 // rest (latencies, efficiencies).
+#include <array>
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "nlohmann/json.hpp"
 
 namespace trellis {
 
-// One collective's ring fit: t = steps * latency + volume * bytes / bandwidth.
+// One collective's ring model: a collective of `steps` ring steps, each moving a message of m
+// bytes, takes steps * step_seconds(m). Where `trellis calibrate` measured it, a step's time is
+// interpolated from the table of measured sizes (over TCP a few-MiB message moves at half the
+// rate of a 64 MiB one, which no single latency and bandwidth describe); otherwise, and beyond
+// the largest size measured, it is latency + m / bandwidth.
 struct CollectiveFit {
   double latency = 0, bandwidth = 0;
+  std::vector<std::array<double, 2>> per_step;  // {message bytes, seconds}, bytes increasing
+  double step_seconds(double message_bytes) const;
 };
 
 struct Link {
@@ -45,6 +53,9 @@ struct Machine {
   std::map<std::string, double> peak_flops;  // "fp32", "tf32", "bf16": dense FLOP/s per device
   double gemm_efficiency = 1;                // fraction of the peak a GEMM reaches
   std::map<std::string, GemmFit> gemm;       // per precision, when calibrated (else the two above)
+  // The input- and weight-gradient GEMMs of a forward M x N x K, together (their seconds are
+  // gemm_backward[p].seconds(M, N, K)); where not calibrated, twice the forward GEMM.
+  std::map<std::string, GemmFit> gemm_backward;
   // Measured by `trellis calibrate` (0: not described; the GEMM rate and memory bandwidth
   // stand in): trellis's attention kernels as FLOP/s of the products, and the bytes/s of its
   // memory-bound ops (norms, activations).
