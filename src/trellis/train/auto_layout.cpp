@@ -49,7 +49,8 @@ TrainConfig choose_auto_layout(TrainConfig cfg, const ModelConfig& model, int64_
     machine = load_machine(cfg.machine);
   else {
     omp_set_num_threads(cfg.threads > 0 ? cfg.threads : default_threads_per_rank());  // as train
-    machine = parse_machine(calibrate_machine(world, 512, 0.05, 3), "this machine (calibrated)");
+    // A quick calibration (one round, short windows): `trellis calibrate` takes its time.
+    machine = parse_machine(calibrate_machine(world, 512, 0.05, 1), "this machine (calibrated)");
   }
   PlanRequest req;
   req.model = model;
