@@ -267,26 +267,28 @@ StepCost predict_step(const CostInputs& in, const Machine& machine) {
       for (const Gemm& g : gemms) gemm_bwd_s += gemm_backward_seconds(g, machine, in.precision);
       const double attention_flops = 4 * b * s * s * h / t * (decoder ? 2 : 1);
       const double attention_s = attention_flops / attention_rate;
-      // Memory-bound ops: the forward writes what it keeps and reads it once more (2x the kept
-      // bytes), backward reads it and writes gradients of the same size (4x): an assumption.
-      const double kept = megatron
-                              ? megatron_activation_per_layer(s, b, h, mc.n_head, t,
-                                                              L.sequence_parallel, Recompute::None)
-                              : block_memory_bound_bytes(mc, decoder, int64_t(b), in.seq_len, t,
-                                                         L.sequence_parallel) /
-                                    6;
+      // Memory-bound ops: the forward writes what the block keeps and reads it once more, the
+      // backward reads it and writes gradients of the same size (a third and two thirds of
+      // block_memory_bound_bytes; Megatron: of its published activation bytes).
+      const double memory_bound_s =
+          (megatron ? 6 * megatron_activation_per_layer(s, b, h, mc.n_head, t,
+                                                        L.sequence_parallel, Recompute::None)
+                    : block_memory_bound_bytes(mc, decoder, int64_t(b), in.seq_len, t,
+                                               L.sequence_parallel)) /
+          hbm;
       const int colls = (mc.mlp != MlpKind::None ? 2 : 1) + (decoder ? 1 : 0);
       c.gemm_flops_fwd += fl;
-      c.fwd_compute += gemm_s + attention_s + 2 * kept / hbm;
+      c.fwd_compute += gemm_s + attention_s + memory_bound_s / 3;
       c.fwd_comm += colls * tp_coll;
       // Backward: two GEMMs per forward one; the weight gradients are read and written again
       // (accumulated) per micro-batch.
-      c.bwd_compute += gemm_bwd_s + 2 * attention_s + 4 * kept / hbm + 2 * weights * 4 / stream;
+      c.bwd_compute +=
+          gemm_bwd_s + 2 * attention_s + 2 * memory_bound_s / 3 + 2 * weights * 4 / stream;
       c.bwd_comm += colls * tp_coll;
       double re_flops = 0, re_time = 0, re_comm = 0;
       if (L.recompute == Recompute::Full) {
         re_flops = fl;
-        re_time = gemm_s + attention_s + 2 * kept / hbm;
+        re_time = gemm_s + attention_s + memory_bound_s / 3;
         // trellis reruns the forward's collectives except the MLP's (its result is kept).
         re_comm = (megatron || mc.mlp == MlpKind::None ? colls : colls - 1) * tp_coll;
       } else if (L.recompute == Recompute::Selective) {
@@ -405,7 +407,8 @@ StepCost predict_step(const CostInputs& in, const Machine& machine) {
       const double edges = std::min(bytes, units * double(2 << 20));
       return edges / machine.page_refill_bandwidth + (bytes - edges) / huge_bw;
     };
-    out.page_refill_s = m * (refill(grad_bytes) + (L.zero == 3 ? 2 * refill(param_bytes) : 0));
+    out.page_refill_s =
+        m * (refill(grad_bytes) + (L.zero == 3 ? 2 * refill(param_bytes) : 0));
   }
   out.dp_comm_s = out.dp_comm_total_s;
   if (!megatron && L.zero == 0 && pp == 1 && dp > 1 && dp_inside_node) {

@@ -15,7 +15,7 @@ namespace trellis {
 
 // One collective's ring model: a collective of `steps` ring steps, each moving a message of m
 // bytes, takes steps * step_seconds(m). Where `trellis calibrate` measured it, a step's time is
-// interpolated from the table of measured sizes (over TCP a few-MiB message moves at half the
+// interpolated from the table of measured sizes (over TCP a few-MiB message can move at half the
 // rate of a 64 MiB one, which no single latency and bandwidth describe); otherwise, and beyond
 // the largest size measured, it is latency + m / bandwidth.
 struct CollectiveFit {
