@@ -35,8 +35,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Seconds per call of f: the median of five windows of seconds/5 (each at least two calls, after
-// an untimed one), so that a moment's interference on a shared machine does not move it.
+// Seconds per call of f: the median of five windows of seconds/5 (each at least one call, after
+// an untimed one), so that a moment's interference on a shared machine does not move it. A
+// call longer than a window (the largest GEMMs' backward at one thread) is a window itself.
 template <class F>
 double time_per_call(F&& f, double seconds) {
   f();
@@ -49,7 +50,7 @@ double time_per_call(F&& f, double seconds) {
       f();
       ++calls;
       elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-    } while (elapsed < seconds / 5 || calls < 2);
+    } while (elapsed < seconds / 5);
     w = elapsed / calls;
   }
   std::sort(windows, windows + 5);
