@@ -37,13 +37,17 @@ Widths widths(const ModelConfig& cfg, int64_t B, int64_t T, int tp, bool sp) {
   return w;
 }
 
+// Floats of one block's attention probabilities (cross-attention's too in a decoder block).
+int64_t probability_floats(const Widths& w, int64_t B, int64_t T, bool decoder) {
+  return (decoder ? 2 : 1) * B * w.Hl * T * T;
+}
+
 // Floats of one block's tensors in prepare's three groups: `inner` (all that full recompute drops
 // but the four of `rec`), `rec` (attention probabilities, the MLP's up projection and
 // activation: what selective recompute drops) and `out` (the block's output).
 int64_t block_floats(const ModelConfig& cfg, const Widths& w, int64_t B, int64_t T, bool decoder,
                      int64_t inner, int64_t rec, int64_t out) {
   const int64_t mlp = cfg.mlp == MlpKind::None ? 0 : 1, x = decoder ? 1 : 0;
-  const int64_t probs = B * w.Hl * T * T;
   // ln1 (+ stats, + gathered copy), q|k|v, attention output, attention's residual sum
   int64_t self = w.R * w.C + w.stats + w.R + w.full * w.C + w.BT * w.qkv + w.BT * w.att +
                  w.R * w.C;
@@ -53,7 +57,7 @@ int64_t block_floats(const ModelConfig& cfg, const Widths& w, int64_t B, int64_t
   // the residual sum
   int64_t cross = x * (w.R * w.C + w.stats + w.R + w.full * w.C + w.BT * w.att + w.full * w.C +
                        w.BT * w.kv2 + w.BT * w.att + w.R * w.C);
-  const int64_t recomputable = probs + w.BT * w.up + w.BT * w.act + x * probs;
+  const int64_t recomputable = probability_floats(w, B, T, decoder) + w.BT * w.up + w.BT * w.act;
   return inner * (self + norm2 + cross) + rec * recomputable + out * w.R * w.C;
 }
 
@@ -65,6 +69,11 @@ int64_t block_activation_bytes(const ModelConfig& cfg, bool decoder, int64_t B, 
   const int64_t inner = recompute == Recompute::Full ? 0 : 1;
   const int64_t rec = recompute == Recompute::None ? 1 : 0;
   return int64_t(sizeof(float)) * block_floats(cfg, w, B, T, decoder, inner, rec, 1);
+}
+
+int64_t block_probability_bytes(const ModelConfig& cfg, bool decoder, int64_t B, int64_t T,
+                                int tp) {
+  return int64_t(sizeof(float)) * probability_floats(widths(cfg, B, T, tp, false), B, T, decoder);
 }
 
 ActivationMemory activation_memory(const ModelConfig& cfg, const StageSpec& chunk, int64_t B,

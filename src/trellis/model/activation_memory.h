@@ -38,4 +38,8 @@ ActivationMemory activation_memory(const ModelConfig& cfg, const StageSpec& chun
 int64_t block_activation_bytes(const ModelConfig& cfg, bool decoder, int64_t B, int64_t T, int tp,
                                bool sequence_parallel, Recompute recompute);
 
+// ... of which attention's probabilities (self-attention's, and a decoder's cross-attention's):
+// B x heads/tp x T x T each, unless recomputation drops them.
+int64_t block_probability_bytes(const ModelConfig& cfg, bool decoder, int64_t B, int64_t T, int tp);
+
 }  // namespace trellis

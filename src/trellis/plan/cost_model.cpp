@@ -63,13 +63,13 @@ namespace {
 // bytes / n each for an all-reduce.
 double ring_all_reduce(double bytes, int n, const Link& l) {
   if (n <= 1) return 0;
-  return 2.0 * (n - 1) * l.fit("all_reduce").step_seconds(bytes / n);
+  return 2.0 * (n - 1) * l.step_seconds("all_reduce", bytes / n);
 }
 // Reduce-scatter ("reduce_scatter") or all-gather ("all_gather") of a buffer of `bytes` (whole,
 // before sharding): n - 1 steps of bytes / n.
 double ring_half(const char* collective, double bytes, int n, const Link& l) {
   if (n <= 1) return 0;
-  return (n - 1) * l.fit(collective).step_seconds(bytes / n);
+  return (n - 1) * l.step_seconds(collective, bytes / n);
 }
 
 struct Gemm {
@@ -207,10 +207,9 @@ double pipeline_makespan(ScheduleKind kind, int pp, int micro_batches, int virtu
 
 double block_memory_bound_bytes(const ModelConfig& cfg, bool decoder, int64_t b, int64_t s, int tp,
                                 bool sequence_parallel) {
-  const double kept =
-      double(block_activation_bytes(cfg, decoder, b, s, tp, sequence_parallel, Recompute::None));
-  const double probs = 4.0 * double(b) * double(cfg.n_head / tp) * double(s) * double(s);
-  return 6 * (kept - (decoder ? 2 : 1) * probs);
+  return 6.0 * double(block_activation_bytes(cfg, decoder, b, s, tp, sequence_parallel,
+                                             Recompute::None) -
+                      block_probability_bytes(cfg, decoder, b, s, tp));
 }
 
 StepCost predict_step(const CostInputs& in, const Machine& machine) {
@@ -327,9 +326,8 @@ StepCost predict_step(const CostInputs& in, const Machine& machine) {
   SendModel send;
   if (pp > 1) {
     const double bytes = b * s * h * act / (megatron && t > 1 ? t : 1);
-    const CollectiveFit f = pp_link.fit("send_recv");
-    send.latency = f.step_seconds(0);
-    send.transfer = f.step_seconds(bytes) - send.latency;
+    send.latency = pp_link.step_seconds("send_recv", 0);
+    send.transfer = pp_link.step_seconds("send_recv", bytes) - send.latency;
     send.sender_polls = !megatron && &pp_link == &machine.inter;
   }
   const double span0 = play_schedule(ops, cost, pp, V, L.accum, {});
@@ -375,7 +373,7 @@ StepCost predict_step(const CostInputs& in, const Machine& machine) {
   const double units = pp == 1 ? double(mc.total_layers()) + 1 : 1;
   const auto per_unit = [&](const char* collective, double bytes) {
     return dp > 1 ? units * ring_half(collective, bytes / units, dp, dp_link) +
-                        units * (dp - 1) * dp_link.fit(collective).step_seconds(4)
+                        units * (dp - 1) * dp_link.step_seconds(collective, 4)
                   : 0.0;
   };
   switch (L.zero) {

@@ -100,9 +100,10 @@ double CollectiveFit::step_seconds(double m) const {
   return t0 + (m - m0) / (m1 - m0) * (t1 - t0);
 }
 
-CollectiveFit Link::fit(const std::string& collective) const {
+double Link::step_seconds(const std::string& collective, double message_bytes) const {
   auto it = collectives.find(collective);
-  return it != collectives.end() ? it->second : CollectiveFit{latency, effective_bandwidth()};
+  return it != collectives.end() ? it->second.step_seconds(message_bytes)
+                                 : latency + message_bytes / effective_bandwidth();
 }
 
 double Machine::peak(const std::string& precision) const {

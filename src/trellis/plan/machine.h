@@ -32,7 +32,8 @@ struct Link {
   // from `trellis calibrate`; a collective not listed uses the link's own numbers.
   std::map<std::string, CollectiveFit> collectives;
   double effective_bandwidth() const { return bandwidth * efficiency; }
-  CollectiveFit fit(const std::string& collective) const;
+  // A ring step of `collective` moving message_bytes: its calibrated fit, else the link's own.
+  double step_seconds(const std::string& collective, double message_bytes) const;
 };
 
 // A GEMM's time as calibrated: 2MNK / rate + element_s * (MK + KN + MN) + call_s. The element
