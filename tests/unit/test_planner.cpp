@@ -176,6 +176,10 @@ TEST(PlannerMachine, ShippedFilesLoadAndBadOnesNameTheKey) {
                                     "not above the previous size"),
             std::string::npos)
       << error_of(j.dump());
+  j["inter_node"]["collectives"]["send_recv"]["per_step"] = {{{"bytes", 4096}, {"seconds", 1e-5}}};
+  EXPECT_NE(error_of(j.dump()).find("send_recv.per_step: expected an array of at least two"),
+            std::string::npos)
+      << error_of(j.dump());
   EXPECT_NE(error_of("{ not json").find("not valid JSON"), std::string::npos);
   EXPECT_NE(error_of("[]").find("expected an object"), std::string::npos);
 }
