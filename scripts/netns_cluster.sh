@@ -13,10 +13,13 @@
 # Layout of cluster NAME (NAME: at most 10 characters, interface names are limited to 15):
 #   namespaces NAMEn1..NAMEnN, each with lo and eth0 = 10.213.0.i/24 (IPv6 off)
 #   host side: veths NAMEv1..NAMEvN, ports of bridge NAMEbr; the host gets no address, so the
-#   subnet is reachable only from inside the namespaces. Two clusters can be up at once, but do
-#   not run jobs on both together: every node has the host's name and /tmp, and an mpirun on one
-#   was seen to wait for ever for its daemon on a node while the other ran (the tests take turns)
-#   state: /run/trellis-netns/NAME/{nodes,owner}; nodes holds "ip namespace host-veth" lines
+#   subnet is reachable only from inside the namespaces.
+#   state: /run/trellis-netns/NAME/{nodes,owner,slots,tmp/NAMEnI}; nodes holds "ip namespace
+#   host-veth" lines; tmp/NAMEnI is node i's TMPDIR. Every node has the host's name, so OpenMPI
+#   names every node's session directory alike (TMPDIR/ompi.HOST.UID/jf.JOBFAMILY): in one /tmp
+#   the daemons of one job, starting together, removed and created it under each other and one
+#   of them died unseen (it had daemonized), leaving mpirun waiting for it for ever (1 launch in
+#   9 on 8 nodes). A TMPDIR per node, as real nodes each have their own /tmp, ends that.
 #
 # `run` starts mpirun inside node 1 (the "login node" is a compute node, as no address exists
 # outside the namespaces) with -H ip1:S,...,ipN:S, the TCP transport only (--mca btl tcp,self;
@@ -109,6 +112,7 @@ cmd_up() {
   echo "${OWNER_PID:-$PPID}" > "$(state)/owner"
   echo "$slots" > "$(state)/slots"
   : > "$(state)/nodes"
+  mkdir -p "$(state)/tmp"
   # Whatever fails half-way (a command under set -e, a die), leave nothing behind.
   trap 'echo "netns_cluster: up failed, removing the partial cluster" >&2; cmd_down' EXIT
   ip link add "${NAME}br" type bridge
@@ -117,6 +121,7 @@ cmd_up() {
   for ((i = 1; i <= n; i++)); do
     ns="${NAME}n$i" veth="${NAME}v$i" ip="$SUBNET_PREFIX.$i"
     ip netns add "$ns"
+    mkdir -m 700 "$(state)/tmp/$ns"
     echo "$ip $ns $veth" >> "$(state)/nodes"
     ip netns exec "$ns" sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1
     ip -n "$ns" link set lo up
@@ -209,7 +214,7 @@ cmd_run() {
     hosts+="${hosts:+,}$ip:$slots"
     [[ -z $first ]] && first=$ns
   done < "$f"
-  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 TMPDIR="$(state)/tmp/$first"
   exec ip netns exec "$first" timeout -k 10 "$timeout" mpirun \
     --mca plm_rsh_agent "$HERE/netns_rsh.sh $NAME" \
     --mca plm_rsh_no_tree_spawn 1 \

@@ -12,4 +12,6 @@ if [ -z "$ns" ]; then
   echo "netns_rsh: host '$host' is not a node of cluster '$cluster' ($nodes)" >&2
   exit 255
 fi
+# Each node has its own TMPDIR (OpenMPI's session directories; see netns_cluster.sh).
+export TMPDIR=/run/trellis-netns/$cluster/tmp/$ns
 exec ip netns exec "$ns" sh -c "$*"

@@ -12,9 +12,8 @@ foreach(script ${TRELLIS_SCRIPT_TESTS})
   add_test(NAME ${group}.${name} COMMAND ${TRELLIS_SYSTEM_PYTHON} ${script})
   set_tests_properties(${group}.${name} PROPERTIES TIMEOUT 900 ENVIRONMENT
     "TRELLIS_BIN=$<TARGET_FILE:trellis>;TRELLIS_TMP=${CMAKE_BINARY_DIR}/testtmp/${group}.${name};TRELLIS_SOURCE=${CMAKE_SOURCE_DIR};PYTHONPATH=${CMAKE_SOURCE_DIR}/tests")
-  # One network-namespace cluster at a time: while test_calibrate_nodes's cluster ran beside
-  # test_multinode's, an mpirun of the second never got its daemon on one node up and hung to its
-  # timeout (both clusters' nodes share the host's name and /tmp, and the same subnet).
+  # One network-namespace cluster at a time: test_calibrate_nodes times its links, and a second
+  # cluster's job on the same 2 cores would be in those times.
   file(READ ${script} source)
   string(FIND "${source}" "NetnsCluster(" uses_netns)
   if(uses_netns GREATER -1)

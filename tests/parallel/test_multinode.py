@@ -11,6 +11,7 @@ send (below), so a run that silently went through shared memory or loopback fail
 (tc tbf at 5 Mbit/s) must slow a run down to at least what its bytes take at that rate. The
 cluster is gone afterwards, also when a check fails."""
 import os
+import subprocess
 import time
 
 from netns import NetnsCluster
@@ -26,7 +27,7 @@ run(["prepare", "--input", corpus, "--out", data])
 common = ["train", "--model", "tiny", "--n-layer", L, "--n-head", 4, "--data", data,
           "--steps", STEPS, "--batch-size", B, "--micro-batch-size", 2, "--seq-len", T,
           "--lr", 3e-3, "--warmup-steps", 4, "--val-every", 10, "--threads", 1, "--quiet",
-          "--tensorboard", "false"]
+          "--tensorboard", "false", "--comm-timeout", 120]  # below mpirun's bound: trellis says where
 t0 = time.time()
 layouts = LayoutCheck(common, n_embd=C, steps=STEPS, name="baseline")
 P = sum(v.size for v in layouts.base[2].values())  # parameters
@@ -59,6 +60,14 @@ runs = {
 cluster = NetnsCluster(nodes=4, slots=2)
 with cluster as c:
     check(len(c.hosts) == 4, f"4 nodes up: {', '.join(ip + '=' + ns for ip, ns, _ in c.hosts)}")
+    # Each node its own TMPDIR, as real nodes have their own /tmp: with one shared /tmp, the
+    # daemons of a launch removed and created their common session directory under each other.
+    p = subprocess.run(c.launcher(4, 60, "node") + ["sh", "-c", "echo $TMPDIR"],
+                       capture_output=True, text=True, timeout=75)
+    tmpdirs = sorted(p.stdout.split())
+    check(p.returncode == 0 and len(set(tmpdirs)) == 4 and all(
+              d.endswith(f"/{c.name}/tmp/{ns}") for d, (_, ns, _) in zip(tmpdirs, c.hosts)),
+          f"every node has its own TMPDIR: {', '.join(tmpdirs)}")
     for name, (ranks, extra, map_by, nodes) in runs.items():
         before = c.traffic()
         stdout = layouts.check(f"net_{name}", ranks, extra,
