@@ -5,6 +5,7 @@
 //
 //   comm_check                 all checks; exit 0 and "comm_check: ... passed" from rank 0
 //   comm_check --chunk K       the same with MPI requests of at most K elements (chunked paths)
+//   comm_check --no-ring       the same with MPI's own reduce-scatter in place of trellis's ring
 //   comm_check --die-rank R    rank R exits(3) before a collective the others enter (5 s timeout)
 //   comm_check --stall-rank R  rank R sleeps instead of joining; the others must time out (5 s)
 //   comm_check --has-mpi       prints "mpi: yes" or "mpi: no" (was MPI support built?) and exits
@@ -20,8 +21,30 @@
 #include "trellis/core/error.h"
 #include "trellis/parallel/data_parallel.h"
 #include "trellis/parallel/mesh.h"
+#ifdef TRELLIS_WITH_MPI
+#define OMPI_SKIP_MPICXX 1  // the C interface only
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+#endif
 
 using namespace trellis;
+
+namespace {
+int g_mpi_reduce_scatters = 0;  // calls of MPI's own reduce-scatter among 2+ ranks (below)
+}  // namespace
+
+#ifdef TRELLIS_WITH_MPI
+// MPI's profiling interface: this definition takes the place of the library's for trellis's
+// calls, so a run says which reduce-scatter it went through (one rank alone always uses MPI's).
+extern "C" int MPI_Ireduce_scatter_block(const void* send, void* recv, int count,
+                                         MPI_Datatype type, MPI_Op op, MPI_Comm comm,
+                                         MPI_Request* request) {
+  int size = 0;
+  MPI_Comm_size(comm, &size);
+  if (size > 1) ++g_mpi_reduce_scatters;
+  return PMPI_Ireduce_scatter_block(send, recv, count, type, op, comm, request);
+}
+#endif
 
 namespace {
 
@@ -295,6 +318,7 @@ void drill(Communicator& world, int victim, bool die) {
 
 int main(int argc, char** argv) {
   int die_rank = -1, stall_rank = -1;
+  bool no_ring = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--has-mpi") {
@@ -310,8 +334,12 @@ int main(int argc, char** argv) {
       stall_rank = std::atoi(argv[++i]);
     } else if (a == "--chunk" && i + 1 < argc) {
       setenv("TRELLIS_MPI_MAX_CHUNK", argv[++i], 1);
+    } else if (a == "--no-ring") {
+      setenv("TRELLIS_MPI_NO_RING", "1", 1);
+      no_ring = true;
     } else {
-      std::fprintf(stderr, "usage: comm_check [--chunk K] [--die-rank R | --stall-rank R]\n");
+      std::fprintf(stderr,
+                   "usage: comm_check [--chunk K] [--no-ring] [--die-rank R | --stall-rank R]\n");
       return 2;
     }
   }
@@ -332,10 +360,16 @@ int main(int argc, char** argv) {
     check_split(*world);
     check_meshes(*world);
     check_grad_reducer(*world);
+    // The ring takes every reduce-scatter among 2+ ranks of a block that fits one request;
+    // --no-ring hands them to MPI.
+    if (world->backend() == "mpi")
+      expect(no_ring ? g_mpi_reduce_scatters > 0 : g_mpi_reduce_scatters == 0,
+             fmt::format("rank {}: {} calls of MPI_Ireduce_scatter_block with{} the ring",
+                         world->rank(), g_mpi_reduce_scatters, no_ring ? "out" : ""));
     world->barrier();
     if (world->rank() == 0)
-      std::printf("comm_check: %s backend, %d ranks: all checks passed\n", world->backend().c_str(),
-                  p);
+      std::printf("comm_check: %s backend, %d ranks: all checks passed (%s reduce-scatter)\n",
+                  world->backend().c_str(), p, no_ring ? "MPI's" : "ring");
     std::fflush(stdout);
     world.reset();
     finalize_communication();

@@ -5,6 +5,8 @@ Runs tests/mpi/comm_check.cpp (built next to the trellis binary) under
 `mpirun --oversubscribe --mca mpi_yield_when_idle 1 -np N`:
   - N = 2, 3, 4: all collectives, p2p, split, mesh and GradReducer checks pass;
   - N = 3 with --chunk 1000: the same through the paths that cut buffers into several requests;
+  - N = 3 with --no-ring: the same with MPI's own reduce-scatter (an MPI whose MPI_TAG_UB leaves
+    the ring no tags); comm_check counts the calls of it, so each run proves which path it took;
   - --die-rank 1: a rank exits(3) before a collective; the job must fail within 30 s and say which
     rank failed;
   - --stall-rank 2: a rank stays alive but never joins; the others must time out (5 s) and end
@@ -77,7 +79,7 @@ def main():
             failures.append(name)
             print("---- output ----\n" + output.rstrip() + "\n----------------", flush=True)
 
-    cases = [(n, []) for n in (2, 3, 4)] + [(3, ["--chunk", "1000"])]
+    cases = [(n, []) for n in (2, 3, 4)] + [(3, ["--chunk", "1000"]), (3, ["--no-ring"])]
     for n, extra in cases:
         name = f"comm_check -np {n} {' '.join(extra)}".rstrip()
         rc, out, dt = run(base + ["-np", str(n), exe] + extra, env, TIMEOUT_S)

@@ -37,6 +37,9 @@ bool g_initialized_here = false;
 // Largest element count of one MPI request. MPI counts are int; larger buffers are cut into
 // several requests. TRELLIS_MPI_MAX_CHUNK lowers it so tests can exercise the chunked paths.
 size_t g_max_chunk = static_cast<size_t>(INT_MAX);
+// TRELLIS_MPI_NO_RING takes MPI's own reduce-scatter in place of the ring, as an MPI whose
+// MPI_TAG_UB leaves the ring no tags does, so that tests reach that path.
+bool g_ring_allowed = true;
 
 // What an operation was, for messages: "all_reduce #12 (1000 floats)".
 struct OpInfo {
@@ -131,7 +134,8 @@ class MpiCommunicator final : public Communicator {
     // Cached on MPI_COMM_WORLD only (a split communicator has no such attribute in OpenMPI).
     check(MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &found), "MPI_Comm_get_attr",
           nullptr);
-    if (found && *tag_ub > 32768 + 1024) ring_tags_ = std::min(*tag_ub - 32768, 1 << 20);
+    if (g_ring_allowed && found && *tag_ub > 32768 + 1024)
+      ring_tags_ = std::min(*tag_ub - 32768, 1 << 20);
   }
 
   // "world rank 3" / "world ranks 1, 2, 3": the members a wait on this communicator depends on.
@@ -456,6 +460,7 @@ std::unique_ptr<Communicator> make_mpi_world_communicator(int* argc, char*** arg
     const long long k = std::atoll(v);
     if (k > 0 && k < INT_MAX) g_max_chunk = static_cast<size_t>(k);
   }
+  g_ring_allowed = std::getenv("TRELLIS_MPI_NO_RING") == nullptr;
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
