@@ -17,9 +17,9 @@
 #   state: /run/trellis-netns/NAME/{nodes,owner,slots,tmp/NAMEnI}; nodes holds "ip namespace
 #   host-veth" lines; tmp/NAMEnI is node i's TMPDIR. Every node has the host's name, so OpenMPI
 #   names every node's session directory alike (TMPDIR/ompi.HOST.UID/jf.JOBFAMILY): in one /tmp
-#   the daemons of one job, starting together, removed and created it under each other and one
-#   of them died unseen (it had daemonized), leaving mpirun waiting for it for ever (1 launch in
-#   9 on 8 nodes). A TMPDIR per node, as real nodes each have their own /tmp, ends that.
+#   the daemons of one job, starting together in it, now and then lost one of their number,
+#   which had daemonized, so mpirun waited for it for ever (6 launches in 120 on 8 nodes). A
+#   TMPDIR per node, as real nodes each have their own /tmp, ended that (0 in 120).
 #
 # `run` starts mpirun inside node 1 (the "login node" is a compute node, as no address exists
 # outside the namespaces) with -H ip1:S,...,ipN:S, the TCP transport only (--mca btl tcp,self;

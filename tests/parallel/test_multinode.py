@@ -60,8 +60,9 @@ runs = {
 cluster = NetnsCluster(nodes=4, slots=2)
 with cluster as c:
     check(len(c.hosts) == 4, f"4 nodes up: {', '.join(ip + '=' + ns for ip, ns, _ in c.hosts)}")
-    # Each node its own TMPDIR, as real nodes have their own /tmp: with one shared /tmp, the
-    # daemons of a launch removed and created their common session directory under each other.
+    # Each node its own TMPDIR, as real nodes have their own /tmp: in one shared /tmp, where
+    # OpenMPI's daemons of a launch share a session directory, mpirun now and then waited for ever
+    # for a daemon that was gone (scripts/netns_cluster.sh).
     p = subprocess.run(c.launcher(4, 60, "node") + ["sh", "-c", "echo $TMPDIR"],
                        capture_output=True, text=True, timeout=75)
     tmpdirs = sorted(p.stdout.split())
