@@ -26,7 +26,10 @@
 # OOB and BTL restricted to the subnet, so neither can use loopback or shared memory between
 # namespaces) and scripts/netns_rsh.sh as the rsh agent, which enters a node's namespace in
 # place of ssh, without binding ranks to cores (every node's daemon would bind its first rank to
-# core 0 of the one machine they share). Arguments after -- go to mpirun after those options.
+# core 0 of the one machine they share), and with the daemons left attached to their agent
+# (--leave-session-attached): a daemon that dies while starting then ends the job at once with
+# OpenMPI's message, where a daemonized one's death reached no one and mpirun waited for it until
+# the timeout. Arguments after -- go to mpirun after those options.
 # The job is bounded by --timeout seconds (SIGTERM, then SIGKILL 10 s later). Needs root
 # (CAP_NET_ADMIN, CAP_SYS_ADMIN) and iproute2; --rate needs tc's tbf qdisc, --delay tc's netem.
 #
@@ -223,6 +226,7 @@ cmd_run() {
     --mca btl_tcp_if_include "$SUBNET_PREFIX.0/24" \
     --mca mpi_yield_when_idle 1 \
     --bind-to none \
+    --leave-session-attached \
     -H "$hosts" "$@"
 }
 

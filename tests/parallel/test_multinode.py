@@ -9,12 +9,13 @@ Every run must also have moved its traffic through the veths: the byte counters 
 link, read before and after, must reach a lower bound worked out from what the layout has to
 send (below), so a run that silently went through shared memory or loopback fails. Shaping a link
 (tc tbf at 5 Mbit/s) must slow a run down to at least what its bytes take at that rate. The
-cluster is gone afterwards, also when a check fails."""
+launch itself: each node has its own TMPDIR, and a node whose daemon cannot start ends the
+launch at once. The cluster is gone afterwards, also when a check fails."""
 import os
 import subprocess
 import time
 
-from netns import NetnsCluster
+from netns import STATE, NetnsCluster
 from trellis_test import LayoutCheck, check, fresh_dir, metrics, run, write_text_corpus, TMP
 
 B, T, C, L, STEPS = 8, 32, 32, 4, 20
@@ -69,6 +70,21 @@ with cluster as c:
     check(p.returncode == 0 and len(set(tmpdirs)) == 4 and all(
               d.endswith(f"/{c.name}/tmp/{ns}") for d, (_, ns, _) in zip(tmpdirs, c.hosts)),
           f"every node has its own TMPDIR: {', '.join(tmpdirs)}")
+    # A daemon that cannot start (node 4's TMPDIR made a file) ends the launch at once with
+    # OpenMPI's message, rather than leaving mpirun to wait for it until the timeout.
+    node4 = os.path.join(STATE, c.name, "tmp", c.hosts[3][1])
+    os.rmdir(node4)
+    open(node4, "w").close()
+    t = time.time()
+    p = subprocess.run(c.launcher(2, 60, "node") + ["true"], capture_output=True, text=True,
+                       timeout=75)
+    took = time.time() - t
+    os.remove(node4)
+    os.mkdir(node4, 0o700)
+    check(p.returncode not in (0, 124) and took < 20
+          and "unable to reliably start one or more daemons" in p.stdout + p.stderr,
+          f"a daemon that cannot start ends the launch in {took:.1f} s (exit "
+          f"{p.returncode}), not at its timeout")
     for name, (ranks, extra, map_by, nodes) in runs.items():
         before = c.traffic()
         stdout = layouts.check(f"net_{name}", ranks, extra,
