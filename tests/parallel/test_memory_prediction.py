@@ -16,6 +16,7 @@ layouts = {
     "single": [],
     "dp2_zero1": ["--dp", 2, "--zero", 1],
     "dp2_zero2_selective": ["--dp", 2, "--zero", 2, "--recompute", "selective"],
+    "dp4_zero1_micro1": ["--dp", 4, "--zero", 1, "--micro-batch-size", 1],
     "dp4_zero3_micro1": ["--dp", 4, "--zero", 3, "--micro-batch-size", 1],
     "tp2_sp_full": ["--tp", 2, "--sequence-parallel", "true", "--recompute", "full"],
     "tp2_dp2_zero3": ["--tp", 2, "--dp", 2, "--zero", 3],

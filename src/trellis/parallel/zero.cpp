@@ -88,6 +88,9 @@ void DataParallelSync::build_units(const ParamLayout& layout) {
 }
 
 ZeroFootprint zero_footprint(const ParamLayout& layout, int dp, int dp_rank, int zero) {
+  // Beyond 2 ranks the MPI backend's ring reduce-scatter holds a scratch block the size of its
+  // output while it runs (comm/mpi_backend.cpp).
+  const int64_t ring_scratch = dp > 2 ? 1 : 0;
   ZeroFootprint f;
   const size_t n = layout.size();
   const int64_t page = int64_t(sysconf(_SC_PAGESIZE));
@@ -98,7 +101,7 @@ ZeroFootprint zero_footprint(const ParamLayout& layout, int dp, int dp_rank, int
     const ShardRange s = zero ? shard_range(n, dp, dp_rank) : ShardRange{n, n, 0, n};
     f.params = f.grads = pages(shard_range(n, dp, 0).padded);
     f.owned = int64_t(s.end - s.begin);
-    f.shards = zero ? int64_t(s.shard * sizeof(float)) : 0;
+    f.shards = zero ? (1 + ring_scratch) * int64_t(s.shard * sizeof(float)) : 0;
     return f;
   }
   // A unit's pages: its floats plus the partial pages at its two ends.
@@ -115,9 +118,10 @@ ZeroFootprint zero_footprint(const ParamLayout& layout, int dp, int dp_rank, int
   }
   f.params = zero == 2 ? pages(n) : std::min(pages(n), root + 2 * block);
   f.grads = std::min(pages(n), root + 2 * block);
-  // Compact parameters and gradients; two reductions' outputs and padded rests in flight.
-  f.shards =
-      2 * f.owned * int64_t(sizeof(float)) + 2 * (largest_chunk + 1 + dp) * int64_t(sizeof(float));
+  // Compact parameters and gradients; two reductions' outputs and padded rests in flight, and
+  // their ring scratch.
+  f.shards = 2 * f.owned * int64_t(sizeof(float)) +
+             2 * ((1 + ring_scratch) * (largest_chunk + 1) + dp) * int64_t(sizeof(float));
   return f;
 }
 
