@@ -17,6 +17,7 @@
 #include <ctime>
 #include <functional>
 #include <iterator>
+#include <utility>
 #include <vector>
 
 #include "trellis/comm/communicator.h"
@@ -35,13 +36,19 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The middle value (the upper middle of an even count).
+double median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
 // Seconds per call of f: the median of five windows of seconds/5 (each at least one call, after
 // an untimed one), so that a moment's interference on a shared machine does not move it. A
 // call longer than a window (the largest GEMMs' backward at one thread) is a window itself.
 template <class F>
 double time_per_call(F&& f, double seconds) {
   f();
-  double windows[5];
+  std::vector<double> windows(5);
   for (double& w : windows) {
     int calls = 0;
     const auto start = Clock::now();
@@ -53,8 +60,7 @@ double time_per_call(F&& f, double seconds) {
     } while (elapsed < seconds / 5);
     w = elapsed / calls;
   }
-  std::sort(windows, windows + 5);
-  return windows[2];
+  return median(windows);
 }
 
 // time_per_call for a collective: every rank must run it the same number of times, so the
@@ -79,8 +85,7 @@ double time_collective(Communicator& world, F&& f, double seconds) {
     b = std::chrono::duration<double>(Clock::now() - start).count() / per_batch;
   }
   world.all_reduce_max(t.data(), t.size());
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return median(t);
 }
 
 // Seconds of a forward GEMM (X[m,k] W[k,n]) or, with `backward`, of its input- and
@@ -376,19 +381,18 @@ nlohmann::json calibrate_machine(Communicator& world, int gemm_size, double seco
   world.barrier();
   std::vector<ComputeTimes> runs;
   for (int r = 0; r < rounds; ++r) runs.push_back(time_compute(world, gemm_size, seconds));
-  const auto median = [&](auto get) {
+  const auto over_rounds = [&](auto get) {
     std::vector<double> v;
     for (const ComputeTimes& t : runs) v.push_back(get(t));
-    std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
-    return v[v.size() / 2];
+    return median(std::move(v));
   };
-  ComputeTimes typical = runs.front();
+  ComputeTimes typical;
   for (auto table : {&ComputeTimes::gemm32, &ComputeTimes::gemm16, &ComputeTimes::gemm32_backward,
                      &ComputeTimes::gemm16_backward})
-    for (size_t i = 0; i < (typical.*table).size(); ++i)
-      (typical.*table)[i] = median([&](const ComputeTimes& t) { return (t.*table)[i]; });
-  typical.attention = median([](const ComputeTimes& t) { return t.attention; });
-  typical.memory_bound = median([](const ComputeTimes& t) { return t.memory_bound; });
+    for (size_t i = 0; i < (runs.front().*table).size(); ++i)
+      (typical.*table).push_back(over_rounds([&](const ComputeTimes& t) { return (t.*table)[i]; }));
+  typical.attention = over_rounds([](const ComputeTimes& t) { return t.attention; });
+  typical.memory_bound = over_rounds([](const ComputeTimes& t) { return t.memory_bound; });
   nlohmann::json table32 = nlohmann::json::array(), table16 = nlohmann::json::array(),
                  table32b = nlohmann::json::array(), table16b = nlohmann::json::array();
   const GemmFit fit32 = fit_gemm_times(typical.gemm32, gemm_size, table32);
