@@ -53,6 +53,15 @@ expect_error(train + ["--data", data, "--config", toml, "--out", fresh_dir("o5b"
 expect_error(train + ["--data", data, "--steps", "ten", "--out", fresh_dir("o6")], "steps", "ten")
 expect_error(train + ["--data", data, "--n-head", 5, "--out", fresh_dir("o7")], "n_head=5",
              "n_embd=32")
+# Dropout probabilities outside [0, 1): flag, --set and TOML alike.
+expect_error(train + ["--data", data, "--dropout", "1.0", "--out", fresh_dir("o7d")], "'dropout'",
+             "[0, 1)")
+expect_error(train + ["--data", data, "--set", "attn_dropout=-0.1", "--out", fresh_dir("o7e")],
+             "'attn_dropout'")
+with open(toml, "w") as f:
+    f.write("classifier_dropout = nan\n")
+expect_error(train + ["--data", data, "--config", toml, "--out", fresh_dir("o7f")],
+             "'classifier_dropout'")
 # Model families: shapes each family cannot take.
 llama = ["train", "--model", "llama-tiny", "--steps", 1, "--batch-size", 2, "--seq-len", 16,
          "--quiet", "--threads", 1, "--data", data]

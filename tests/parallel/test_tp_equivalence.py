@@ -1,6 +1,7 @@
 """Tensor parallelism (Megatron-style, with and without sequence parallelism, alone and with data
 parallelism and ZeRO-1) under mpirun equals the 1-process run: per-step losses over 20 steps and
-final parameters to <= 1e-5 relative (fp32)."""
+final parameters to <= 1e-5 relative (fp32); so does tp2 (with and without sequence parallelism)
+with label smoothing, whose vocabulary-parallel loss needs every rank's logit sums."""
 import json
 import os
 
@@ -26,6 +27,17 @@ for sp in (False, True):
     layouts.check(name, 4, ["--tp", 2, "--dp", 2] + (["--sequence-parallel"] if sp else []))
 layouts.check("tp2_dp2_zero1_micro2", 4, ["--tp", 2, "--dp", 2, "--zero", 1,
                                           "--micro-batch-size", 2, "--sequence-parallel"])
+
+# Label smoothing under the vocabulary-parallel cross-entropy: each rank holds a slice of the
+# vocabulary, and rows padded to a multiple of 96 * tp (1 process: 256 of 288 rows real; tp2:
+# rank 0 holds 192 real rows, rank 1 64 real and 128 padding), so the smoothing's mean over the
+# true vocabulary needs the logit sums of both ranks and must skip every padding row.
+smooth = LayoutCheck(common + ["--label-smoothing", 0.1, "--vocab-multiple", 96], n_embd=32,
+                     steps=20, name="smooth_baseline")
+diff = abs(smooth.base[0][-1] - layouts.base[0][-1]) / layouts.base[0][-1]
+check(diff > 1e-3, f"label smoothing 0.1 changes the last step's loss ({diff:.1e}), so it is on")
+smooth.check("smooth_tp2", 2, ["--tp", 2])
+smooth.check("smooth_tp2_sp", 2, ["--tp", 2, "--sequence-parallel"])
 
 # Impossible layouts are refused before any work.
 _, err = mpirun(2, common + ["--tp", 2, "--n-head", 3, "--n-embd", 48, "--out", fresh_dir("b1")],

@@ -103,8 +103,15 @@ ENC_IMG = task_family("encoder image classifier", ["--model", "encoder-tiny", "-
 
 def cut_patches(task_dir, out_dir, feature_dim):
     """A copy of task_dir whose train examples i % 3 == 1 keep 2 patches and i % 3 == 2 keep 3
-    (of 4): variable-length image inputs."""
+    (of 4): variable-length image inputs. They are no longer whole images, so the copy's
+    meta.json drops the image geometry (which would refuse them, and which only augmentation
+    needs)."""
     shutil.copytree(task_dir, out_dir)
+    with open(os.path.join(out_dir, "meta.json")) as f:
+        meta_json = json.load(f)
+    meta_json.pop("image", None)
+    with open(os.path.join(out_dir, "meta.json"), "w") as f:
+        json.dump(meta_json, f)
     meta, train, _ = torch_tasks.read_task(task_dir)
     cut = []
     for i, (label, source, target) in enumerate(train):

@@ -41,6 +41,7 @@ import os
 import torch
 import torch.nn.functional as F
 
+from reference import dropout_masks as drop  # identity unless a test sets drop.ACTIVE
 from reference.torch_gpt import key_padding_mask, load_params
 
 
@@ -163,7 +164,8 @@ def _mlp(x, params, p, eps):
     return _linear(F.gelu(_linear(n, params, p + "fc1"), approximate="tanh"), params, p + "fc2")
 
 
-def attention(params, prefix, cfg, xq, xkv, causal, key_lengths=None):
+def attention(params, prefix, cfg, xq, xkv, causal, key_lengths=None, layer=0,
+              site=drop.ATTN_PROBS):
     """out_proj(softmax(q k^T / sqrt(hd)) v): q from xq [B,Tq,C], k and v from xkv [B,Tk,C];
     key_lengths [B]: keys at positions >= key_lengths[b] masked."""
     B, Tq, _ = xq.shape
@@ -180,8 +182,10 @@ def attention(params, prefix, cfg, xq, xkv, causal, key_lengths=None):
         att = att.masked_fill(~mask, float("-inf"))
     if key_lengths is not None:
         att = att.masked_fill(~key_padding_mask(key_lengths, Tk), float("-inf"))
-    y = (torch.softmax(att, dim=-1) @ v).transpose(1, 2).reshape(B, Tq, H * hd)
-    return _linear(y, params, prefix + "out_proj")
+    att = drop.attn(torch.softmax(att, dim=-1), layer, site)
+    y = (att @ v).transpose(1, 2).reshape(B, Tq, H * hd)
+    # the branch's dropout site follows the probabilities' (ATTN_OUT / CROSS_OUT)
+    return drop.resid(_linear(y, params, prefix + "out_proj"), layer, site + 1)
 
 
 def encode(params, cfg, src, lengths=None):
@@ -191,12 +195,13 @@ def encode(params, cfg, src, lengths=None):
     if S > cfg.block_size:
         raise ValueError(f"source length {S} exceeds max_position_embeddings {cfg.block_size}")
     h = params["model.shared.weight"][src] + params["model.encoder.embed_positions.weight"][:S]
+    h = drop.resid(h, 0, drop.EMBED)
     for i in range(cfg.n_enc_layer):
         p = f"model.encoder.layers.{i}."
         n = _ln(h, params, p + "self_attn_layer_norm", cfg.eps)
         h = h + attention(params, p + "self_attn.", cfg, n, n, causal=False,
-                          key_lengths=lengths)
-        h = h + _mlp(h, params, p, cfg.eps)
+                          key_lengths=lengths, layer=i)
+        h = h + drop.resid(_mlp(h, params, p, cfg.eps), i, drop.MLP_OUT)
     return _ln(h, params, "model.encoder.layer_norm", cfg.eps)
 
 
@@ -207,15 +212,17 @@ def decode(params, cfg, tgt_in, enc_out, src_lengths=None):
     if T > cfg.block_size:
         raise ValueError(f"target length {T} exceeds max_position_embeddings {cfg.block_size}")
     E = params["model.shared.weight"]
-    g = E[tgt_in] + params["model.decoder.embed_positions.weight"][:T]
+    g = drop.resid(E[tgt_in] + params["model.decoder.embed_positions.weight"][:T], 0,
+                   drop.DEC_EMBED)
     for j in range(cfg.n_dec_layer):
         p = f"model.decoder.layers.{j}."
+        layer = cfg.n_enc_layer + j  # the global block index
         n = _ln(g, params, p + "self_attn_layer_norm", cfg.eps)
-        g = g + attention(params, p + "self_attn.", cfg, n, n, causal=True)
+        g = g + attention(params, p + "self_attn.", cfg, n, n, causal=True, layer=layer)
         n = _ln(g, params, p + "encoder_attn_layer_norm", cfg.eps)
         g = g + attention(params, p + "encoder_attn.", cfg, n, enc_out, causal=False,
-                          key_lengths=src_lengths)
-        g = g + _mlp(g, params, p, cfg.eps)
+                          key_lengths=src_lengths, layer=layer, site=drop.CROSS_PROBS)
+        g = g + drop.resid(_mlp(g, params, p, cfg.eps), layer, drop.MLP_OUT)
     return _ln(g, params, "model.decoder.layer_norm", cfg.eps) @ E.t()
 
 
@@ -228,12 +235,13 @@ def encdec_logits(params, cfg, idx):
     return seq2seq_logits(params, cfg, idx, idx)
 
 
-def seq2seq_loss(params, cfg, src, tgt_in, targets):
-    """Mean cross-entropy over all B*T targets."""
+def seq2seq_loss(params, cfg, src, tgt_in, targets, label_smoothing=0.0):
+    """Mean cross-entropy over all B*T targets (label-smoothed by PyTorch's own definition)."""
     logits = seq2seq_logits(params, cfg, src, tgt_in)
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1),
+                           label_smoothing=label_smoothing)
 
 
-def encdec_loss(params, cfg, idx, targets):
+def encdec_loss(params, cfg, idx, targets, label_smoothing=0.0):
     """Mean cross-entropy over all B*T targets, the window as source and decoder input."""
-    return seq2seq_loss(params, cfg, idx, idx, targets)
+    return seq2seq_loss(params, cfg, idx, idx, targets, label_smoothing)

@@ -32,6 +32,7 @@ import os
 import torch
 import torch.nn.functional as F
 
+from reference import dropout_masks as drop  # identity unless a test sets drop.ACTIVE
 from reference.torch_gpt import key_padding_mask, load_params
 
 
@@ -153,7 +154,7 @@ def encoder_hidden(params, cfg, idx=None, lengths=None, features=None):
         x = _linear(features, params, "embed_features")
     else:
         x = params["embed_tokens.weight"][idx]
-    x = x + params["embed_positions.weight"][torch.arange(T)]
+    x = drop.resid(x + params["embed_positions.weight"][torch.arange(T)], 0, drop.EMBED)
     mask = None if lengths is None else key_padding_mask(lengths, T)
     scale = 1.0 / math.sqrt(hd)
     for i in range(cfg.n_layer):
@@ -165,13 +166,14 @@ def encoder_hidden(params, cfg, idx=None, lengths=None, features=None):
         att = (q @ k.transpose(-2, -1)) * scale
         if mask is not None:
             att = att.masked_fill(~mask, float("-inf"))
-        y = (torch.softmax(att, dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
-        x = x + _linear(y, params, p + "self_attn.out_proj")
+        att = drop.attn(torch.softmax(att, dim=-1), i, drop.ATTN_PROBS)
+        y = (att @ v).transpose(1, 2).reshape(B, T, C)
+        x = x + drop.resid(_linear(y, params, p + "self_attn.out_proj"), i, drop.ATTN_OUT)
         if cfg.mlp == "none":
             continue
         n = _ln(x, params, p + "final_layer_norm", cfg.eps)
-        x = x + _linear(F.gelu(_linear(n, params, p + "fc1"), approximate="tanh"), params,
-                        p + "fc2")
+        x = x + drop.resid(_linear(F.gelu(_linear(n, params, p + "fc1"), approximate="tanh"),
+                                   params, p + "fc2"), i, drop.MLP_OUT)
     return _ln(x, params, "layer_norm", cfg.eps)
 
 
@@ -180,8 +182,9 @@ def encoder_logits(params, cfg, idx):
     return encoder_hidden(params, cfg, idx) @ params["embed_tokens.weight"].t()
 
 
-def encoder_loss(params, cfg, idx, targets):
-    """Mean cross-entropy over all B*T targets."""
+def encoder_loss(params, cfg, idx, targets, label_smoothing=0.0):
+    """Mean cross-entropy over all B*T targets (label-smoothed by PyTorch's own definition)."""
     logits = encoder_logits(params, cfg, idx)
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1),
+                           label_smoothing=label_smoothing)
 

@@ -28,6 +28,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from reference import dropout_masks as drop  # identity unless a test sets drop.ACTIVE
+
 # ---------------------------------------------------------------------------
 # safetensors
 # ---------------------------------------------------------------------------
@@ -236,7 +238,7 @@ def gpt_hidden(params, cfg, idx, lengths=None):
     if T > cfg.block_size:
         raise ValueError(f"sequence length {T} exceeds block size {cfg.block_size}")
     pos = torch.arange(T, device=idx.device)
-    x = params["wte.weight"][idx] + params["wpe.weight"][pos]
+    x = drop.resid(params["wte.weight"][idx] + params["wpe.weight"][pos], 0, drop.EMBED)
     mask = torch.ones(T, T, dtype=torch.bool, device=idx.device).tril()
     if lengths is not None:
         mask = mask & key_padding_mask(lengths, T)
@@ -251,12 +253,14 @@ def gpt_hidden(params, cfg, idx, lengths=None):
         v = v.view(B, T, nh, hs).transpose(1, 2)
         att = (q @ k.transpose(-2, -1)) * scale
         att = att.masked_fill(~mask, float("-inf"))
-        att = torch.softmax(att, dim=-1)
+        att = drop.attn(torch.softmax(att, dim=-1), i, drop.ATTN_PROBS)
         y = (att @ v).transpose(1, 2).reshape(B, T, C)
-        x = x + (y @ params[p + "attn.c_proj.weight"] + params[p + "attn.c_proj.bias"])
+        x = x + drop.resid(y @ params[p + "attn.c_proj.weight"] + params[p + "attn.c_proj.bias"],
+                           i, drop.ATTN_OUT)
         h = F.layer_norm(x, (C,), params[p + "ln_2.weight"], params[p + "ln_2.bias"], 1e-5)
         h = _gelu(h @ params[p + "mlp.c_fc.weight"] + params[p + "mlp.c_fc.bias"])
-        x = x + (h @ params[p + "mlp.c_proj.weight"] + params[p + "mlp.c_proj.bias"])
+        x = x + drop.resid(h @ params[p + "mlp.c_proj.weight"] + params[p + "mlp.c_proj.bias"],
+                           i, drop.MLP_OUT)
     return F.layer_norm(x, (C,), params["ln_f.weight"], params["ln_f.bias"], 1e-5)
 
 
@@ -265,10 +269,11 @@ def gpt_logits(params, cfg, idx):
     return gpt_hidden(params, cfg, idx) @ params["wte.weight"].t()
 
 
-def gpt_loss(params, cfg, idx, targets):
-    """Mean cross-entropy over all B*T targets."""
+def gpt_loss(params, cfg, idx, targets, label_smoothing=0.0):
+    """Mean cross-entropy over all B*T targets (label-smoothed by PyTorch's own definition)."""
     logits = gpt_logits(params, cfg, idx)
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1),
+                           label_smoothing=label_smoothing)
 
 
 # ---------------------------------------------------------------------------

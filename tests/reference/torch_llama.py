@@ -31,6 +31,7 @@ import os
 import torch
 import torch.nn.functional as F
 
+from reference import dropout_masks as drop  # identity unless a test sets drop.ACTIVE
 from reference.torch_gpt import key_padding_mask, load_params
 
 
@@ -145,7 +146,7 @@ def llama_hidden(params, cfg, idx, lengths=None):
     H, Hkv, hd = cfg.n_head, cfg.n_kv_head, cfg.head_dim
     if T > cfg.block_size:
         raise ValueError(f"sequence length {T} exceeds max_position_embeddings {cfg.block_size}")
-    x = params["model.embed_tokens.weight"][idx]
+    x = drop.resid(params["model.embed_tokens.weight"][idx], 0, drop.EMBED)
     mask = torch.ones(T, T, dtype=torch.bool).tril()
     if lengths is not None:
         mask = mask & key_padding_mask(lengths, T)
@@ -161,12 +162,13 @@ def llama_hidden(params, cfg, idx, lengths=None):
         k, v = k[:, kv_of], v[:, kv_of]  # [B, H, T, hd]
         att = (q @ k.transpose(-2, -1)) * scale
         att = torch.softmax(att.masked_fill(~mask, float("-inf")), dim=-1)
-        y = (att @ v).transpose(1, 2).reshape(B, T, H * hd)
-        x = x + y @ params[p + "self_attn.o_proj.weight"].t()
+        y = (drop.attn(att, i, drop.ATTN_PROBS) @ v).transpose(1, 2).reshape(B, T, H * hd)
+        x = x + drop.resid(y @ params[p + "self_attn.o_proj.weight"].t(), i, drop.ATTN_OUT)
         n = rmsnorm(x, params[p + "post_attention_layernorm.weight"], cfg.eps)
         gate = n @ params[p + "mlp.gate_proj.weight"].t()
         up = n @ params[p + "mlp.up_proj.weight"].t()
-        x = x + (F.silu(gate) * up) @ params[p + "mlp.down_proj.weight"].t()
+        x = x + drop.resid((F.silu(gate) * up) @ params[p + "mlp.down_proj.weight"].t(), i,
+                           drop.MLP_OUT)
     return rmsnorm(x, params["model.norm.weight"], cfg.eps)
 
 
@@ -175,8 +177,9 @@ def llama_logits(params, cfg, idx):
     return llama_hidden(params, cfg, idx) @ params["lm_head.weight"].t()
 
 
-def llama_loss(params, cfg, idx, targets):
-    """Mean cross-entropy over all B*T targets."""
+def llama_loss(params, cfg, idx, targets, label_smoothing=0.0):
+    """Mean cross-entropy over all B*T targets (label-smoothed by PyTorch's own definition)."""
     logits = llama_logits(params, cfg, idx)
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1),
+                           label_smoothing=label_smoothing)
 

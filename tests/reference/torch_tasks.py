@@ -41,6 +41,7 @@ import struct
 import torch
 import torch.nn.functional as F
 
+from reference import dropout_masks as drop  # identity unless a test sets drop.ACTIVE
 from reference import torch_encdec, torch_encoder, torch_gpt, torch_llama
 from reference.torch_gpt import load_params
 from trellis_test import read_examples  # noqa: E402,F401  (task data files)
@@ -265,18 +266,20 @@ def pool(h, lengths, mode):
 
 
 def class_logits(params, cfg, batch):
-    pooled = pool(hidden(params, cfg, batch), batch["lengths"], cfg.pooling)
+    pooled = drop.pooled(pool(hidden(params, cfg, batch), batch["lengths"], cfg.pooling))
     if cfg.family == "encoder":
         return pooled @ params["classifier.weight"].t() + params["classifier.bias"]
     return pooled @ params["score.weight"].t()
 
 
-def task_loss(params, cfg, batch, _unused=None):
-    """Mean cross-entropy over the batch's targets (labels, or real target tokens).
+def task_loss(params, cfg, batch, _unused=None, label_smoothing=0.0):
+    """Mean cross-entropy over the batch's targets (labels, or real target tokens), label-smoothed
+    by PyTorch's own definition (ignored targets stay out of the mean).
     (_unused: the oracle's loss(params, cfg, x, y) calling convention, y = None.)"""
     if cfg.task == "classify":
-        return F.cross_entropy(class_logits(params, cfg, batch), batch["labels"])
+        return F.cross_entropy(class_logits(params, cfg, batch), batch["labels"],
+                               label_smoothing=label_smoothing)
     logits = torch_encdec.seq2seq_logits(params, cfg.base, batch["src"], batch["tokens"],
                                          batch["lengths"])
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)), batch["targets"].reshape(-1),
-                           ignore_index=-1)
+                           ignore_index=-1, label_smoothing=label_smoothing)

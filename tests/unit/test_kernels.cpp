@@ -14,6 +14,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <barrier>
 #include <cfloat>
 #include <cmath>
 #include <complex>
@@ -23,6 +24,7 @@
 #include <numbers>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "trellis/core/error.h"
@@ -222,6 +224,27 @@ DVec cross_entropy_ref(const DVec& logits, const std::vector<int32_t>& targets, 
     double sum = 0.0;
     for (int64_t j = 0; j < V; ++j) sum += std::exp(row[j] - mx);
     losses[i] = mx + std::log(sum) - row[targets[i]];
+  }
+  return losses;
+}
+
+// Label-smoothed cross-entropy per row, written as PyTorch's CrossEntropyLoss(label_smoothing = e)
+// defines it: -(1 - e) log p_target - (e / V) sum_c log p_c over the first V of Vp columns;
+// a negative target: loss 0.
+DVec smoothed_ce_ref(const DVec& logits, const std::vector<int32_t>& targets, int64_t BT,
+                     int64_t V, int64_t Vp, double e) {
+  DVec losses(sz(BT), 0.0);
+  for (int64_t i = 0; i < BT; ++i) {
+    if (targets[i] < 0) continue;
+    const double* row = &logits[i * Vp];
+    double mx = row[0];
+    for (int64_t j = 1; j < V; ++j) mx = std::max(mx, row[j]);
+    double sum = 0.0;
+    for (int64_t j = 0; j < V; ++j) sum += std::exp(row[j] - mx);
+    const double lse = mx + std::log(sum);
+    double mean_nll = 0.0;
+    for (int64_t j = 0; j < V; ++j) mean_nll += (lse - row[j]) / double(V);
+    losses[i] = (1.0 - e) * (lse - row[targets[i]]) + e * mean_nll;
   }
   return losses;
 }
@@ -1197,6 +1220,116 @@ TEST(KernelsCrossEntropy, PaddingColumnsNeverMatter) {
     EXPECT_EQ(r.second, base.second) << "pad=" << pad;
     EXPECT_EQ(g, g0) << "pad=" << pad;  // includes: padding gradient is exactly 0
   }
+}
+
+// Label smoothing: losses against the double reference, the gradient against finite differences
+// of it, padding columns and padding rows out of both, e = 0 bitwise the plain loss.
+TEST(KernelsCrossEntropy, LabelSmoothingMatchesReferenceAndFiniteDifferences) {
+  const int64_t BT = kB * kT, V = kV, Vp = kVp;
+  CeData d = make_ce(BT, V, Vp, 64);
+  d.targets[3] = -1;  // a padding row
+  for (double e : {0.1, 0.35}) {
+    const float grad_scale = 1.0f / float(BT - 1);
+    Vec logits = d.logits, losses(sz(BT));
+    const double total = ops::cross_entropy(logits.data(), losses.data(), d.targets.data(), BT, V,
+                                            Vp, 0, 0.0f, {}, float(e), V);
+    const DVec ref = smoothed_ce_ref(to_d(d.logits), d.targets, BT, V, Vp, double(float(e)));
+    double ref_total = 0.0;
+    for (double l : ref) ref_total += l;
+    EXPECT_LE(rel_err(losses, ref), kFwdTol) << "e=" << e;
+    EXPECT_NEAR(total, ref_total, kFwdTol * std::abs(ref_total)) << "e=" << e;
+    EXPECT_EQ(losses[3], 0.0f);
+    // differs from the plain loss by far more than the tolerance (the test can fail)
+    EXPECT_GT(rel_err(losses, cross_entropy_ref(to_d(d.logits), [&] {
+                        auto t = d.targets;
+                        t[3] = 0;
+                        return t;
+                      }(), BT, V, Vp)),
+              1e-2);
+
+    ops::cross_entropy(logits.data(), losses.data(), d.targets.data(), BT, V, Vp, 0, grad_scale,
+                       {}, float(e), V);
+    const Vec zero(logits.size(), 0.0f);
+    expect_grad("smoothed dlogits", d.logits, logits, zero, [&](const DVec& v) {
+      double s = 0.0;
+      for (double l : smoothed_ce_ref(v, d.targets, BT, V, Vp, double(float(e)))) s += l;
+      return double(grad_scale) * s;
+    });
+    for (int64_t i = 0; i < BT; ++i) {
+      double row_sum = 0.0;
+      for (int64_t j = 0; j < Vp; ++j) {
+        const float g = logits[i * Vp + j];
+        if (j >= V || i == 3) EXPECT_EQ(g, 0.0f) << "row " << i << " column " << j;
+        row_sum += g;
+      }
+      EXPECT_NEAR(row_sum, 0.0, 1e-7);  // softmax - (1 - e) onehot - e/V sums to zero
+    }
+  }
+  // e = 0 is the plain loss, bit for bit.
+  Vec a = d.logits, b = d.logits, la(sz(BT)), lb(sz(BT));
+  const double ta =
+      ops::cross_entropy(a.data(), la.data(), d.targets.data(), BT, V, Vp, 0, 0.25f);
+  const double tb = ops::cross_entropy(b.data(), lb.data(), d.targets.data(), BT, V, Vp, 0, 0.25f,
+                                       {}, 0.0f, V);
+  EXPECT_EQ(ta, tb);
+  EXPECT_EQ(la, lb);
+  EXPECT_EQ(a, b);
+}
+
+// The vocabulary split over 2 "ranks" (threads whose combine sums or maxes their buffers, as the
+// tensor-parallel all-reduce does), the second holding the last 3 real columns and 5 padding
+// ones: smoothed losses and gradients equal the whole-vocabulary kernel's.
+TEST(KernelsCrossEntropy, LabelSmoothingUnderVocabularySplit) {
+  const int64_t BT = kB * kT, V = kV, Vp = kVp, L = Vp / 2;
+  CeData d = make_ce(BT, V, Vp, 65);
+  d.targets[2] = -1;
+  d.targets[4] = int32_t(L + 1);  // a target in the second slice
+  const float e = 0.2f, grad_scale = 0.125f;
+  Vec whole = d.logits, whole_losses(sz(BT));
+  const double whole_total = ops::cross_entropy(whole.data(), whole_losses.data(),
+                                                d.targets.data(), BT, V, Vp, 0, grad_scale, {},
+                                                e, V);
+  Vec part[2], part_losses[2];
+  double part_total[2] = {};
+  int combines[2] = {};
+  std::vector<double>* slot[2] = {};
+  std::barrier sync(2);
+  auto rank = [&](int r) {
+    omp_set_num_threads(1);
+    part[r].resize(sz(BT * L));
+    part_losses[r].resize(sz(BT));
+    for (int64_t i = 0; i < BT; ++i)
+      for (int64_t j = 0; j < L; ++j) part[r][sz(i * L + j)] = d.logits[sz(i * Vp + r * L + j)];
+    const int64_t valid = std::clamp<int64_t>(V - r * L, 0, L);
+    const ops::RowCombine combine = [&, r](double* buf, int64_t n, bool is_max) {
+      ++combines[r];
+      std::vector<double> mine(buf, buf + n);
+      slot[r] = &mine;
+      sync.arrive_and_wait();
+      const std::vector<double>& other = *slot[1 - r];
+      EXPECT_EQ(other.size(), mine.size());
+      for (int64_t k = 0; k < n; ++k)
+        buf[k] = is_max ? std::max(mine[sz(k)], other[sz(k)]) : mine[sz(k)] + other[sz(k)];
+      sync.arrive_and_wait();  // both read before either buffer goes
+    };
+    part_total[r] = ops::cross_entropy(part[r].data(), part_losses[r].data(), d.targets.data(),
+                                       BT, valid, L, r * L, grad_scale, combine, e, V);
+  };
+  std::thread t1(rank, 1);
+  rank(0);
+  t1.join();
+  EXPECT_EQ(combines[0], 2);  // the max, then one sum (the logit sums ride with the others)
+  EXPECT_EQ(combines[1], 2);
+  DVec ref_losses(whole_losses.begin(), whole_losses.end());
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_LE(rel_err(part_losses[r], ref_losses), 1e-6) << "rank " << r;
+    EXPECT_NEAR(part_total[r], whole_total, 1e-6 * std::abs(whole_total));
+  }
+  DVec joined(sz(BT * Vp)), ref(whole.begin(), whole.end());
+  for (int64_t i = 0; i < BT; ++i)
+    for (int r = 0; r < 2; ++r)
+      for (int64_t j = 0; j < L; ++j) joined[sz(i * Vp + r * L + j)] = part[r][sz(i * L + j)];
+  EXPECT_LE(rel_err(joined, ref), 1e-6);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -2,8 +2,10 @@
 // touches 2-D weights only; a ZeRO shard updates exactly its range; the LR schedule's shape.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 
+#include "trellis/core/error.h"
 #include "trellis/kernels/ops.h"
 #include "trellis/model/params.h"
 #include "trellis/optim/optimizer.h"
@@ -71,6 +73,41 @@ TEST(Optimizer, WarmupThenCosine) {
   EXPECT_FLOAT_EQ(learning_rate(c, 12, 20), 0.55f);  // half-way through the decay
   EXPECT_FLOAT_EQ(learning_rate(c, 20, 20), 0.1f);
   for (int s = 5; s < 20; ++s) EXPECT_GT(learning_rate(c, s, 20), learning_rate(c, s + 1, 20));
+}
+
+TEST(Optimizer, LinearConstantAndInverseSqrtSchedules) {
+  OptimConfig c;
+  c.lr = 1.0f, c.min_lr = 0.1f, c.warmup_steps = 4;
+  c.lr_schedule = "linear";
+  EXPECT_FLOAT_EQ(learning_rate(c, 2, 20), 0.5f);
+  EXPECT_FLOAT_EQ(learning_rate(c, 12, 20), 0.55f);  // half-way through the decay
+  EXPECT_FLOAT_EQ(learning_rate(c, 16, 20), 0.325f);
+  EXPECT_FLOAT_EQ(learning_rate(c, 20, 20), 0.1f);
+  c.lr_schedule = "constant";
+  EXPECT_FLOAT_EQ(learning_rate(c, 3, 20), 0.75f);
+  for (int s : {4, 5, 20}) EXPECT_FLOAT_EQ(learning_rate(c, s, 20), 1.0f);
+  // The Transformer paper's d^-0.5 * min(s^-0.5, s * w^-1.5), rescaled to peak at lr.
+  c.lr_schedule = "inverse_sqrt";
+  const auto paper = [](double s, double w) {
+    return std::min(1 / std::sqrt(s), s / (w * std::sqrt(w)));
+  };
+  for (int s : {1, 2, 4, 9, 16, 100})
+    EXPECT_FLOAT_EQ(learning_rate(c, s, 200), float(paper(s, 4) / paper(4, 4))) << "step " << s;
+  c.lr_schedule = "cosine-ish";
+  EXPECT_THROW(learning_rate(c, 1, 20), Error);
+}
+
+TEST(Optimizer, DefaultWarmupIsATenthOfTheRun) {
+  OptimConfig c;
+  EXPECT_EQ(c.warmup_steps, -1);
+  EXPECT_EQ(warmup_steps_for(c, 200), 20);
+  EXPECT_EQ(warmup_steps_for(c, 5), 1);
+  EXPECT_EQ(warmup_steps_for(c, 1000000), 2000);
+  c.lr = 1.0f;
+  EXPECT_FLOAT_EQ(learning_rate(c, 10, 200), 0.5f);
+  c.warmup_steps = 0;  // no warmup: the first step already runs at the full rate
+  c.lr_schedule = "constant";
+  EXPECT_FLOAT_EQ(learning_rate(c, 1, 200), 1.0f);
 }
 
 }  // namespace

@@ -32,10 +32,18 @@ struct EvalArgs {
   int beam = 1;
   int64_t max_len = 0, examples = 0;
   bool document_mask = false;
+  // grad: dropout as a training step draws it (Context::dropout): the probabilities, the seed
+  // and the global step; the batch's sequences are its global sequences 0, 1, ...
+  float dropout = 0.0f, attn_dropout = 0.0f, classifier_dropout = 0.0f;
+  uint64_t dropout_seed = 0;
+  int64_t dropout_step = 0;
+  float label_smoothing = 0.0f;  // grad: the training loss's (eval reports the plain loss)
 };
 
 void add_eval_options(CLI::App* sub, EvalArgs& a) {
-  sub->add_option("--checkpoint", a.checkpoint, "checkpoint directory (step_NNNNNNNN)")->required();
+  sub->add_option("--checkpoint", a.checkpoint,
+                  "checkpoint directory (OUT/step_NNNNNNNN or OUT/best)")
+      ->required();
   sub->add_option("--data", a.data,
                   "token shard (.bin, llm.c format), or for a task checkpoint the task directory "
                   "from `trellis prepare --task`")
@@ -74,6 +82,7 @@ double windows_loss(const EvalArgs& a, int64_t rows, bool with_grad, CheckpointD
   tokens.set_vocab(ck.model.vocab_size);
   LocalModel local(ck, grads ? grads->data() : nullptr, compute_precision(a));
   Transformer& model = local.model;
+  model.set_label_smoothing(a.label_smoothing);
   Context ctx;
   model.prepare(ctx, a.batch_size, a.seq_len);
   if (a.document_mask) {
@@ -88,6 +97,7 @@ double windows_loss(const EvalArgs& a, int64_t rows, bool with_grad, CheckpointD
     fill_eval_windows(tokens, a.seq_len, w, a.batch_size, ctx.tokens.data(), ctx.targets.data());
     for (int64_t r = 0; a.document_mask && r < a.batch_size; ++r)
       window_doc_starts(tokens, a.seq_len, w + r, ctx.doc_start.data() + r * a.seq_len);
+    ctx.dropout = {with_grad, a.dropout_seed, a.dropout_step, w};
     sum += model.forward(ctx, scale);
     if (with_grad) model.backward(ctx, true);
   }
@@ -118,6 +128,7 @@ double examples_loss(const EvalArgs& a, CheckpointData& ck, const SequenceFormat
   if (a.threads > 0) omp_set_num_threads(a.threads);
   LocalModel local(ck, grads ? grads->data() : nullptr, compute_precision(a));
   Transformer& model = local.model;
+  model.set_label_smoothing(a.label_smoothing);
   Context ctx;
   model.prepare(ctx, a.batch_size, f.T);
   int64_t targets = 0;
@@ -133,6 +144,7 @@ double examples_loss(const EvalArgs& a, CheckpointData& ck, const SequenceFormat
       else
         f.put_padding(ctx, r);
     }
+    ctx.dropout = {grads != nullptr, a.dropout_seed, a.dropout_step, first};
     sum += model.forward(ctx, scale);
     if (grads) model.backward(ctx, true);
     if (predictions)
@@ -215,8 +227,24 @@ Command add_grad_command(CLI::App& app) {
       "grad", "loss and parameter gradients of one batch, as safetensors (for checking)");
   add_eval_options(sub, *a);
   sub->add_option("--out", a->out, "output .safetensors file")->required();
+  sub->add_option("--dropout", a->dropout, "dropout (as training's key) of this batch");
+  sub->add_option("--attn-dropout", a->attn_dropout, "attention dropout of this batch");
+  sub->add_option("--classifier-dropout", a->classifier_dropout,
+                  "classifier dropout of this batch");
+  sub->add_option("--dropout-seed", a->dropout_seed, "the run seed the masks are drawn from");
+  sub->add_option("--dropout-step", a->dropout_step, "the global step (0-based) of the masks");
+  sub->add_option("--label-smoothing", a->label_smoothing,
+                  "label smoothing in [0, 1) of the loss and gradients, as training's "
+                  "label_smoothing")
+      ->capture_default_str();
   return {sub, [a](Communicator&) {
+            TRELLIS_REQUIRE(a->label_smoothing >= 0.0f && a->label_smoothing < 1.0f,
+                            "--label-smoothing {} is outside [0, 1)", a->label_smoothing);
             CheckpointData ck = load_checkpoint(a->checkpoint, false);
+            ck.model.dropout = a->dropout;
+            ck.model.attn_dropout = a->attn_dropout;
+            ck.model.classifier_dropout = a->classifier_dropout;
+            ck.model.validate();  // the probabilities in [0, 1)
             const ParamLayout layout(ck.model);
             std::vector<float> grads(layout.size(), 0.0f);
             double loss = 0.0;

@@ -24,7 +24,8 @@ Command add_export_command(CLI::App& app) {
       "export",
       "write a checkpoint as a Hugging Face directory (config.json + model.safetensors, or "
       "model-*.safetensors with model.safetensors.index.json above 2 GB)");
-  sub->add_option("--checkpoint", a->checkpoint, "checkpoint directory (OUT/step_NNNNNNNN)")
+  sub->add_option("--checkpoint", a->checkpoint,
+                  "checkpoint directory (OUT/step_NNNNNNNN or OUT/best)")
       ->required();
   sub->add_option("--out", a->out, "Hugging Face directory to write")->required();
   // Hidden (no description group): the size above which the weights are split into files.

@@ -62,4 +62,15 @@ double philox_uniform(uint64_t seed, uint64_t stream, uint64_t index) {
   return (double((uint64_t(w[0]) << 21) ^ (w[1] >> 11))) / 9007199254740992.0;
 }
 
+uint64_t splitmix64(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+uint64_t dropout_key(uint64_t seed, uint64_t step, uint64_t layer, uint64_t site) {
+  return splitmix64(splitmix64(splitmix64(seed) ^ step) ^ (layer * 16 + site));
+}
+
 }  // namespace trellis

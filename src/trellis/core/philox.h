@@ -21,4 +21,12 @@ float philox_normal(uint64_t seed, uint64_t stream, uint64_t index);
 // Uniform in [0, 1) for element `index` of the stream (seed, stream).
 double philox_uniform(uint64_t seed, uint64_t stream, uint64_t index);
 
+// splitmix64's finaliser of z + 0x9E3779B97F4A7C15 (Steele et al. 2014), all mod 2^64.
+uint64_t splitmix64(uint64_t z);
+// The Philox key of one dropout site's masks (DESIGN invariant 6; docs/training.md "Dropout"):
+//   splitmix64(splitmix64(splitmix64(seed) ^ step) ^ (layer * 16 + site)).
+// The rank and the layout do not enter: a mask element is then addressed by its global
+// (sequence, position, element) in the counter (kernels/ops.h, ops::Dropout).
+uint64_t dropout_key(uint64_t seed, uint64_t step, uint64_t layer, uint64_t site);
+
 }  // namespace trellis

@@ -122,6 +122,13 @@ TaskMeta read_task_meta(const std::string& dir) {
     m.special_token = j.at("special_token").get<int>();
     m.classes = j.value("classes", std::vector<std::string>{});
     m.feature_dim = j.value("feature_dim", 0);
+    if (j.contains("image")) {
+      const auto& im = j.at("image");
+      m.image_height = im.at("height").get<int>();
+      m.image_width = im.at("width").get<int>();
+      m.patch_height = im.at("patch_height").get<int>();
+      m.patch_width = im.at("patch_width").get<int>();
+    }
     m.val_split = j.value("val_split", std::string("val"));
     m.train_examples = j.at("train_examples").get<int64_t>();
     m.val_examples = j.at("val_examples").get<int64_t>();
@@ -137,6 +144,13 @@ TaskMeta read_task_meta(const std::string& dir) {
   TRELLIS_REQUIRE(m.vocab_size > 0 && m.special_token >= 0 && m.special_token < m.vocab_size,
                   "{}: special_token {} is outside vocab_size {}", path, m.special_token,
                   m.vocab_size);
+  TRELLIS_REQUIRE(
+      m.image_height == 0 ||
+          (m.image_height > 0 && m.image_width > 0 && m.patch_height > 0 && m.patch_width > 0 &&
+           m.image_height % m.patch_height == 0 && m.image_width % m.patch_width == 0 &&
+           int64_t(m.patch_height) * m.patch_width == m.feature_dim),
+      "{}: image {}x{} in patches of {}x{} does not match feature_dim {}", path, m.image_height,
+      m.image_width, m.patch_height, m.patch_width, m.feature_dim);
   return m;
 }
 
@@ -153,6 +167,11 @@ void write_task_meta(const std::string& dir, const TaskMeta& m) {
                       {"max_target_len", m.max_target_len}};
   if (!m.classes.empty()) j["classes"] = m.classes;
   if (m.feature_dim > 0) j["feature_dim"] = m.feature_dim;
+  if (m.image_height > 0)
+    j["image"] = {{"height", m.image_height},
+                  {"width", m.image_width},
+                  {"patch_height", m.patch_height},
+                  {"patch_width", m.patch_width}};
   write_file_atomic((fs::path(dir) / "meta.json").string(), j.dump(2) + "\n");
 }
 

@@ -48,6 +48,10 @@ struct TaskMeta {
   int special_token = -1;  // begins/ends sequences (BOS/EOS/CLS); GPT-2: <|endoftext|>; byte: 256
   std::vector<std::string> classes;  // class names in id order (classify)
   int feature_dim = 0;  // > 0: inputs are patches of feature_dim pixel bytes (images), not tokens
+  // Images: their size and the patches they were cut into (patch_height * patch_width =
+  // feature_dim), which augmentation needs to rebuild the image; 0 in directories prepared before
+  // they were recorded.
+  int image_height = 0, image_width = 0, patch_height = 0, patch_width = 0;
   std::string val_split = "val";  // what val.examples holds: "val" (held out) or "test"
   int64_t train_examples = 0, val_examples = 0;
   int64_t max_source_len = 0, max_target_len = 0;  // longest stored sequences (values / patches)

@@ -252,6 +252,10 @@ void classify_images(const TaskPrepareOptions& opt, TaskPrepareResult& r) {
   r.meta.vocab_size = 1;
   r.meta.special_token = 0;
   r.meta.feature_dim = ph * pw;
+  r.meta.image_height = int(train.rows);
+  r.meta.image_width = int(train.cols);
+  r.meta.patch_height = ph;
+  r.meta.patch_width = pw;
   r.meta.val_split = "test";
   finish(r, Split{patch_examples(train, ph, pw), patch_examples(test, ph, pw)}, opt);
 }

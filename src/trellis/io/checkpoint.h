@@ -1,10 +1,11 @@
 #pragma once
-// Checkpoints: OUT/step_NNNNNNNN/ with config.json (the family's HF config plus a "trellis"
-// section), state.json (step, data position, RNG, training config) and the tensors: sharded (one
-// file per rank plus index.json, io/sharded_checkpoint.h: what training writes) or whole-file
-// (model.safetensors with the family's Hugging Face names and layouts, optimizer.safetensors with
-// moments per parameter, same names: what trellis wrote before sharding, and `trellis export`'s
-// model part). The directory is written under a temporary name and renamed into place.
+// Checkpoints: OUT/step_NNNNNNNN/ (and OUT/best/ under keep_best, alike) with config.json (the
+// family's HF config plus a "trellis" section), state.json (step, data position, RNG, training
+// config) and the tensors: sharded (one file per rank plus index.json, io/sharded_checkpoint.h:
+// what training writes) or whole-file (model.safetensors with the family's Hugging Face names and
+// layouts, optimizer.safetensors with moments per parameter, same names: what trellis wrote before
+// sharding, and `trellis export`'s model part). The directory is written under a temporary name
+// and renamed into place.
 #include <cstdint>
 #include <string>
 #include <vector>

@@ -32,6 +32,7 @@ const Backend kCpu = {
     ops::position_forward,
     ops::position_backward,
     ops::cross_entropy,
+    ops::dropout,
     ops::accumulate,
     ops::zero,
 };

@@ -34,6 +34,7 @@ struct Backend {
   decltype(&ops::position_forward) position_forward;
   decltype(&ops::position_backward) position_backward;
   decltype(&ops::cross_entropy) cross_entropy;
+  decltype(&ops::dropout) dropout;
   decltype(&ops::accumulate) accumulate;
   decltype(&ops::zero) zero;
 };

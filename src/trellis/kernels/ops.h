@@ -73,6 +73,25 @@ void gelu_bias_forward(float* out, float* inp, const float* bias, int64_t rows, 
 void swiglu_forward(float* out, const float* gu, int64_t rows, int64_t F);
 void swiglu_backward(float* dgu, const float* gu, const float* dout, int64_t rows, int64_t F);
 
+// Inverted dropout with masks drawn from Philox4x32-10 (core/philox.h), a pure function of global
+// indices (DESIGN invariant 6): element e of position t of global sequence s, with extra counter
+// word x (the global query head in attention, else 0), is kept iff
+//   word[e % 4] of Philox4x32-10(key, counter words (e / 4, t, s, x)) >= threshold,
+//   threshold = floor(double(p) * 2^32),
+// and a kept value is scaled by 1 / (1 - p) (computed in float). key = dropout_key(seed, step,
+// layer, site). p = 0: no mask is drawn (the ops below are then never called on it).
+struct Dropout {
+  float p = 0.0f;
+  uint64_t key = 0;
+  int64_t seq0 = 0;   // global index of batch row 0's sequence
+  int64_t head0 = 0;  // attention: global index of this call's head 0 (tensor parallelism)
+};
+// out[i, c] = in[i, c] * mask(e = c, t = r % T, s = seq0 + r / T) / (1 - p), r = row0 + i
+// (+ residual[i, c] when not null), for rows i of `rows` rows of width C. out may be in. Its own
+// backward: dropout(dx, dy, nullptr, ...) with the same arguments.
+void dropout(float* out, const float* in, const float* residual, int64_t rows, int64_t row0,
+             int64_t T, int64_t C, const Dropout& d);
+
 // Multi-head attention with grouped-query heads. q: [B, Tq] rows of stride ldq holding H heads of
 // hd; k, v: [B, Tk] rows of stride ldkv holding Hkv heads of hd each (they may be column slices of
 // one fused q|k|v buffer). Query head h uses kv head h / (H / Hkv) (Hugging Face repeat_kv).
@@ -81,11 +100,15 @@ void swiglu_backward(float* dgu, const float* gu, const float* dout, int64_t row
 // first key each query sees, the start of its document in a packed row: query i sees keys
 // [seg_start[b, i], i], a block-diagonal causal mask (non-decreasing along a row, each <= i).
 // out: [B, Tq, H*hd] contiguous; probs: [B, H, Tq, Tk] saved for backward.
+// dropout.p > 0: attention dropout, out = (P o M / (1 - p)) V with M the mask of element e = key j,
+// t = query i, s = dropout.seq0 + b, x = dropout.head0 + h (see Dropout); probs stay the undropped
+// P, and backward draws M again: dP = (dO V^T) o M / (1 - p), then the softmax backward with P.
 struct AttentionShape {
   int64_t B, Tq, Tk, H, Hkv, hd;
   bool causal;
   const int32_t* key_len = nullptr;
   const int32_t* seg_start = nullptr;
+  Dropout dropout = {};
 };
 void attention_forward(float* out, float* probs, const float* q, int64_t ldq, const float* k,
                        const float* v, int64_t ldkv, const AttentionShape& s);
@@ -124,9 +147,15 @@ using RowCombine = std::function<void(double* buf, int64_t n, bool is_max)>;
 // padding and never enters the loss). Writes per-row losses; returns their sum (double, in row
 // order). When grad_scale != 0, overwrites logits with dlogits = grad_scale * (softmax - onehot),
 // zero on padding columns. A negative target marks a padding row: loss 0, dlogits 0.
+// label_smoothing e in [0, 1) is PyTorch's CrossEntropyLoss(label_smoothing = e) over the
+// vocab_size true classes of all ranks together (0 = valid: this rank holds them all): loss =
+// (1 - e) * (-log p_target) + e * mean_c(-log p_c), dlogits = grad_scale * (softmax -
+// (1 - e) onehot - e / vocab_size); padding columns and rows stay out of it. e = 0 is the plain
+// loss, bit for bit; e > 0 adds each row's logit sum to the combine of sums (3*BT doubles, not 2).
 double cross_entropy(float* logits, float* losses, const int32_t* targets, int64_t BT,
                      int64_t valid, int64_t ld, int64_t vocab_start, float grad_scale,
-                     const RowCombine& combine = {});
+                     const RowCombine& combine = {}, float label_smoothing = 0.0f,
+                     int64_t vocab_size = 0);
 
 // y += x.
 void accumulate(float* y, const float* x, int64_t n);

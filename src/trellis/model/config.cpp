@@ -24,6 +24,11 @@ void ModelConfig::validate() const {
   at_most("vocab_multiple", vocab_multiple, kMaxVocab);
   at_most("num_classes", num_classes, kMaxVocab);
   at_most("input_features", input_features, kMaxFeatures);
+  const std::pair<const char*, float> dropouts[] = {{"dropout", dropout},
+                                                    {"attn_dropout", attn_dropout},
+                                                    {"classifier_dropout", classifier_dropout}};
+  for (const auto& [key, p] : dropouts)
+    TRELLIS_REQUIRE(p >= 0.0f && p < 1.0f, "config key '{}': {} is outside [0, 1)", key, p);
   TRELLIS_REQUIRE(n_layer >= 1, "model: n_layer must be >= 1 (got {})", n_layer);
   TRELLIS_REQUIRE(n_dec_layer >= 0, "model: n_dec_layer must be >= 0 (got {})", n_dec_layer);
   TRELLIS_REQUIRE(n_head >= 1 && n_embd >= 1, "model: n_head and n_embd must be >= 1");

@@ -57,6 +57,13 @@ struct ModelConfig {
   // where text uses the token embedding (encoder only).
   int input_features = 0;
 
+  // Dropout probabilities in [0, 1) (inverted; drawn only in a training forward, see Context):
+  // `dropout` on the embedding output (an encoder-decoder's decoder embedding too) and on each
+  // residual branch (after attention's, cross-attention's and the MLP's output projection);
+  // `attn_dropout` on the attention probabilities (self and cross); `classifier_dropout` on a
+  // classifier's pooled vector. Not stored in checkpoints (run settings, like the optimizer's).
+  float dropout = 0.0f, attn_dropout = 0.0f, classifier_dropout = 0.0f;
+
   int padded_vocab() const {
     return (vocab_size + vocab_multiple - 1) / vocab_multiple * vocab_multiple;
   }

@@ -3,10 +3,24 @@
 #include <algorithm>
 
 #include "trellis/core/error.h"
+#include "trellis/core/philox.h"
 
 namespace trellis {
 
 namespace {
+// Dropout sites: the `site` of dropout_key (docs/training.md, "Dropout"). The embeddings' and the
+// classifier's masks use layer 0; a block's use its global layer index.
+enum DropSite : int {
+  kEmbedDrop = 0,       // the embedding output (an encoder-decoder's encoder side)
+  kDecEmbedDrop = 1,    // an encoder-decoder's decoder embedding output
+  kAttnProbsDrop = 2,   // self-attention probabilities
+  kAttnOutDrop = 3,     // the self-attention branch (after the output projection and its bias)
+  kCrossProbsDrop = 4,  // cross-attention probabilities
+  kCrossOutDrop = 5,    // the cross-attention branch
+  kMlpOutDrop = 6,      // the MLP branch (after the down projection and its bias)
+  kClassifierDrop = 7,  // a classifier's pooled vector
+};
+
 // Scratch grows to the largest micro-batch seen and is reused.
 void grow(Tensor& t, int64_t n) {
   if (t.numel() < n) t = Tensor::zeros({n});
@@ -155,6 +169,8 @@ ops::AttentionShape Transformer::attention_shape(const Context& ctx, const Block
   const int32_t* key_len = ctx.lengths.empty() || b.decoder ? nullptr : ctx.lengths.data();
   // Packed documents (decoder-only models; forward checks): a block-diagonal causal mask.
   const int32_t* seg_start = ctx.doc_start.empty() ? nullptr : ctx.doc_start.data();
+  ops::Dropout drop = dropout_of(ctx, cfg_.attn_dropout, b.layer, kAttnProbsDrop);
+  drop.head0 = tp_.rank() * Hl_;  // the global index of this rank's first head
   return {ctx.B,
           ctx.T,
           ctx.T,
@@ -163,7 +179,43 @@ ops::AttentionShape Transformer::attention_shape(const Context& ctx, const Block
           hd_,
           cfg_.causal && (!cfg_.encoder_decoder() || b.decoder),
           key_len,
-          seg_start};
+          seg_start,
+          drop};
+}
+
+ops::Dropout Transformer::dropout_of(const Context& ctx, float p, int layer, int site) const {
+  if (!ctx.dropping || !(p > 0.0f)) return {};
+  return {
+      p, dropout_key(ctx.dropout.seed, uint64_t(ctx.dropout.step), uint64_t(layer), uint64_t(site)),
+      ctx.dropout.first, 0};
+}
+
+// Rows are this rank's: under sequence parallelism an offset slice of the B*T rows.
+void Transformer::drop_rows(const Context& ctx, float* out, const float* in, const float* residual,
+                            const ops::Dropout& d) const {
+  const int64_t BT = ctx.B * ctx.T;
+  k_.dropout(out, in, residual, tp_.local_rows(BT), tp_.first_row(BT), ctx.T, C_, d);
+}
+
+// out (the branch, its rows summed over the group) += bias, then out = x + drop(out); without
+// dropout the one fused pass of before (x + bias added first, as always).
+void Transformer::add_branch(const Context& ctx, float* out, const float* bias, const float* x,
+                             int layer, int site) const {
+  const int64_t R = tp_.local_rows(ctx.B * ctx.T);
+  const ops::Dropout d = dropout_of(ctx, cfg_.dropout, layer, site);
+  if (d.p <= 0.0f) return k_.add_bias(out, bias, x, R, C_);
+  k_.add_bias(out, bias, nullptr, R, C_);
+  drop_rows(ctx, out, out, x, d);
+}
+
+// d(branch) from d(out) (dres, which stays d(x) for the residual path): dres itself without
+// dropout, else dres o M / (1 - p) in `scratch` (R rows).
+float* Transformer::branch_grad(const Context& ctx, float* dres, float* scratch, int layer,
+                                int site) const {
+  const ops::Dropout d = dropout_of(ctx, cfg_.dropout, layer, site);
+  if (d.p <= 0.0f) return dres;
+  drop_rows(ctx, scratch, dres, nullptr, d);
+  return scratch;
 }
 
 // Positions restart at each packed document (null: position t of each row).
@@ -295,6 +347,8 @@ void Transformer::decoder_start_forward(Context& ctx, const float* x_enc) {
   const int64_t R = tp_.local_rows(ctx.B * ctx.T);
   enc_norm_.forward(ctx.enc.f32(), ctx.enc_mean.f32(), ctx.enc_rstd.f32(), x_enc, R);
   embed(ctx.tokens.data(), dec_pos_, ctx.dec_embedded.f32(), ctx);
+  if (const ops::Dropout d = dropout_of(ctx, cfg_.dropout, 0, kDecEmbedDrop); d.p > 0.0f)
+    drop_rows(ctx, ctx.dec_embedded.f32(), ctx.dec_embedded.f32(), nullptr, d);
 }
 
 Context::BlockActs& Transformer::acts(Context& ctx, int l, Context::BlockActs& view) {
@@ -326,6 +380,8 @@ ops::AttentionShape Transformer::cross_attention_shape(const Context& ctx, const
   ops::AttentionShape shape = attention_shape(ctx, p);
   shape.causal = false;  // every target position sees the whole (real) source
   shape.key_len = ctx.lengths.empty() ? nullptr : ctx.lengths.data();
+  shape.dropout = dropout_of(ctx, cfg_.attn_dropout, p.layer, kCrossProbsDrop);
+  shape.dropout.head0 = tp_.rank() * Hl_;
   return shape;
 }
 
@@ -372,7 +428,7 @@ void Transformer::block_forward(Context& ctx, int l, const float* x, bool recomp
   float* partial = sp ? full_.f32() : a.res_mid.f32();
   p.proj.forward(partial, a.att.f32(), BT, false);
   tp_.leave(partial, a.res_mid.f32(), BT, C);
-  k_.add_bias(a.res_mid.f32(), p.proj.bias(), x, R, C);
+  add_branch(ctx, a.res_mid.f32(), p.proj.bias(), x, p.layer, kAttnOutDrop);
   if (p.decoder) cross_forward(ctx, l, a);
   // MLP: up (or gate|up) column-parallel, down row-parallel.
   const float* mid = p.decoder ? a.res_x.f32() : a.res_mid.f32();
@@ -387,7 +443,7 @@ void Transformer::block_forward(Context& ctx, int l, const float* x, bool recomp
   partial = sp ? full_.f32() : a.res_out.f32();
   p.down.forward(partial, a.act.f32(), BT, false);
   tp_.leave(partial, a.res_out.f32(), BT, C);
-  k_.add_bias(a.res_out.f32(), p.down.bias(), mid, R, C);
+  add_branch(ctx, a.res_out.f32(), p.down.bias(), mid, p.layer, kMlpOutDrop);
 }
 
 // Cross-attention: queries from the decoder (res_mid), keys and values from the encoder output.
@@ -404,7 +460,7 @@ void Transformer::cross_forward(Context& ctx, int l, Context::BlockActs& a) {
   float* partial = sp ? full_.f32() : a.res_x.f32();
   p.xproj.forward(partial, a.xatt.f32(), BT, false);
   tp_.leave(partial, a.res_x.f32(), BT, C);
-  k_.add_bias(a.res_x.f32(), p.xproj.bias(), a.res_mid.f32(), R, C);
+  add_branch(ctx, a.res_x.f32(), p.xproj.bias(), a.res_mid.f32(), p.layer, kCrossOutDrop);
 }
 
 void Transformer::head_forward(Context& ctx, const float* x) {
@@ -420,6 +476,8 @@ void Transformer::blocks_forward(Context& ctx) {
   if (chunk_.embedding) {
     const bool src = cfg_.encoder_decoder() && !ctx.src_tokens.empty();
     embed(src ? ctx.src_tokens.data() : ctx.tokens.data(), pos_, ctx.embedded.f32(), ctx);
+    if (const ops::Dropout d = dropout_of(ctx, cfg_.dropout, 0, kEmbedDrop); d.p > 0.0f)
+      drop_rows(ctx, ctx.embedded.f32(), ctx.embedded.f32(), nullptr, d);
   }
   for (size_t i = 0; i < chunk_.layers.size(); ++i) {
     if (hooks_) hooks_->before_forward(chunk_.layers[i]);
@@ -437,14 +495,24 @@ double Transformer::forward(Context& ctx, float grad_scale) {
   for (int32_t n : ctx.lengths)
     TRELLIS_REQUIRE(n >= 1 && n <= ctx.T, "sequence length {} is outside [1, {}]", n, ctx.T);
   set_doc_positions(ctx);
+  ctx.dropping = ctx.dropout.train && grad_scale != 0.0f &&
+                 (cfg_.dropout > 0.0f || cfg_.attn_dropout > 0.0f ||
+                  (cfg_.classifier_dropout > 0.0f && !cfg_.lm_head()));
   blocks_forward(ctx);
   if (!chunk_.head) return 0.0;
   if (!cfg_.lm_head()) return classifier_forward(ctx, grad_scale);
   head_forward(ctx, ctx.blocks.back().res_out.f32());
   for (int32_t t : ctx.targets)  // -1: padding, not counted
     TRELLIS_REQUIRE(t >= -1 && t < cfg_.vocab_size, "target id {} is outside the vocabulary", t);
+  // Smoothed over the true vocabulary of all tensor-parallel ranks (padding rows stay out).
   return k_.cross_entropy(ctx.logits.f32(), ctx.losses.f32(), ctx.targets.data(), ctx.B * ctx.T,
-                          vocab_valid_, vocab_rows_, vocab_start_, grad_scale, tp_.row_combine());
+                          vocab_valid_, vocab_rows_, vocab_start_, grad_scale, tp_.row_combine(),
+                          grad_scale != 0.0f ? label_smoothing_ : 0.0f, cfg_.vocab_size);
+}
+
+void Transformer::set_label_smoothing(float e) {
+  TRELLIS_REQUIRE(e >= 0.0f && e < 1.0f, "label_smoothing {} is outside [0, 1)", e);
+  label_smoothing_ = e;
 }
 
 void Transformer::set_doc_positions(Context& ctx) const {
@@ -469,8 +537,9 @@ void Transformer::mlp_backward(Context& ctx, int l, Context::BlockActs& a) {
   float* dlocal = sp ? dfull : dln;  // where entering's backward leaves d(norm output)
   if (ctx.recompute == Recompute::Selective)  // from the kept norm output (gathered under SP)
     mlp_activation(p, a, sp ? a.ln2_full.f32() : a.ln2.f32(), BT);
-  if (p.down.bias_grad()) k_.bias_backward(p.down.bias_grad(), dres, R, C, C);
-  const float* dy = tp_.leave_backward(dres, dfull, BT, C);
+  const float* dbranch = branch_grad(ctx, dres, dln, p.layer, kMlpOutDrop);
+  if (p.down.bias_grad()) k_.bias_backward(p.down.bias_grad(), dbranch, R, C, C);
+  const float* dy = tp_.leave_backward(dbranch, dfull, BT, C);
   p.down.backward(dact_.f32(), dy, a.act.f32(), BT, false);
   k_.zero(dup_.f32(), BT * p.up.out());
   if (cfg_.mlp == MlpKind::SwiGLU)
@@ -501,8 +570,9 @@ void Transformer::block_backward(Context& ctx, int l, const float* x) {
   // Selective: the probabilities again (and the kept output, rewritten with the same values).
   if (ctx.recompute == Recompute::Selective) self_attention(ctx, p, a);
 
-  if (p.proj.bias_grad()) k_.bias_backward(p.proj.bias_grad(), dres, R, C, C);
-  const float* dy = tp_.leave_backward(dres, dfull, BT, C);
+  const float* dbranch = branch_grad(ctx, dres, dln, p.layer, kAttnOutDrop);
+  if (p.proj.bias_grad()) k_.bias_backward(p.proj.bias_grad(), dbranch, R, C, C);
+  const float* dy = tp_.leave_backward(dbranch, dfull, BT, C);
   p.proj.backward(datt_.f32(), dy, a.att.f32(), BT, false);
   const int64_t W = p.qkv.out(), Q = Hl_ * hd_, KV = Hkvl_ * hd_;
   float* dqkv = dqkv_.f32();
@@ -526,8 +596,9 @@ void Transformer::cross_backward(Context& ctx, int l, Context::BlockActs& a) {
   const Block& p = blocks_[size_t(l)];
   float *dres = dres_.f32(), *dln = dln_.f32(), *dfull = dfull_.f32();
   if (ctx.recompute == Recompute::Selective) cross_attention(ctx, p, a);
-  if (p.xproj.bias_grad()) k_.bias_backward(p.xproj.bias_grad(), dres, R, C, C);
-  const float* dy = tp_.leave_backward(dres, dfull, BT, C);
+  const float* dbranch = branch_grad(ctx, dres, dln, p.layer, kCrossOutDrop);
+  if (p.xproj.bias_grad()) k_.bias_backward(p.xproj.bias_grad(), dbranch, R, C, C);
+  const float* dy = tp_.leave_backward(dbranch, dfull, BT, C);
   p.xproj.backward(datt_.f32(), dy, a.xatt.f32(), BT, false);
   k_.zero(dxq_.f32(), BT * Q);
   k_.zero(dxkv_.f32(), BT * 2 * KV);
@@ -573,6 +644,8 @@ void Transformer::backward(Context& ctx, bool last_micro_step,
     if (decoder_start_ && b.layer == cfg_.n_layer) {
       // dres is d(decoder embedding): into the shared embedding and the decoder positions. Then
       // the encoder's side continues from d(encoder output) through its final norm.
+      if (const ops::Dropout d = dropout_of(ctx, cfg_.dropout, 0, kDecEmbedDrop); d.p > 0.0f)
+        drop_rows(ctx, dres_.f32(), dres_.f32(), nullptr, d);
       embed_backward(ctx.tokens.data(), ddec_pos_, ctx);
       k_.zero(dres_.f32(), R * C);
       const float* x_enc = i > 0 ? ctx.blocks[size_t(i - 1)].res_out.f32()
@@ -589,6 +662,8 @@ void Transformer::backward(Context& ctx, bool last_micro_step,
     return;
   }
   const bool src = cfg_.encoder_decoder() && !ctx.src_tokens.empty();
+  if (const ops::Dropout d = dropout_of(ctx, cfg_.dropout, 0, kEmbedDrop); d.p > 0.0f)
+    drop_rows(ctx, dres_.f32(), dres_.f32(), nullptr, d);
   embed_backward(src ? ctx.src_tokens.data() : ctx.tokens.data(), dpos_, ctx);
   if (hooks_) hooks_->after_backward(-1);
   if (notify) on_block_done(-1);
@@ -624,6 +699,10 @@ double Transformer::classifier_forward(Context& ctx, float grad_scale) {
     for (int64_t t = 0; t < T; ++t)
       if (const float w = pool_weight(ctx, b, t); w != 0.0f)
         for (int64_t c = 0; c < C; ++c) pooled[b * C + c] += w * ctx.lnf.f32()[(b * T + t) * C + c];
+  // Dropped in place: the classifier's weight gradient reads the dropped vector.
+  if (const ops::Dropout d = dropout_of(ctx, cfg_.classifier_dropout, 0, kClassifierDrop);
+      d.p > 0.0f)
+    k_.dropout(pooled, pooled, nullptr, B, 0, 1, C, d);  // sequence b, position 0, element c
   float* logits = ctx.class_logits.f32();
   classifier_.forward(logits, pooled, B);
   for (int64_t b = 0; b < B; ++b) {
@@ -634,7 +713,8 @@ double Transformer::classifier_forward(Context& ctx, float grad_scale) {
   }
   std::vector<float> losses(static_cast<size_t>(B));
   const double sum =
-      k_.cross_entropy(logits, losses.data(), ctx.labels.data(), B, K, K, 0, grad_scale, {});
+      k_.cross_entropy(logits, losses.data(), ctx.labels.data(), B, K, K, 0, grad_scale, {},
+                       grad_scale != 0.0f ? label_smoothing_ : 0.0f, K);
   float* out = ctx.losses.f32();
   std::fill_n(out, B * T, 0.0f);
   for (int64_t b = 0; b < B; ++b) out[b * T] = losses[size_t(b)];
@@ -645,6 +725,9 @@ void Transformer::classifier_backward(Context& ctx) {
   const int64_t B = ctx.B, T = ctx.T, C = C_;
   std::vector<float> dpooled(size_t(B * C), 0.0f);
   classifier_.backward(dpooled.data(), ctx.class_logits.f32(), ctx.pooled.f32(), B);
+  if (const ops::Dropout d = dropout_of(ctx, cfg_.classifier_dropout, 0, kClassifierDrop);
+      d.p > 0.0f)
+    k_.dropout(dpooled.data(), dpooled.data(), nullptr, B, 0, 1, C, d);
   float* dln = dln_.f32();
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t) {
@@ -677,6 +760,7 @@ void Transformer::head_backward(Context& ctx) {
 std::vector<float> Transformer::logits_at(Context& ctx, const std::vector<int64_t>& rows) {
   TRELLIS_CHECK(tp_.size() == 1 && chunk_.embedding && chunk_.head && cfg_.lm_head(),
                 "decoding runs the whole language model on a single rank");
+  ctx.dropping = false;
   blocks_forward(ctx);
   const int64_t C = C_, V = cfg_.vocab_size, n = int64_t(rows.size());
   const float* hidden = ctx.blocks.back().res_out.f32();

@@ -57,7 +57,20 @@ struct Context {
   std::vector<int32_t> doc_start, positions;
   std::vector<int32_t> labels;  // a classifier's class of each sequence [B] (-1: not counted)
   std::vector<float> features;  // feature inputs [B*T, input_features] (instead of tokens)
-  Tensor embedded;              // [local, C] input of block 0
+  // Dropout (DESIGN invariant 6): the trainer sets this per micro-batch of a training step; the
+  // masks are a function of (seed, step, layer, site) and each element's global (sequence, first
+  // + row b; position; element), never of the rank (ops::Dropout, docs/training.md). train false
+  // (evaluation, sampling, decoding, the default): no masks.
+  struct DropoutDraw {
+    bool train = false;
+    uint64_t seed = 0;
+    int64_t step = 0;   // the global step (0-based, as Batches::fill)
+    int64_t first = 0;  // global index in the step's batch of this micro-batch's sequence 0
+  } dropout;
+  // Set by forward: this pass draws masks (dropout.train, grad_scale != 0 and some p > 0); its
+  // backward and any recompute draw the same ones.
+  bool dropping = false;
+  Tensor embedded;  // [local, C] input of block 0
   struct BlockActs {
     Tensor ln1, ln1_mean, ln1_rstd, ln1_full, qkv, probs, att, res_mid;
     // cross-attention (decoder blocks of an encoder-decoder)
@@ -125,6 +138,10 @@ class Transformer {
   std::vector<float> logits_at(Context& ctx, const std::vector<int64_t>& rows);
   // Hooks run on every micro-batch from now on (null: none); they must outlive the model.
   void set_block_hooks(const BlockHooks* hooks) { hooks_ = hooks; }
+  // Label smoothing e in [0, 1) of the loss (PyTorch's CrossEntropyLoss(label_smoothing = e)
+  // over the true vocabulary, or the classes), applied in training forwards only
+  // (grad_scale != 0): an evaluation forward reports the plain negative log-likelihood.
+  void set_label_smoothing(float e);
   const BlockHooks* block_hooks() const { return hooks_; }
   // Bytes of the scratch the model shares between its Contexts: backward's gradient buffers and
   // what recomputing Contexts do not keep (one block's worth); allocated by prepare and held.
@@ -168,6 +185,17 @@ class Transformer {
   void head_backward(Context& ctx);
   double classifier_forward(Context& ctx, float grad_scale);
   void classifier_backward(Context& ctx);
+  // Dropout of `site` in global layer `layer` with probability p for this pass (p = 0 when ctx
+  // does not draw masks): a kernel's Dropout.
+  ops::Dropout dropout_of(const Context& ctx, float p, int layer, int site) const;
+  // The residual-branch / embedding dropout of this rank's rows (in place; out = in allowed).
+  void drop_rows(const Context& ctx, float* out, const float* in, const float* residual,
+                 const ops::Dropout& d) const;
+  // A residual branch's end: out = x + drop(out + bias) (this rank's rows).
+  void add_branch(const Context& ctx, float* out, const float* bias, const float* x, int layer,
+                  int site) const;
+  // d(branch) from d(branch output) dres: dres itself, or its dropped copy in scratch.
+  float* branch_grad(const Context& ctx, float* dres, float* scratch, int layer, int site) const;
   // The weight of row t of sequence b in its pooled vector.
   float pool_weight(const Context& ctx, int64_t b, int64_t t) const;
   // Valid positions of sequence b.
@@ -190,6 +218,7 @@ class Transformer {
   bool carry_in_ = false, carry_out_ = false, decoder_start_ = false, has_decoder_ = false;
   std::vector<Block> blocks_;
   const BlockHooks* hooks_ = nullptr;
+  float label_smoothing_ = 0.0f;
   // Scratch shared by all micro-batches (one forward or backward runs at a time).
   Tensor full_, dres_, dln_, dfull_, dqkv_, datt_, dup_, dact_;
   Tensor denc_, denc_full_, dxq_, dxkv_;  // cross-attention

@@ -7,13 +7,44 @@
 
 namespace trellis {
 
+LrSchedule parse_lr_schedule(const std::string& name) {
+  if (name == "cosine") return LrSchedule::Cosine;
+  if (name == "linear") return LrSchedule::Linear;
+  if (name == "constant") return LrSchedule::Constant;
+  if (name == "inverse_sqrt") return LrSchedule::InverseSqrt;
+  TRELLIS_REQUIRE(false,
+                  "config key 'lr_schedule': unknown schedule '{}' (choose cosine, linear, "
+                  "constant or inverse_sqrt)",
+                  name);
+  return LrSchedule::Cosine;
+}
+
+int64_t warmup_steps_for(const OptimConfig& c, int64_t total_steps) {
+  TRELLIS_REQUIRE(c.warmup_steps >= -1,
+                  "config key 'warmup_steps': {} is negative (-1 = a tenth of the steps)",
+                  c.warmup_steps);
+  if (c.warmup_steps >= 0) return c.warmup_steps;
+  return std::clamp<int64_t>((total_steps + 5) / 10, 1, 2000);
+}
+
 float learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps) {
-  if (c.warmup_steps > 0 && step <= c.warmup_steps)
-    return c.lr * float(step) / float(c.warmup_steps);
-  const int64_t decay_steps = total_steps - c.warmup_steps;
+  const LrSchedule kind = parse_lr_schedule(c.lr_schedule);
+  const int64_t warmup = warmup_steps_for(c, total_steps);
+  if (warmup > 0 && step <= warmup) return c.lr * float(step) / float(warmup);
+  switch (kind) {
+    case LrSchedule::Constant:
+      return c.lr;
+    case LrSchedule::InverseSqrt:
+      return float(double(c.lr) * std::sqrt(double(std::max<int64_t>(warmup, 1)) / double(step)));
+    case LrSchedule::Cosine:
+    case LrSchedule::Linear:
+      break;
+  }
+  const int64_t decay_steps = total_steps - warmup;
   if (decay_steps <= 0) return c.lr;
-  const double progress = std::min(1.0, double(step - c.warmup_steps) / double(decay_steps));
-  const double coeff = 0.5 * (1.0 + std::cos(M_PI * progress));
+  const double progress = std::min(1.0, double(step - warmup) / double(decay_steps));
+  const double coeff =
+      kind == LrSchedule::Cosine ? 0.5 * (1.0 + std::cos(M_PI * progress)) : 1.0 - progress;
   return float(c.min_lr + coeff * (c.lr - c.min_lr));
 }
 

@@ -13,15 +13,28 @@ namespace trellis {
 struct OptimConfig {
   std::string name = "adamw";  // adamw | sgd
   float lr = 6e-4f;
-  float min_lr = 6e-5f;  // cosine decays to this
-  int warmup_steps = 0;
+  float min_lr = 6e-5f;   // cosine and linear decay to this
+  int warmup_steps = -1;  // -1 = auto: 10% of the run's steps, at most 2000 (warmup_steps_for)
+  std::string lr_schedule = "cosine";  // cosine | linear | constant | inverse_sqrt
   float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
   float weight_decay = 0.1f;
   float momentum = 0.9f;   // sgd
   float grad_clip = 1.0f;  // global-norm clip; 0 disables
 };
 
-// Linear warmup over warmup_steps, then cosine from lr to min_lr at total_steps. step is 1-based.
+// The schedules after warmup (a linear ramp from 0 to lr over the warmup steps):
+//   cosine        from lr down to min_lr at total_steps (half a cosine wave);
+//   linear        from lr down to min_lr at total_steps;
+//   constant      lr;
+//   inverse_sqrt  lr * sqrt(warmup / step): the Transformer paper's d^-0.5 * min(step^-0.5,
+//                 step * warmup^-1.5), scaled so its peak at the end of warmup is lr (no floor).
+enum class LrSchedule : uint8_t { Cosine, Linear, Constant, InverseSqrt };
+// Input error naming the key for an unknown name.
+LrSchedule parse_lr_schedule(const std::string& name);
+// The warmup a run of total_steps gets: warmup_steps, or with -1 a tenth of the steps (at least
+// 1, at most 2000: GPT-2's and Megatron's usual warmup on long runs).
+int64_t warmup_steps_for(const OptimConfig& c, int64_t total_steps);
+// The learning rate of 1-based step `step` of a run of total_steps.
 float learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps);
 
 class Optimizer {

@@ -74,12 +74,25 @@ class LmBatches : public Batches {
 
 class TaskBatches : public Batches {
  public:
-  TaskBatches(const TaskData& d, int64_t T, int64_t G, uint64_t seed, bool shuffle)
-      : d_(d), format_(d.meta, T), G_(G), order_(int64_t(d.train.size()), G, seed, shuffle) {}
+  TaskBatches(const TaskData& d, int64_t T, int64_t G, uint64_t seed, bool shuffle,
+              const Augment& augment)
+      : d_(d),
+        format_(d.meta, T),
+        G_(G),
+        seed_(seed),
+        order_(int64_t(d.train.size()), G, seed, shuffle),
+        augment_(augment) {}
   void fill(int64_t step, int64_t first, int64_t rows, Context& ctx) override {
     for (int64_t r = 0; r < rows; ++r) {
       const size_t i = size_t(order_.item(step, first + r));
-      format_.put(ctx, r, d_.train.source(i), d_.train.target(i), d_.train.labels[i]);
+      std::span<const uint32_t> source = d_.train.source(i);
+      if (augment_.any()) {
+        const int64_t epoch = (step * G_ + first + r) / order_.items();
+        scratch_.resize(source.size());
+        augment_image(d_.meta, augment_draw(augment_, seed_, epoch, int64_t(i)), source, scratch_);
+        source = scratch_;
+      }
+      format_.put(ctx, r, source, d_.train.target(i), d_.train.labels[i]);
     }
   }
   int64_t step_targets(int64_t step) override {
@@ -108,7 +121,10 @@ class TaskBatches : public Batches {
   const TaskData& d_;
   SequenceFormat format_;
   int64_t G_;
+  uint64_t seed_;
   GlobalOrder order_;
+  Augment augment_;
+  std::vector<uint32_t> scratch_;  // an augmented example
 };
 
 }  // namespace
@@ -142,6 +158,11 @@ TaskData load_task_data(const std::string& dir) {
       TRELLIS_REQUIRE(
           d.meta.feature_dim == 0 || set->source(i).size() % size_t(d.meta.feature_dim) == 0,
           "{}: example {} is not a whole number of {}-value patches", dir, i, d.meta.feature_dim);
+      TRELLIS_REQUIRE(
+          d.meta.image_height == 0 ||
+              set->source(i).size() == size_t(d.meta.image_height) * size_t(d.meta.image_width),
+          "{}: example {} holds {} pixels, not a {}x{} image", dir, i, set->source(i).size(),
+          d.meta.image_height, d.meta.image_width);
     }
   return d;
 }
@@ -225,8 +246,10 @@ int64_t task_seq_len(const TaskData& d) {
 }
 
 std::unique_ptr<Batches> make_task_batches(const TaskData& d, int64_t T, int64_t global_batch,
-                                           uint64_t seed, bool shuffle) {
-  return std::make_unique<TaskBatches>(d, T, global_batch, seed, shuffle);
+                                           uint64_t seed, bool shuffle, const Augment& augment) {
+  if (augment.any())
+    TRELLIS_REQUIRE(d.meta.image_height > 0, "augment: {} holds no image geometry", d.dir);
+  return std::make_unique<TaskBatches>(d, T, global_batch, seed, shuffle, augment);
 }
 
 }  // namespace trellis

@@ -7,6 +7,7 @@
 #include <span>
 #include <string>
 
+#include "trellis/data/augment.h"
 #include "trellis/data/corpus.h"
 #include "trellis/data/examples.h"
 #include "trellis/data/mixture.h"
@@ -75,7 +76,11 @@ struct SequenceFormat {
 
 // The positions a task's examples need: the longest, with the special tokens.
 int64_t task_seq_len(const TaskData& d);
+// augment: training images only, each example as augment_draw(seed, epoch, its index in the
+// training set) gives (data/augment.h); epoch = its position in the endless sequence of epochs
+// (step * global_batch + j) / examples, as the order's.
 std::unique_ptr<Batches> make_task_batches(const TaskData& d, int64_t T, int64_t global_batch,
-                                           uint64_t seed, bool shuffle);
+                                           uint64_t seed, bool shuffle,
+                                           const Augment& augment = {});
 
 }  // namespace trellis

@@ -1,5 +1,8 @@
 #include "trellis/train/checkpointing.h"
 
+#include <fcntl.h>
+#include <stdio.h>
+
 #include <filesystem>
 
 #include "trellis/comm/communicator.h"
@@ -19,8 +22,8 @@ Checkpointer::Checkpointer(Communicator& world, std::string out_dir, bool async)
   if (world_.rank() == 0 && fs::is_directory(out_))
     for (const auto& e : fs::directory_iterator(out_)) {
       const std::string name = e.path().filename().string();
-      if (e.is_directory() && name.rfind(".step_", 0) == 0 && name.size() > 4 &&
-          name.substr(name.size() - 4) == ".tmp")
+      if (e.is_directory() && (name.rfind(".step_", 0) == 0 || name.rfind(".best", 0) == 0) &&
+          name.size() > 4 && name.substr(name.size() - 4) == ".tmp")
         fs::remove_all(e.path());
     }
   world_.barrier();
@@ -28,9 +31,33 @@ Checkpointer::Checkpointer(Communicator& world, std::string out_dir, bool async)
 
 Checkpointer::~Checkpointer() { join(); }
 
-std::string Checkpointer::tmp_dir(int64_t step) const {
-  return (fs::path(out_) / ("." + checkpoint_dir_name(step) + ".tmp")).string();
+std::string Checkpointer::dir_name(int64_t step, const std::string& name) const {
+  return name.empty() ? checkpoint_dir_name(step) : name;
 }
+
+std::string Checkpointer::tmp_dir(const std::string& name) const {
+  return (fs::path(out_) / ("." + name + ".tmp")).string();
+}
+
+namespace {
+
+// Puts the complete directory `from` in place of `to`. An existing `to` is exchanged with it in
+// one step (renameat2 RENAME_EXCHANGE) and then removed under from's name, so `to` is always a
+// whole checkpoint; where the file system cannot exchange, the old one is moved aside first.
+void replace_dir(const std::string& from, const std::string& to) {
+  if (!fs::exists(to)) return fs::rename(from, to);
+  if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_EXCHANGE) == 0) {
+    fs::remove_all(from);
+    return;
+  }
+  const std::string old = from + ".old.tmp";
+  fs::remove_all(old);
+  fs::rename(to, old);
+  fs::rename(from, to);
+  fs::remove_all(old);
+}
+
+}  // namespace
 
 void Checkpointer::join() {
   if (writer_.joinable()) writer_.join();
@@ -38,11 +65,12 @@ void Checkpointer::join() {
 
 double Checkpointer::save(int64_t step, const ParamLayout& layout, const OwnedArrays& owned,
                           const std::vector<std::pair<std::string, std::string>>& lead_files,
-                          const nlohmann::json& index_extra) {
+                          const nlohmann::json& index_extra, const std::string& name) {
   const auto t0 = Clock::now();
   finish();  // one save at a time: the previous one is committed first
-  const std::string dir = tmp_dir(step);
+  const std::string dir = tmp_dir(dir_name(step, name));
   pending_step_ = step;
+  pending_name_ = name;
   pending_extra_ = index_extra;
   error_.clear();
   // Every rank creates the directory (whoever comes first), rank 0 adds the small files.
@@ -111,20 +139,26 @@ void Checkpointer::commit() {
   bytes_ = written_bytes_;
   write_seconds_ = written_seconds_;
   const int64_t step = pending_step_;
+  const std::string name = dir_name(step, pending_name_);
+  const bool named = !pending_name_.empty();
   pending_step_ = -1;
   double failed = error_.empty() ? 0.0 : 1.0;
   world_.all_reduce_max(&failed, 1);
   TRELLIS_REQUIRE(error_.empty(), "checkpoint of step {}: {}", step, error_);
   TRELLIS_REQUIRE(failed == 0.0, "checkpoint of step {}: another rank's write failed", step);
-  const std::string dir = tmp_dir(step);
-  const std::string final_dir = (fs::path(out_) / checkpoint_dir_name(step)).string();
+  const std::string dir = tmp_dir(name);
+  const std::string final_dir = (fs::path(out_) / name).string();
   std::string error;
   if (world_.rank() == 0) {
     try {
       write_checkpoint_index(dir, world_.size(), pending_extra_);
-      // Replace an older copy of the same step only once the new one is complete.
-      fs::remove_all(final_dir);
-      fs::rename(dir, final_dir);
+      // Replace an older copy of the same step (or name) only once the new one is complete.
+      if (named) {
+        replace_dir(dir, final_dir);
+      } else {
+        fs::remove_all(final_dir);
+        fs::rename(dir, final_dir);
+      }
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -134,8 +168,8 @@ void Checkpointer::commit() {
   TRELLIS_REQUIRE(error.empty(), "checkpoint of step {}: {}", step, error);
   TRELLIS_REQUIRE(lead_failed == 0.0, "checkpoint of step {}: rank 0 could not write the index",
                   step);
-  last_ = final_dir;
-  if (on_commit) on_commit(step, last_, write_seconds_);
+  if (!named) last_ = final_dir;
+  if (on_commit) on_commit(step, final_dir, write_seconds_);
 }
 
 }  // namespace trellis

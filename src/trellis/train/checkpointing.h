@@ -35,9 +35,12 @@ class Checkpointer {
   // files (name -> text: config.json, state.json) and index fields (`index_extra`). The arrays
   // may change once it returns (async: they were copied). Returns the seconds the caller was
   // blocked: waiting for the previous save, the snapshot, and (sync) the whole write.
+  // `name`: the directory under out_dir; empty = step_NNNNNNNN. A named checkpoint (OUT/best)
+  // replaces the one of that name atomically (the directories are exchanged, so a reader sees
+  // the old one or the new one, never neither) and is not last_committed().
   double save(int64_t step, const ParamLayout& layout, const OwnedArrays& owned,
               const std::vector<std::pair<std::string, std::string>>& lead_files,
-              const nlohmann::json& index_extra);
+              const nlohmann::json& index_extra, const std::string& name = "");
   // --async-save: allocates (and faults in) the host snapshot for arrays of this size now, at
   // start-up, so the first save does not pay for it inside training. Nothing otherwise.
   void reserve(const OwnedArrays& owned);
@@ -53,12 +56,13 @@ class Checkpointer {
   size_t last_bytes() const { return bytes_; }
   // Seconds the last committed write took on this rank (the writer's own time).
   double last_write_seconds() const { return write_seconds_; }
-  // Called on every rank after a checkpoint was committed: its step, its directory and the
-  // seconds this rank's write took.
+  // Called on every rank after a checkpoint was committed (named ones too): its step, its
+  // directory and the seconds this rank's write took.
   std::function<void(int64_t step, const std::string& dir, double write_seconds)> on_commit;
 
  private:
-  std::string tmp_dir(int64_t step) const;
+  std::string dir_name(int64_t step, const std::string& name) const;
+  std::string tmp_dir(const std::string& name) const;
   void commit();
   void join();
 
@@ -66,6 +70,7 @@ class Checkpointer {
   std::string out_;
   bool async_;
   int64_t pending_step_ = -1;
+  std::string pending_name_;  // the pending save's directory name under out_
   nlohmann::json pending_extra_;
   std::thread writer_;
   std::atomic<bool> done_{false};

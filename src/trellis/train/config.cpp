@@ -51,6 +51,9 @@ ModelConfig TrainConfig::model_config(int vocab_size, int num_classes, int input
   if (block_size) m.block_size = block_size;
   if (init_from.empty()) m.vocab_size = vocab_size;
   m.vocab_multiple = vocab_multiple;
+  m.dropout = float(dropout);
+  m.attn_dropout = float(attn_dropout);
+  m.classifier_dropout = float(classifier_dropout);
   set_block_choices({{"norm", norm},
                      {"positions", positions},
                      {"mlp", mlp},
@@ -117,6 +120,16 @@ ConfigKey make_key(std::string name, std::string help, T* field) {
   return k;
 }
 
+// k, refusing values outside [lo, hi) with an input error naming the key.
+ConfigKey in_range(ConfigKey k, double lo, double hi) {
+  k.set = [name = k.name, set = k.set, lo, hi](const std::string& v) {
+    set(v);
+    const double x = parse_number<double>(name, v);
+    TRELLIS_REQUIRE(x >= lo && x < hi, "config key '{}': {} is outside [{}, {})", name, v, lo, hi);
+  };
+  return k;
+}
+
 }  // namespace
 
 std::vector<ConfigKey> config_keys(TrainConfig& c) {
@@ -148,6 +161,23 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
                "family's)",
                &c.tied_head),
       make_key("block_size", "override the preset's context length (0 = preset)", &c.block_size),
+      in_range(make_key("dropout",
+                        "dropout probability in [0, 1) of the embedding output (and an "
+                        "encoder-decoder's decoder embedding) and of each residual branch (after "
+                        "the attention, cross-attention and MLP output projections); inverted, "
+                        "training only, masks independent of the layout (docs/training.md)",
+                        &c.dropout),
+               0.0, 1.0),
+      in_range(make_key("attn_dropout",
+                        "dropout probability in [0, 1) of the attention probabilities (self and "
+                        "cross attention); training only",
+                        &c.attn_dropout),
+               0.0, 1.0),
+      in_range(make_key("classifier_dropout",
+                        "dropout probability in [0, 1) of a classifier's pooled vector, before "
+                        "its head; training only",
+                        &c.classifier_dropout),
+               0.0, 1.0),
       make_key("vocab_multiple", "pad the embedding rows to a multiple of this (speed only)",
                &c.vocab_multiple),
       make_key("init_from",
@@ -167,13 +197,31 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
                "first, a special token) or last (the last real one, as "
                "GPT2ForSequenceClassification); empty = last for decoders, mean for encoders",
                &c.pooling),
+      in_range(make_key("label_smoothing",
+                        "label smoothing e in [0, 1) of the training loss (LM, classification, "
+                        "translation), as torch.nn.CrossEntropyLoss(label_smoothing=e): the target "
+                        "keeps 1 - e, e is spread evenly over all classes (the true vocabulary); "
+                        "the logged training loss is the smoothed one, validation losses the "
+                        "plain negative log-likelihood",
+                        &c.label_smoothing),
+               0.0, 1.0),
       make_key("shuffle", "shuffle training windows/examples each epoch (seeded)", &c.shuffle),
       make_key("document_mask",
                "language models: attention stays inside each document of a packed window (a "
                "block-diagonal causal mask from the document index `prepare` writes beside each "
                "shard), and positions (learned or RoPE) restart at each document",
                &c.document_mask),
-      make_key("out", "output directory: metrics.jsonl, tb/, step_NNNNNNNN/ checkpoints", &c.out),
+      make_key("augment",
+               "image tasks: augment the training examples (never validation, eval or "
+               "classify), a comma-separated list of shift:N (translate by up to N pixels in y "
+               "and x, each uniform in [-N, N], zero fill) and flip (horizontal, probability "
+               "1/2), e.g. shift:2,flip; each example's draw is a function of (seed, epoch, "
+               "example); empty = none",
+               &c.augment),
+      make_key("out",
+               "output directory: metrics.jsonl, tb/, step_NNNNNNNN/ checkpoints (and best/ with "
+               "keep_best)",
+               &c.out),
       make_key("steps", "number of optimizer steps", &c.steps),
       make_key("batch_size",
                "global batch size in sequences (all DP ranks and micro-steps together)",
@@ -195,8 +243,14 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
                &c.precision),
       make_key("optimizer", "adamw or sgd", &o.name),
       make_key("lr", "peak learning rate", &o.lr),
-      make_key("min_lr", "learning rate at the end of the cosine decay", &o.min_lr),
-      make_key("warmup_steps", "linear warmup steps", &o.warmup_steps),
+      make_key("lr_schedule",
+               "after warmup: cosine or linear (decay from lr to min_lr at the last step), "
+               "constant, or inverse_sqrt (lr * sqrt(warmup / step), the Transformer paper's)",
+               &o.lr_schedule),
+      make_key("min_lr", "learning rate at the end of the cosine or linear decay", &o.min_lr),
+      make_key("warmup_steps",
+               "linear warmup steps from 0 to lr (-1 = a tenth of the steps, at most 2000)",
+               &o.warmup_steps),
       make_key("beta1", "AdamW beta1", &o.beta1),
       make_key("beta2", "AdamW beta2", &o.beta2),
       make_key("eps", "AdamW epsilon", &o.eps),
@@ -216,6 +270,15 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
                &c.stop_at),
       make_key("val_every", "validation loss every N steps (0 = only at the end)", &c.val_every),
       make_key("val_batches", "global batches of validation data per evaluation", &c.val_batches),
+      make_key("keep_best",
+               "keep out/best/, the checkpoint of the best validation so far by val_loss, "
+               "val_accuracy or val_macro_f1 (the last two for classifiers); rewritten "
+               "atomically at each validation that improves it; empty = off",
+               &c.keep_best),
+      make_key("early_stop_patience",
+               "with keep_best: stop training (with a final checkpoint) after this many "
+               "validations in a row without improvement (0 = never stop early)",
+               &c.early_stop_patience),
       make_key("log_every", "print a progress line every N steps", &c.log_every),
       make_key("quiet", "no progress lines (files are still written)", &c.quiet),
       make_key("tensorboard", "write TensorBoard event files to out/tb", &c.tensorboard),

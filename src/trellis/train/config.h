@@ -21,6 +21,10 @@ struct TrainConfig {
   // mlp: gelu|swiglu, bias and tied_head: true|false).
   std::string norm, positions, mlp, bias, tied_head;
   int vocab_multiple = 64;
+  // Dropout probabilities in [0, 1), inverted, training forwards only (ModelConfig's, which
+  // model_config copies them into): embedding output and residual branches; attention
+  // probabilities; a classifier's pooled vector.
+  double dropout = 0.0, attn_dropout = 0.0, classifier_dropout = 0.0;
   // A Hugging Face model directory to start from (fine-tuning); its config.json gives the model,
   // so the preset, sizes and block choices above stay unset.
   std::string init_from;
@@ -30,10 +34,16 @@ struct TrainConfig {
   // lm | classify | translate; empty = the data's (a task directory names its task).
   std::string task;
   std::string pooling;  // a classifier's: mean | cls | last; empty = last for decoders, else mean
+  // Label smoothing of the training loss in [0, 1) (LM, classification, translation); validation
+  // reports the plain negative log-likelihood.
+  double label_smoothing = 0.0;
   bool shuffle = true;
   // Keep attention inside each document of a packed window (the shards' document indexes);
   // positions restart per document.
   bool document_mask = false;
+  // Image tasks: augmentation of the training examples, e.g. "shift:2,flip" (data/augment.h);
+  // empty = none.
+  std::string augment;
   // run
   std::string out = "out";
   int64_t steps = 200;
@@ -41,16 +51,20 @@ struct TrainConfig {
   int64_t micro_batch_size = 0;  // per rank and micro-step; 0 = batch_size / dp (no accumulation)
   int64_t seq_len = 0;           // 0 = the model's context length
   uint64_t seed = 1337;
-  int threads = 0;  // OpenMP threads per rank; 0 = cores / local ranks
+  int threads = 0;                 // OpenMP threads per rank; 0 = cores / local ranks
   std::string precision = "auto";  // GEMMs in fp32 | bf16 | auto (bf16 where the CPU has it)
   OptimConfig optim;
   // checkpoints, validation, logging
-  int64_t save_every = 0;  // 0 = only at the end
+  int64_t save_every = 0;   // 0 = only at the end
   bool async_save = false;  // write checkpoints from a background thread (a host snapshot)
   bool resume = false;
   int64_t stop_at = 0;      // save and exit after this step (a time-limited job); 0 = run all
   int64_t val_every = 50;   // 0 = only at the end
   int64_t val_batches = 4;  // global batches of the validation split per evaluation
+  // Keep OUT/best/, the checkpoint of the best validation so far: val_loss | val_accuracy |
+  // val_macro_f1 (classifiers); empty = off (train/best.h).
+  std::string keep_best;
+  int64_t early_stop_patience = 0;  // stop after this many validations without improvement; 0 = off
   int64_t log_every = 1;
   bool quiet = false;
   bool tensorboard = true;
@@ -67,9 +81,9 @@ struct TrainConfig {
   bool sequence_parallel = false;  // split LayerNorm/residual regions along the sequence (tp > 1)
   // What a training forward keeps for backward: none | selective | full (model/transformer.h).
   std::string recompute = "none";
-  int zero = 0;                    // ZeRO stage 0-3 (parallel/zero.h)
-  double bucket_mb = 25.0;         // gradient all-reduce bucket size
-  double comm_timeout = 300.0;     // seconds any rank waits in one communication before aborting
+  int zero = 0;                 // ZeRO stage 0-3 (parallel/zero.h)
+  double bucket_mb = 25.0;      // gradient all-reduce bucket size
+  double comm_timeout = 300.0;  // seconds any rank waits in one communication before aborting
 
   // The configured model for a vocabulary; num_classes > 0 gives it a classifier (pooling from
   // `pooling`), input_features > 0 a projection of feature inputs.

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <thread>
 
 #include "trellis/comm/communicator.h"
@@ -35,6 +36,7 @@
 #include "trellis/core/threads.h"
 #include "trellis/train/auto_layout.h"
 #include "trellis/train/batches.h"
+#include "trellis/train/best.h"
 #include "trellis/train/checkpointing.h"
 #include "trellis/train/fault.h"
 #include "trellis/train/memory_plan.h"
@@ -141,7 +143,11 @@ class Trainer {
   int64_t val_items_of(int set);
   void log_validation(int64_t step, const EvalResult& r);
   void print_confusion(const ConfusionMatrix& m) const;
-  std::string save(int64_t step);
+  // name: empty = OUT/step_NNNNNNNN; "best" = OUT/best (keep_best).
+  std::string save(int64_t step, const std::string& name = "");
+  // After a validation: keep_best's metric (rank 0's value on every rank), OUT/best when it
+  // improved, and whether early stopping ends the run here.
+  bool track_best(int64_t step, const EvalResult& val);
   // What this rank writes into a checkpoint: its owned ranges (ZeRO), or its 1/dp of a replica.
   OwnedArrays owned_state();
   void log_step(int64_t step, const StepStats& st);
@@ -153,8 +159,14 @@ class Trainer {
   int threads_, V_;
   DType compute_ = DType::F32;  // the GEMM precision
   ScheduleKind schedule_;
+  // TRELLIS_TEST_DROPOUT_PLANT=1 (tests only): each rank mixes its world rank into the dropout
+  // seed, a layout-dependent mask the layout-equivalence tests must catch. 0 otherwise.
+  uint64_t dropout_plant_ = 0;
   Mixture lm_data_;                 // the language model's data (one corpus or a mixture)
   std::unique_ptr<TaskData> task_;  // or a task's
+  Augment augment_;                 // of a task's training images
+  BestTracker best_;                // keep_best, early_stop_patience
+  nlohmann::json resumed_best_;     // the tracker's state in the checkpoint resumed from
   TokenizerInfo tokenizer_;
   ModelConfig mc_;
   int64_t T_, G_, per_rank_, b_, accum_;
@@ -188,6 +200,10 @@ Trainer::Trainer(TrainConfig cfg, Communicator& world)
       lead_(world.rank() == 0),
       run_start_(Clock::now()) {
   schedule_ = parse_schedule(cfg_.schedule);
+  if (const char* plant = std::getenv("TRELLIS_TEST_DROPOUT_PLANT"); plant && *plant == '1')
+    dropout_plant_ = uint64_t(world.rank()) * 0x9E3779B97F4A7C15ull;
+  // The learning-rate schedule's keys, checked before any work rather than at the first step.
+  learning_rate(cfg_.optim, 1, cfg_.steps);
   V_ = cfg_.virtual_stages;
   TRELLIS_REQUIRE(V_ >= 1, "virtual_stages must be >= 1");
   TRELLIS_REQUIRE(V_ == 1 || schedule_ == ScheduleKind::Interleaved,
@@ -242,12 +258,13 @@ Trainer::Trainer(TrainConfig cfg, Communicator& world)
   load_or_init();
   check_replicas_agree();
   checkpointer_ = std::make_unique<Checkpointer>(world_, cfg_.out, cfg_.async_save);
-  checkpointer_->on_commit = [this](int64_t step, const std::string&, double write_s) {
-    if (lead_)
-      log_->write({{"step", step},
-                   {"checkpoint_write_ms", write_s * 1e3},
-                   {"checkpoint_bytes", checkpointer_->last_bytes()}},
-                  "checkpoint");
+  checkpointer_->on_commit = [this](int64_t step, const std::string& dir, double write_s) {
+    if (!lead_) return;
+    nlohmann::json row = {{"step", step},
+                          {"checkpoint_write_ms", write_s * 1e3},
+                          {"checkpoint_bytes", checkpointer_->last_bytes()}};
+    if (std::filesystem::path(dir).filename() == "best") row["checkpoint"] = "best";
+    log_->write(row, "checkpoint");
   };
   checkpointer_->reserve(owned_state());
   // ZeRO-2/3 keep their shards (or, resumed, gather the rest from them); ZeRO-3 frees the blocks.
@@ -260,6 +277,7 @@ Trainer::Trainer(TrainConfig cfg, Communicator& world)
         std::make_unique<Transformer>(*layout_, dp_sync_->params(), dp_sync_->grads(), *tp_, &c,
                                       compute_));
     models_.back()->set_block_hooks(dp_sync_->hooks());
+    models_.back()->set_label_smoothing(float(cfg_.label_smoothing));
     chunk_models.push_back(models_.back().get());
   }
   pipe_ = std::make_unique<Pipeline>(mesh_.pp_comm(), chunk_models, b_, T_,
@@ -267,11 +285,14 @@ Trainer::Trainer(TrainConfig cfg, Communicator& world)
   tied_ = std::make_unique<TiedWeights>(mesh_.pp_comm(), *layout_, cfg_.comm_timeout);
   TRELLIS_REQUIRE(!task_ || !cfg_.document_mask,
                   "document_mask applies to language-model token shards, not to task data");
-  batches_ = task_ ? make_task_batches(*task_, T_, G_, cfg_.seed, cfg_.shuffle)
+  batches_ = task_ ? make_task_batches(*task_, T_, G_, cfg_.seed, cfg_.shuffle, augment_)
                    : make_lm_batches(lm_data_, T_, G_, cfg_.seed, cfg_.shuffle,
                                      cfg_.document_mask);
   TRELLIS_REQUIRE(cfg_.val_batches >= 0, "val_batches must be >= 0");
   for (int i = 0; i < batches_->val_sets(); ++i) val_items_ += val_items_of(i);
+  best_ =
+      BestTracker(cfg_.keep_best, cfg_.early_stop_patience, mc_.num_classes > 0, val_items_ > 0);
+  best_.restore(resumed_best_);
   if (lead_)
     log_ = std::make_unique<MetricsLog>(cfg_.out, cfg_.tensorboard,
                                         resumed_from_.empty() ? -1 : start_step_);
@@ -303,6 +324,7 @@ struct RunData {
   TokenizerInfo tokenizer;
   ModelConfig model;
   int64_t T = 0;
+  Augment augment;
 };
 
 RunData load_run_data(const TrainConfig& cfg) {
@@ -314,6 +336,7 @@ RunData load_run_data(const TrainConfig& cfg) {
                   cfg.task, cfg.data.empty() ? "the built-in corpus" : cfg.data,
                   task == "lm" ? "language-model shards" : task + " examples");
   if (!task_dir) {
+    check_augment(cfg.augment, nullptr, cfg.data);
     d.lm = cfg.data.empty() ? default_mixture() : load_mixture(cfg.data);
     d.tokenizer = {d.lm.tokenizer, d.lm.tokenizer_dir};
     d.model = cfg.model_config(d.lm.vocab_size);
@@ -324,6 +347,7 @@ RunData load_run_data(const TrainConfig& cfg) {
   }
   d.task = std::make_unique<TaskData>(load_task_data(cfg.data));
   const TaskMeta& meta = d.task->meta;
+  d.augment = check_augment(cfg.augment, &meta, cfg.data);
   d.tokenizer = {meta.tokenizer, meta.tokenizer_dir};
   const bool classify = task == "classify";
   d.model =
@@ -350,6 +374,7 @@ void Trainer::load_data() {
   RunData d = load_run_data(cfg_);
   lm_data_ = std::move(d.lm);
   task_ = std::move(d.task);
+  augment_ = d.augment;
   tokenizer_ = d.tokenizer;
   mc_ = d.model;
   T_ = d.T;
@@ -422,7 +447,9 @@ void Trainer::load_or_init() {
   for (auto& [name, buf] : optimizer_->state())
     reader.read(*layout_, optimizer_->owned(), name, buf->data());
   const std::string state_path = resumed_from_ + "/state.json";
-  start_step_ = parse_checkpoint_state(read_file(state_path), state_path).at("step").get<int64_t>();
+  const nlohmann::json state = parse_checkpoint_state(read_file(state_path), state_path);
+  start_step_ = state.at("step").get<int64_t>();
+  resumed_best_ = state.value("best", nlohmann::json());
 }
 
 // Every DP replica must start from identical weights (they are generated, never broadcast).
@@ -484,7 +511,11 @@ StepStats Trainer::forward_backward_step(int64_t step) {
   const int64_t targets = batches_->step_targets(step - 1);
   const float grad_scale = 1.0f / float(targets);
   auto load = [&](int k, Context& ctx) {
-    batches_->fill(step - 1, mesh_.dp_rank() * per_rank_ + k * b_, b_, ctx);
+    const int64_t first = mesh_.dp_rank() * per_rank_ + k * b_;  // in the global batch
+    batches_->fill(step - 1, first, b_, ctx);
+    // Dropout masks address the global step and sequences (invariant 6), never the rank; the
+    // planted key of dropout_test_plant is the exception that the layout tests must reject.
+    ctx.dropout = {true, cfg_.seed ^ dropout_plant_, step - 1, first};
     return b_;
   };
   // Without a pipeline, buckets are reduced while backward still runs (chunks finish in layout
@@ -580,6 +611,7 @@ EvalResult Trainer::evaluate_set(int64_t items) {
     auto load = [&](int k, Context& ctx) {
       const int64_t first = lo + k * b, rows = std::min(b, hi - first);
       batches_->fill_val(first, rows, ctx);
+      ctx.dropout.train = false;  // a pooled Context may have trained: validation never drops
       return rows;
     };
     auto collect = [&](int, const Context& ctx, int64_t rows) {
@@ -645,9 +677,35 @@ void Trainer::print_confusion(const ConfusionMatrix& m) const {
   }
 }
 
+bool Trainer::track_best(int64_t step, const EvalResult& val) {
+  if (!best_.enabled()) return false;
+  double value = val.loss;
+  if (best_.metric() == BestMetric::ValAccuracy) value = accuracy(val.confusion);
+  if (best_.metric() == BestMetric::ValMacroF1) value = macro_f1(val.confusion);
+  // Every rank takes rank 0's value (a sum with zeros is exact), so all decide alike and the
+  // save below is collective everywhere or nowhere.
+  if (!lead_) value = 0.0;
+  world_.all_reduce_sum(&value, 1);
+  if (best_.update(step, value)) save(step, "best");
+  if (!best_.should_stop()) return false;
+  if (lead_) {
+    log_->write({{"step", step},
+                 {"early_stop", true},
+                 {"best_step", best_.best_step()},
+                 {"best_" + best_.name(), best_.best_value()}},
+                "early_stop");
+    if (!cfg_.quiet)
+      fmt::print(
+          "trellis: early stop at step {}: {} has not improved for {} validations (best "
+          "{:.4f} at step {})\n",
+          step, best_.name(), best_.since(), best_.best_value(), best_.best_step());
+  }
+  return true;
+}
+
 // Each rank writes what it owns, in parallel (io/sharded_checkpoint.h); any layout resumes it.
 // Returns the newest committed checkpoint (with --async-save, an earlier one until the write ends).
-std::string Trainer::save(int64_t step) {
+std::string Trainer::save(int64_t step, const std::string& name) {
   nlohmann::json task;
   if (task_) {
     const TaskMeta& m = task_->meta;
@@ -666,6 +724,7 @@ std::string Trainer::save(int64_t step) {
                                   {"shuffle", cfg_.shuffle},
                                   {"seed", cfg_.seed}}},
                                 {"rng", {{"kind", "philox4x32-10"}, {"seed", cfg_.seed}}},
+                                {"best", best_.state()},
                                 {"config", conf}};
   std::vector<std::pair<std::string, std::string>> files;
   if (lead_)
@@ -676,12 +735,14 @@ std::string Trainer::save(int64_t step) {
                                  {"tp", mesh_.tp()},       {"pp", mesh_.pp()},
                                  {"virtual_stages", V_},   {"zero", cfg_.zero}};
   const double stall = checkpointer_->save(step, *layout_, owned_state(), files,
-                                           {{"step", step}, {"layout", layout}});
-  if (lead_)
-    log_->write({{"step", step},
-                 {"checkpoint_stall_ms", stall * 1e3},
-                 {"checkpoint_async", cfg_.async_save}},
-                "checkpoint");
+                                           {{"step", step}, {"layout", layout}}, name);
+  if (lead_) {
+    nlohmann::json row = {{"step", step},
+                          {"checkpoint_stall_ms", stall * 1e3},
+                          {"checkpoint_async", cfg_.async_save}};
+    if (!name.empty()) row["checkpoint"] = name;
+    log_->write(row, "checkpoint");
+  }
   return checkpointer_->last_committed();
 }
 
@@ -755,7 +816,12 @@ int Trainer::run() {
   loop_start_ = Clock::now();
   memory::reset_peak();
   fault_point(world_.rank(), 0);  // start-up, fresh or resumed
-  for (int64_t step = start_step_ + 1; step <= cfg_.steps; ++step) {
+  // A run resumed from the checkpoint where early stopping ended it trains no further.
+  int64_t early_stop_step = best_.should_stop() ? start_step_ : -1;
+  if (early_stop_step >= 0 && lead_ && !cfg_.quiet)
+    fmt::print("trellis: early stopping ended this run at step {}: nothing more to train\n",
+               start_step_);
+  for (int64_t step = start_step_ + 1; step <= cfg_.steps && early_stop_step < 0; ++step) {
     fault_point(world_.rank(), step);
     const auto t0 = Clock::now();
     StepStats st = forward_backward_step(step);
@@ -769,23 +835,33 @@ int Trainer::run() {
       ++timed_steps;
     }
     log_step(step, st);
-    const bool stopping = step == cfg_.stop_at, last = step == cfg_.steps;
+    bool stopping = step == cfg_.stop_at;
+    const bool last = step == cfg_.steps;
     if (val_items_ > 0 && ((cfg_.val_every > 0 && step % cfg_.val_every == 0) || last)) {
       const EvalResult val = evaluate();
       best_val = std::min(best_val, val.loss);
       log_validation(step, val);
-      if (last && lead_ && mc_.num_classes > 0) print_confusion(val.confusion);
+      if (track_best(step, val)) {
+        stopping = true;
+        early_stop_step = step;
+      }
+      if ((last || early_stop_step == step) && lead_ && mc_.num_classes > 0)
+        print_confusion(val.confusion);
     }
     if ((cfg_.save_every > 0 && step % cfg_.save_every == 0) || last || stopping)
       last_checkpoint = save(step);
     if (stopping) break;
   }
-  if (cfg_.steps <= start_step_) last_checkpoint = save(start_step_);
+  if (cfg_.steps <= start_step_ && early_stop_step < 0) last_checkpoint = save(start_step_);
   checkpointer_->finish();  // an --async-save still writing: wait for it, then commit it
   last_checkpoint = checkpointer_->last_committed();
   if (!lead_ || cfg_.quiet) return 0;
-  const int64_t end_step =
-      cfg_.stop_at > start_step_ ? std::min(cfg_.stop_at, cfg_.steps) : cfg_.steps;
+  const int64_t end_step = early_stop_step >= 0         ? early_stop_step
+                           : cfg_.stop_at > start_step_ ? std::min(cfg_.stop_at, cfg_.steps)
+                                                        : cfg_.steps;
+  if (best_.best_step() >= 0)
+    fmt::print("trellis: best {} {:.4f} at step {}: {}/best\n", best_.name(), best_.best_value(),
+               best_.best_step(), cfg_.out);
   const int64_t trained = std::max<int64_t>(0, end_step - start_step_);
   const double mean_tps = timed_steps ? tokens_per_s_sum / double(timed_steps) : 0.0;
   fmt::print(

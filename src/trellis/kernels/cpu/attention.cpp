@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "trellis/core/error.h"
+#include "trellis/kernels/cpu/dropout_mask.h"
 #include "trellis/kernels/cpu/simd_math.h"
 #include "trellis/kernels/ops.h"
 
@@ -100,27 +101,46 @@ void attention_forward(float* out, float* probs, const float* q, int64_t ldq, co
   check_shape(s);
   const int64_t hd = s.hd, Tq = s.Tq, Tk = s.Tk, C = s.H * hd, group = s.H / s.Hkv;
   const float scale = 1.0f / std::sqrt(float(hd));
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t bh = 0; bh < s.B * s.H; ++bh) {
-    const int64_t b = bh / s.H, h = bh % s.H, kv = (h / group) * hd;
-    const float* qh = q + b * Tq * ldq + h * hd;
-    const float* kh = k + b * Tk * ldkv + kv;
-    const float* vh = v + b * Tk * ldkv + kv;
-    float* p = probs + bh * Tq * Tk;
-    float* oh = out + b * Tq * C + h * hd;
-    for (int64_t i0 = 0; i0 < Tq; i0 += query_block(s)) {
-      const int64_t i1 = std::min(Tq, i0 + query_block(s)), n = block_keys(s, b, i1);
-      const int64_t lo = first_key(s, b, i0);  // the block's rows see no key before it
-      gemm(false, true, i1 - i0, n - lo, hd, scale, qh + i0 * ldq, ldq, kh + lo * ldkv, ldkv, 0.0f,
-           p + i0 * Tk + lo, Tk);
-      for (int64_t i = i0; i < i1; ++i) {
-        const int64_t first = first_key(s, b, i);
-        float* row = p + i * Tk;
-        softmax_causal_row(row + first, visible_keys(s, b, i) - first, Tk - first);
-        std::fill(row, row + first, 0.0f);
+  const bool drop = s.dropout.p > 0.0f;
+#pragma omp parallel
+  {
+    std::vector<float> pd;  // dropout: the block's dropped probabilities P o M / (1 - p)
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t bh = 0; bh < s.B * s.H; ++bh) {
+      const int64_t b = bh / s.H, h = bh % s.H, kv = (h / group) * hd;
+      const float* qh = q + b * Tq * ldq + h * hd;
+      const float* kh = k + b * Tk * ldkv + kv;
+      const float* vh = v + b * Tk * ldkv + kv;
+      float* p = probs + bh * Tq * Tk;
+      float* oh = out + b * Tq * C + h * hd;
+      for (int64_t i0 = 0; i0 < Tq; i0 += query_block(s)) {
+        const int64_t i1 = std::min(Tq, i0 + query_block(s)), n = block_keys(s, b, i1);
+        const int64_t lo = first_key(s, b, i0);  // the block's rows see no key before it
+        gemm(false, true, i1 - i0, n - lo, hd, scale, qh + i0 * ldq, ldq, kh + lo * ldkv, ldkv,
+             0.0f, p + i0 * Tk + lo, Tk);
+        for (int64_t i = i0; i < i1; ++i) {
+          const int64_t first = first_key(s, b, i);
+          float* row = p + i * Tk;
+          softmax_causal_row(row + first, visible_keys(s, b, i) - first, Tk - first);
+          std::fill(row, row + first, 0.0f);
+        }
+        const float* pv = p + i0 * Tk + lo;
+        if (drop) {
+          pd.resize(size_t((i1 - i0) * Tk));
+          for (int64_t i = i0; i < i1; ++i) {  // masks of the keys row i sees; 0 beyond
+            const int64_t vis = visible_keys(s, b, i);
+            float* m = pd.data() + (i - i0) * Tk + lo;
+            dropout_multipliers(m, lo, vis - lo, s.dropout, uint64_t(i),
+                                uint64_t(s.dropout.seq0 + b), uint64_t(s.dropout.head0 + h));
+            const float* row = p + i * Tk + lo;
+            for (int64_t j = 0; j < vis - lo; ++j) m[j] *= row[j];
+            std::fill(m + (vis - lo), m + (n - lo), 0.0f);
+          }
+          pv = pd.data() + lo;
+        }
+        gemm(false, false, i1 - i0, hd, n - lo, 1.0f, pv, Tk, vh + lo * ldkv, ldkv, 0.0f,
+             oh + i0 * C, C);
       }
-      gemm(false, false, i1 - i0, hd, n - lo, 1.0f, p + i0 * Tk + lo, Tk, vh + lo * ldkv, ldkv,
-           0.0f, oh + i0 * C, C);
     }
   }
 }
@@ -133,9 +153,11 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   const float scale = 1.0f / std::sqrt(float(hd));
   // One work item per (batch, kv head): the query heads sharing its k and v add into dk and dv one
   // after the other, in head order, so there is no race and the sums do not depend on threads.
+  const bool drop = s.dropout.p > 0.0f;
 #pragma omp parallel
   {
     std::vector<float> dp(size_t(Tq * Tk));
+    std::vector<float> pd(drop ? size_t(query_block(s) * Tk) : 0);  // P o M / (1 - p), a block
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bg = 0; bg < s.B * s.Hkv; ++bg) {
       const int64_t b = bg / s.Hkv, g = bg % s.Hkv, kv = g * hd;
@@ -156,7 +178,25 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
           float* db = dp.data() + i0 * Tk + lo;
           // Keys [lo, n) only: the block's rows see no other.
           gemm(false, true, m, nk, hd, 1.0f, dyb, C, vh + lo * ldkv, ldkv, 0.0f, db, Tk);  // dP
-          gemm(true, false, nk, hd, m, 1.0f, pb, Tk, dyb, C, 1.0f, dvh + lo * ldkv, ldkv);  // dV
+          const float* pv = pb;
+          if (drop) {  // the forward's mask again: d(P o M s) -> dP o M s; dV from P o M s
+            for (int64_t i = i0; i < i1; ++i) {
+              // The keys row i sees (softmax backward zeroes dP beyond them; P is 0 there).
+              const int64_t vis = visible_keys(s, b, i) - lo;
+              float* mk = pd.data() + (i - i0) * Tk + lo;
+              dropout_multipliers(mk, lo, vis, s.dropout, uint64_t(i), uint64_t(s.dropout.seq0 + b),
+                                  uint64_t(s.dropout.head0 + h));
+              const float* prow = p + i * Tk + lo;
+              float* drow = dp.data() + i * Tk + lo;
+              for (int64_t j = 0; j < vis; ++j) {
+                drow[j] *= mk[j];
+                mk[j] *= prow[j];
+              }
+              std::fill(mk + vis, mk + nk, 0.0f);
+            }
+            pv = pd.data() + lo;
+          }
+          gemm(true, false, nk, hd, m, 1.0f, pv, Tk, dyb, C, 1.0f, dvh + lo * ldkv, ldkv);  // dV
           // Softmax backward, with the 1/sqrt(hd) of the scores folded in: dS = P*(dP - <P,dP>).
           for (int64_t i = i0; i < i1; ++i) {
             const int64_t v = visible_keys(s, b, i), first = first_key(s, b, i);

@@ -1,6 +1,7 @@
 // Softmax + cross-entropy over the true vocabulary, optionally with the vocabulary split across
 // ranks (Megatron's vocab-parallel cross-entropy: row max, sum of exps and target logit are
-// combined, the full logits never are). Padding columns get zero gradient.
+// combined, the full logits never are), optionally label-smoothed (then the row's sum of logits
+// over the true vocabulary joins the same sum-combine). Padding columns get zero gradient.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -47,17 +48,42 @@ double row_sum_exp(const float* row, int64_t n, double mx) {
   return sum;
 }
 
+// Sum of row[0, n) in double, 4 lanes at a time, combined in a fixed order.
+double row_sum(const float* row, int64_t n) {
+  simd::d4 acc[2] = {};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    acc[0] += simd::load4(row + j);
+    acc[1] += simd::load4(row + j + 4);
+  }
+  const int64_t vec_end = n / 4 * 4;
+  for (; j < vec_end; j += 4) acc[0] += simd::load4(row + j);
+  const simd::d4 s4 = acc[0] + acc[1];
+  double sum = (s4[0] + s4[1]) + (s4[2] + s4[3]);
+  for (; j < n; ++j) sum += double(row[j]);
+  return sum;
+}
+
 }  // namespace
 
 double cross_entropy(float* logits, float* losses, const int32_t* targets, int64_t BT,
                      int64_t valid, int64_t ld, int64_t vocab_start, float grad_scale,
-                     const RowCombine& combine) {
+                     const RowCombine& combine, float label_smoothing, int64_t vocab_size) {
   TRELLIS_CHECK(valid >= 0 && valid <= ld, "cross_entropy: {} valid of {} columns", valid, ld);
-  // stats: [0,BT) row max, [BT,2BT) sum of exp(x - max), [2BT,3BT) target logit (0 if not ours).
-  std::vector<double> stats(size_t(3 * BT), 0.0);
+  TRELLIS_CHECK(label_smoothing >= 0.0f && label_smoothing < 1.0f,
+                "cross_entropy: label smoothing {} is outside [0, 1)", label_smoothing);
+  if (vocab_size == 0) vocab_size = valid;
+  TRELLIS_CHECK(vocab_size >= valid && (vocab_size > 0 || label_smoothing == 0.0f),
+                "cross_entropy: vocabulary of {} with {} valid columns here", vocab_size, valid);
+  const bool smooth = label_smoothing > 0.0f;
+  // stats: [0,BT) row max, [BT,2BT) sum of exp(x - max), [2BT,3BT) target logit (0 if not ours),
+  // and when smoothing [3BT,4BT) the sum of the row's logits over the true vocabulary. The last
+  // two or three are summed across ranks in one combine.
+  std::vector<double> stats(size_t((smooth ? 4 : 3) * BT), 0.0);
   double* mx = stats.data();
   double* sum = mx + BT;
   double* target_logit = sum + BT;
+  double* logit_sum = smooth ? target_logit + BT : nullptr;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < BT; ++i) mx[i] = row_max(logits + i * ld, valid);
   if (combine) combine(mx, BT, true);
@@ -67,8 +93,14 @@ double cross_entropy(float* logits, float* losses, const int32_t* targets, int64
     sum[i] = row_sum_exp(row, valid, double(float(mx[i])));
     const int64_t t = int64_t(targets[i]) - vocab_start;
     target_logit[i] = t >= 0 && t < valid ? double(row[t]) : 0.0;
+    if (smooth) logit_sum[i] = row_sum(row, valid);
   }
-  if (combine) combine(sum, 2 * BT, false);
+  if (combine) combine(sum, (smooth ? 3 : 2) * BT, false);
+  // Smoothed (PyTorch's CrossEntropyLoss(label_smoothing = e) over V classes): the target gets
+  // 1 - e + e/V, every class e/V, so loss = lse - (1 - e) x_t - (e/V) sum_c x_c and
+  // dlogits = grad_scale * (softmax - (1 - e) onehot - e/V).
+  const double eps = double(label_smoothing);
+  const double per_class = smooth ? eps / double(vocab_size) : 0.0;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < BT; ++i) {
     float* row = logits + i * ld;
@@ -77,18 +109,30 @@ double cross_entropy(float* logits, float* losses, const int32_t* targets, int64
       if (grad_scale != 0.0f) std::fill_n(row, ld, 0.0f);
       continue;
     }
-    losses[i] = float(mx[i] + std::log(sum[i]) - target_logit[i]);
+    const double lse = mx[i] + std::log(sum[i]);
+    losses[i] = smooth ? float(lse - (1.0 - eps) * target_logit[i] - per_class * logit_sum[i])
+                       : float(lse - target_logit[i]);
     if (grad_scale == 0.0f) continue;
-    // dlogits = grad_scale * softmax, evaluated in double and rounded once.
+    // dlogits = grad_scale * softmax (- grad_scale * e/V), evaluated in double and rounded once.
     const double m = double(float(mx[i])), k = double(grad_scale) / sum[i];
-    const simd::d4 mx4 = simd::splat(m), k4 = simd::splat(k);
+    const double off = double(grad_scale) * per_class;
+    const simd::d4 mx4 = simd::splat(m), k4 = simd::splat(k), off4 = simd::splat(off);
     const int64_t vec_end = valid / 4 * 4;
     int64_t j = 0;
-    for (; j < vec_end; j += 4) simd::store4(row + j, simd::exp(simd::load4(row + j) - mx4) * k4);
-    for (; j < valid; ++j) row[j] = float(std::exp(double(row[j]) - m) * k);
+    if (smooth) {
+      for (; j < vec_end; j += 4)
+        simd::store4(row + j, simd::exp(simd::load4(row + j) - mx4) * k4 - off4);
+      for (; j < valid; ++j) row[j] = float(std::exp(double(row[j]) - m) * k - off);
+    } else {
+      for (; j < vec_end; j += 4)
+        simd::store4(row + j, simd::exp(simd::load4(row + j) - mx4) * k4);
+      for (; j < valid; ++j) row[j] = float(std::exp(double(row[j]) - m) * k);
+    }
     for (j = valid; j < ld; ++j) row[j] = 0.0f;
     const int64_t t = int64_t(targets[i]) - vocab_start;
-    if (t >= 0 && t < valid) row[t] -= grad_scale;
+    if (t >= 0 && t < valid)
+      row[t] = smooth ? float(double(row[t]) - double(grad_scale) * (1.0 - eps))
+                      : row[t] - grad_scale;
   }
   // Summed in row order after the parallel loops, so the total is reproducible.
   double total = 0.0;
