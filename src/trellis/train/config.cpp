@@ -136,7 +136,7 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
   OptimConfig& o = c.optim;
   return {
       make_key("model",
-               "model preset: tiny, baby, gpt2, gpt2-medium, gpt2-large, gpt2-xl (GPT-2), "
+               "model preset: tiny, mini, baby, gpt2, gpt2-medium, gpt2-large, gpt2-xl (GPT-2), "
                "llama-tiny, llama-baby (LLaMA-style), encoder-tiny, encoder-baby (bidirectional), "
                "encdec-tiny, encdec-baby, seq2seq-tiny, seq2seq-baby, transformer-base "
                "(encoder-decoder)",

@@ -12,9 +12,12 @@
 
 namespace trellis {
 
+// The defaults are the default job's recipe (README command 1, measured by bench/default_job.py):
+// the `mini` model on the built-in corpus, 480 steps of 32 x 128 bytes at a peak lr of 4e-3 after
+// the default warmup. Larger models want a lower lr (GPT-2 124M: 6e-4).
 struct TrainConfig {
   // model
-  std::string model = "baby";
+  std::string model = "mini";
   int n_layer = 0, n_dec_layer = 0, n_head = 0, n_kv_head = 0;  // 0 = the preset's value
   int n_embd = 0, ffn_hidden = 0, block_size = 0;
   // Block choices; empty = the family's (norm: layernorm|rmsnorm, positions: learned|rope,
@@ -46,20 +49,20 @@ struct TrainConfig {
   std::string augment;
   // run
   std::string out = "out";
-  int64_t steps = 200;
-  int64_t batch_size = 8;        // global, in sequences
+  int64_t steps = 480;
+  int64_t batch_size = 32;       // global, in sequences
   int64_t micro_batch_size = 0;  // per rank and micro-step; 0 = batch_size / dp (no accumulation)
   int64_t seq_len = 0;           // 0 = the model's context length
   uint64_t seed = 1337;
   int threads = 0;                 // OpenMP threads per rank; 0 = cores / local ranks
   std::string precision = "auto";  // GEMMs in fp32 | bf16 | auto (bf16 where the CPU has it)
-  OptimConfig optim;
+  OptimConfig optim = {.lr = 4e-3f, .min_lr = 4e-4f};
   // checkpoints, validation, logging
   int64_t save_every = 0;   // 0 = only at the end
   bool async_save = false;  // write checkpoints from a background thread (a host snapshot)
   bool resume = false;
   int64_t stop_at = 0;      // save and exit after this step (a time-limited job); 0 = run all
-  int64_t val_every = 50;   // 0 = only at the end
+  int64_t val_every = 160;  // 0 = only at the end
   int64_t val_batches = 4;  // global batches of the validation split per evaluation
   // Keep OUT/best/, the checkpoint of the best validation so far: val_loss | val_accuracy |
   // val_macro_f1 (classifiers); empty = off (train/best.h).
