@@ -13,7 +13,7 @@
 namespace trellis {
 
 // The defaults are the default job's recipe (README command 1, measured by bench/default_job.py):
-// the `mini` model on the built-in corpus, 480 steps of 32 x 128 bytes at a peak lr of 4e-3 after
+// the `mini` model on the built-in corpus, 440 steps of 32 x 128 bytes at a peak lr of 4e-3 after
 // the default warmup. Larger models want a lower lr (GPT-2 124M: 6e-4).
 struct TrainConfig {
   // model
@@ -49,7 +49,7 @@ struct TrainConfig {
   std::string augment;
   // run
   std::string out = "out";
-  int64_t steps = 480;
+  int64_t steps = 440;
   int64_t batch_size = 32;       // global, in sequences
   int64_t micro_batch_size = 0;  // per rank and micro-step; 0 = batch_size / dp (no accumulation)
   int64_t seq_len = 0;           // 0 = the model's context length
@@ -62,7 +62,7 @@ struct TrainConfig {
   bool async_save = false;  // write checkpoints from a background thread (a host snapshot)
   bool resume = false;
   int64_t stop_at = 0;      // save and exit after this step (a time-limited job); 0 = run all
-  int64_t val_every = 160;  // 0 = only at the end
+  int64_t val_every = 110;  // 0 = only at the end
   int64_t val_batches = 4;  // global batches of the validation split per evaluation
   // Keep OUT/best/, the checkpoint of the best validation so far: val_loss | val_accuracy |
   // val_macro_f1 (classifiers); empty = off (train/best.h).
