@@ -183,6 +183,16 @@ def corpus(path, nbytes=6000, seed=1234):
 # ---------------------------------------------------------------------------
 
 
+
+def byte_corpus():
+    """corpus() written to TMP/corpus.txt and prepared byte-level into TMP/data_byte: the data
+    every oracle script starts from. Returns (text path, data directory)."""
+    text = os.path.join(TMP, "corpus.txt")
+    corpus(text)
+    byte_dir = os.path.join(TMP, "data_byte")
+    run(["prepare", "--input", text, "--out", byte_dir, "--tokenizer", "byte"])
+    return text, byte_dir
+
 def check_grad(case, fam, datadir, T=32, B=4, extra=()):
     out = os.path.join(TMP, f"{case}_init")
     run(["train", *fam.args, *extra, "--data", datadir, "--out", out, "--steps", "0",
@@ -669,11 +679,8 @@ def main():
         return 2
     t0 = time.time()
 
-    text = os.path.join(TMP, "corpus.txt")
-    corpus(text)
-    byte_dir = os.path.join(TMP, "data_byte")
+    text, byte_dir = byte_corpus()
     bpe_dir = os.path.join(TMP, "data_gpt2")
-    run(["prepare", "--input", text, "--out", byte_dir, "--tokenizer", "byte"])
     run(["prepare", "--input", text, "--out", bpe_dir, "--tokenizer", "gpt2",
          "--tokenizer-dir", os.path.join(src, "tests", "data", "gpt2")])
 

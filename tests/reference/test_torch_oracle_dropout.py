@@ -137,10 +137,7 @@ def main():
     if src is None:
         return 2
     t0 = time.time()
-    text = os.path.join(oracle.TMP, "corpus.txt")
-    oracle.corpus(text)
-    byte_dir = os.path.join(oracle.TMP, "data_byte")
-    oracle.run(["prepare", "--input", text, "--out", byte_dir, "--tokenizer", "byte"])
+    text, byte_dir = oracle.byte_corpus()
     cls_tsv = os.path.join(oracle.TMP, "texts.tsv")
     cls_dir = os.path.join(oracle.TMP, "classify")
 

@@ -97,10 +97,7 @@ def main():
         return 2
     t0 = time.time()
 
-    text = os.path.join(oracle.TMP, "corpus.txt")
-    oracle.corpus(text)
-    byte_dir = os.path.join(oracle.TMP, "data_byte")
-    oracle.run(["prepare", "--input", text, "--out", byte_dir, "--tokenizer", "byte"])
+    _, byte_dir = oracle.byte_corpus()
 
     def grad_case(case, fam, n_kv_head):
         check_grad(case, fam, byte_dir)

@@ -160,11 +160,8 @@ def main():
         return 2
     t0 = time.time()
 
-    text = os.path.join(oracle.TMP, "corpus.txt")
-    oracle.corpus(text)
-    byte_dir = os.path.join(oracle.TMP, "data_byte")
+    text, byte_dir = oracle.byte_corpus()
     bpe_dir = os.path.join(oracle.TMP, "data_gpt2")
-    oracle.run(["prepare", "--input", text, "--out", byte_dir, "--tokenizer", "byte"])
     inputs = os.path.join(oracle.TMP, "inputs")
     os.makedirs(inputs)
     cls_tsv, mt_tsv = os.path.join(inputs, "texts.tsv"), os.path.join(inputs, "pairs.tsv")
