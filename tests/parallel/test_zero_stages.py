@@ -1,7 +1,7 @@
 """ZeRO-2 (sharded gradients) and ZeRO-3 (sharded parameters, gathered per block) under mpirun
 equal the 1-process run: per-step losses over 20 steps, validation losses and final parameters to
 <= 1e-5 relative (fp32), with and without accumulation, alone and with tensor parallelism, and
-with each recompute policy (bitwise the same run as without). Also:
+with each recompute policy on three of the layouts (bitwise the same run as without). Also:
 they really shard (the allocator's high-water mark falls with the stage), they resume from their
 own checkpoints bitwise, and ZeRO-2/3 with a pipeline is refused with one line."""
 import os
@@ -48,9 +48,13 @@ def same_run(a, b):
             and all(pa[k].tobytes() == pb[k].tobytes() for k in pa))
 
 
-# Every layout above under each policy.
-for model, layouts in ((gpt, gpt_layouts), (llama, llama_layouts)):
-    for base, (ranks, args) in layouts.items():
+# Each policy under the layouts where recompute meets sharding differently: ZeRO-3 gathering a
+# block again (dp2, and with tp2 + SP), ZeRO-2 reducing a block's gradients per micro-batch (dp4,
+# micro-batches of 1). The other layouts differ from these only in counts, not in code paths.
+for model, layouts, bases in ((gpt, gpt_layouts, ["gpt_dp2_zero3", "gpt_dp4_zero2_micro1"]),
+                              (llama, llama_layouts, ["llama_tp2_dp2_zero3"])):
+    for base in bases:
+        ranks, args = layouts[base]
         for policy in ("selective", "full"):
             name = f"{base}_{policy}"
             model.check(name, ranks, args + ["--recompute", policy])

@@ -1,0 +1,68 @@
+"""`trellis train --layout auto`: the plan's first layout, on a machine file or on this machine
+calibrated at start, for one process and under mpirun (every rank runs rank 0's choice); a layout
+that fits nowhere is refused before anything is written. (Split from cli/test_plan, whose plan and
+calibrate checks also run under ASan: these runs train and calibrate collectives under mpirun.)"""
+import json
+import os
+import re
+
+from trellis_test import check, fresh_dir, metrics, mpirun, run
+
+
+def expect_error(args, *needles):
+    _, err = run(args, expect=2, timeout=120)
+    lines = [l for l in err.splitlines() if l.strip()]
+    check(len(lines) == 1 and lines[0].startswith("trellis: error:"), f"one error line: {lines}")
+    for n in needles:
+        check(n in lines[0], f"error names '{n}': {lines[0]}")
+
+
+work = fresh_dir("plan_auto")
+cal = os.path.join(work, "one.json")
+run(["calibrate", "--out", cal, "--threads", 1, "--seconds", 0.05, "--gemm-size", 256])
+
+cal2 = os.path.join(work, "two.json")
+mpirun(2, ["calibrate", "--out", cal2, "--seconds", 0.05, "--gemm-size", 256])
+link = json.load(open(cal2))["intra_node"]
+for kind in ("all_reduce", "reduce_scatter", "all_gather", "send_recv"):
+    fit = link["collectives"][kind]
+    check(fit["bandwidth"] > 1e6 and 0 < fit["latency"] < 1, f"two ranks: {kind} fitted: {fit}")
+    sizes = [row["bytes"] for row in fit["per_step"]]
+    check(len(sizes) == 4 and sizes == sorted(sizes) and sizes[0] < sizes[-1] / 1000,
+          f"two ranks: {kind} timed at four sizes, 1 KiB to 64 MiB: {fit['per_step']}")
+auto = ["train", "--model", "tiny", "--batch-size", 8, "--seq-len", 64, "--steps", 2,
+        "--val-every", 0, "--tensorboard", "false", "--layout", "auto"]
+for world, machine in ((1, cal), (2, cal2)):
+    out_dir = os.path.join(work, f"w{world}")
+    args = auto + ["--out", out_dir, "--machine", machine]
+    out, _ = run(args) if world == 1 else mpirun(2, args)
+    chosen = re.search(r"layout auto: (.+?) \(predicted", out)
+    check(chosen is not None, f"world {world}: the chosen layout is printed: {out[:300]}")
+    header = re.search(r"world \d+ \(dp (\d+), tp (\d+), pp (\d+), zero (\d+)\).*"
+                       r"micro-batches of (\d+)", out)
+    check(header is not None, f"world {world}: the run's header: {out[:600]}")
+    plan_args = ["plan", "--model", "tiny", "--vocab", 256, "--world", world, "--batch-size", 8,
+                 "--seq-len", 64, "--machine", machine, "--json"]
+    plan_args += ["--precision", re.search(r"threads/rank, (\w+)", out).group(1)]
+    first = json.loads(run(plan_args)[0])["layouts"][0]
+    check(chosen.group(1) == first["layout"],
+          f"world {world}: auto took the plan's first layout: {chosen.group(1)} / {first['layout']}")
+    got = tuple(int(x) for x in header.groups())
+    want = (first["dp"], first["tp"], first["pp"], first["zero"], first["micro_batch"])
+    check(got == want, f"world {world}: the run used it: {got} == {want}")
+    check(len(metrics(out_dir)[0]) == 2, f"world {world}: it trained")
+# Calibrated at start when no file is given.
+out, _ = mpirun(2, auto + ["--out", os.path.join(work, "cal")])
+check("layout auto: dp" in out and "measured by trellis calibrate" in out,
+      f"calibrated at start: {out[:300]}")
+expect_error(auto + ["--out", os.path.join(work, "x"), "--tp", 2], "tp must not be set")
+expect_error(auto + ["--out", os.path.join(work, "x"), "--dry-run"], "trellis plan")
+tiny_mem = os.path.join(work, "tiny_memory.json")
+m = json.load(open(cal))
+m["device"]["memory_bytes"] = 1 << 16
+with open(tiny_mem, "w") as f:
+    json.dump(m, f)
+expect_error(auto + ["--out", os.path.join(work, "x"), "--machine", tiny_mem], "layout auto",
+             "no layout")
+check(not os.path.exists(os.path.join(work, "x")), "nothing written on a refused layout")
+print("ok")
