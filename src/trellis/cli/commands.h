@@ -23,6 +23,7 @@ Command add_classify_command(CLI::App& app);
 Command add_translate_command(CLI::App& app);
 Command add_launch_command(CLI::App& app);
 Command add_export_command(CLI::App& app);
+Command add_average_command(CLI::App& app);
 Command add_plan_command(CLI::App& app);
 Command add_calibrate_command(CLI::App& app);
 

@@ -18,13 +18,12 @@ int main(int argc, char** argv) {
   }
   CLI::App app{"trellis: Transformer training in C++ with data, tensor and pipeline parallelism"};
   app.require_subcommand(1);
-  const std::vector<Command> commands = {add_train_command(app),     add_eval_command(app),
-                                         add_sample_command(app),    add_prepare_command(app),
-                                         add_plot_command(app),      add_grad_command(app),
-                                         add_bleu_command(app),      add_classify_command(app),
-                                         add_translate_command(app), add_launch_command(app),
-                                         add_export_command(app),    add_plan_command(app),
-                                         add_calibrate_command(app)};
+  const std::vector<Command> commands = {
+      add_train_command(app),   add_eval_command(app),     add_sample_command(app),
+      add_prepare_command(app), add_plot_command(app),     add_grad_command(app),
+      add_bleu_command(app),    add_classify_command(app), add_translate_command(app),
+      add_launch_command(app),  add_export_command(app),   add_average_command(app),
+      add_plan_command(app),    add_calibrate_command(app)};
   int code = 0;
   try {
     try {

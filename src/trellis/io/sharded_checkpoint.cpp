@@ -231,6 +231,7 @@ struct CheckpointReader::File {
   std::string path;
   size_t expect_bytes = 0;
   int64_t elements = 0;
+  int rank = 0;  // the saving rank that wrote it (-1: not recorded)
   MappedFile map;
   bool mapped = false;
   std::map<std::string, const float*> states;  // after the header is checked
@@ -271,6 +272,20 @@ size_t CheckpointReader::bytes_touched() const {
   return n;
 }
 
+CheckpointReader::Storage CheckpointReader::storage(const std::string& name) const {
+  const Tensor& t = tensors_.at(name);
+  Storage s{t.shape, t.tp, {}};
+  // A piece is named by the saving rank that wrote it, so a whole-file checkpoint (the whole model
+  // in one place) is stored as a one-rank sharded one is.
+  for (const Piece& p : t.pieces) {
+    const File& f = *files_[size_t(p.file)];
+    const std::string by =
+        f.rank >= 0 ? fmt::format("rank {}", f.rank) : fs::path(f.path).filename().string();
+    s.pieces.push_back(fmt::format("{} tp rank {} [{}, {})", by, p.tp_rank, p.begin, p.end));
+  }
+  return s;
+}
+
 void CheckpointReader::open_sharded() {
   const std::string path = (fs::path(dir_) / kIndex).string();
   const json index = parse_json_file(path);
@@ -295,6 +310,8 @@ void CheckpointReader::open_sharded() {
     f->path = (fs::path(dir_) / rel).string();
     f->expect_bytes = get<size_t>(info, "bytes", path + " files." + name);
     f->elements = get<int64_t>(info, "elements", path + " files." + name);
+    // Used for comparing layouts only: an index without it names its files instead.
+    f->rank = info.contains("rank") ? get<int>(info, "rank", path + " files." + name) : -1;
     TRELLIS_REQUIRE(f->elements >= 0, "{}: files.{}.elements is negative", path, name);
     file_index[name] = int(files_.size());
     files_.push_back(std::move(f));

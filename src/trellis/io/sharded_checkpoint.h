@@ -80,6 +80,17 @@ class CheckpointReader {
             const std::string& state, float* compact);
   // Bytes of the files this reader mapped or read so far (tests: a rank reads its slices only).
   size_t bytes_touched() const;
+  // How a tensor is stored: its saved global shape, the saving layout's tp and its pieces (the
+  // saving rank, tp rank and range of each, sorted). Checkpoints saved in one layout store every
+  // tensor alike.
+  struct Storage {
+    std::vector<int64_t> shape;
+    int tp = 1;
+    std::vector<std::string> pieces;
+    bool operator==(const Storage&) const = default;
+  };
+  // A tensor the checkpoint holds (has_tensor).
+  Storage storage(const std::string& name) const;
 
  private:
   struct Piece {

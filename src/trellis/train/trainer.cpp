@@ -425,6 +425,13 @@ void Trainer::load_or_init() {
     }
     return;
   }
+  const std::string state_path = resumed_from_ + "/state.json";
+  const nlohmann::json state = parse_checkpoint_state(read_file(state_path), state_path);
+  // `trellis average` keeps parameters only: continuing from it is a new run, not this one's.
+  TRELLIS_REQUIRE(!state.contains("averaged_from"),
+                  "{}: an averaged checkpoint (trellis average) has no optimizer state or data "
+                  "position to resume; start a new run from it with --init-from",
+                  resumed_from_);
   // Any layout's checkpoint (sharded or whole-file): this rank reads the slices it holds.
   CheckpointReader reader(resumed_from_);
   const ModelConfig saved_model = read_model_config(resumed_from_ + "/config.json");
@@ -446,8 +453,6 @@ void Trainer::load_or_init() {
     reader.read(*layout_, {{0, n_}}, "params", dp_sync_->params());
   for (auto& [name, buf] : optimizer_->state())
     reader.read(*layout_, optimizer_->owned(), name, buf->data());
-  const std::string state_path = resumed_from_ + "/state.json";
-  const nlohmann::json state = parse_checkpoint_state(read_file(state_path), state_path);
   start_step_ = state.at("step").get<int64_t>();
   resumed_best_ = state.value("best", nlohmann::json());
 }
