@@ -25,5 +25,6 @@ Command add_launch_command(CLI::App& app);
 Command add_export_command(CLI::App& app);
 Command add_plan_command(CLI::App& app);
 Command add_calibrate_command(CLI::App& app);
+Command add_tokenize_command(CLI::App& app);
 
 }  // namespace trellis
