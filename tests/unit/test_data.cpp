@@ -193,6 +193,9 @@ TEST(SentencePiece, RefusesWhatIsNotAModel) {
   opt.vocab_size = 8000;
   opt.type = "word";
   expect_input_error([&] { check_sentencepiece_options(opt); }, {"--sp-type"});
+  opt.type = "bpe";
+  opt.sentences = 100;
+  expect_input_error([&] { check_sentencepiece_options(opt); }, {"--sp-sentences 100"});
 }
 
 TEST(Tokenizer, TaskSpecialTokenIsEndOfTextOrOneMore) {

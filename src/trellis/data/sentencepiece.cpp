@@ -205,7 +205,8 @@ void check_sentencepiece_options(const SentencePieceOptions& opt) {
                   "--vocab-size {}: must be between 1 and {}", opt.vocab_size, kMaxVocab);
   TRELLIS_REQUIRE(opt.type == "unigram" || opt.type == "bpe",
                   "--sp-type '{}': expected unigram or bpe", opt.type);
-  TRELLIS_REQUIRE(opt.sentences >= 1, "--sp-sentences {}: must be >= 1", opt.sentences);
+  // (SentencePiece's own bound: a sample of 100 lines or fewer is refused.)
+  TRELLIS_REQUIRE(opt.sentences > 100, "--sp-sentences {}: must be more than 100", opt.sentences);
   TRELLIS_REQUIRE(opt.character_coverage > 0.0 && opt.character_coverage <= 1.0,
                   "--sp-character-coverage {}: must be in (0, 1]", opt.character_coverage);
 }

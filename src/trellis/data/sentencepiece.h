@@ -38,6 +38,7 @@ struct SentencePieceOptions {
   std::string type = "unigram";  // "unigram" or "bpe"
   // Sentences (lines) the trainer keeps: beyond this many it keeps a seeded sample of them
   // (SentencePiece's input_sentence_size with shuffle_input_sentence), so memory is bounded.
+  // More than 100.
   int64_t sentences = 1'000'000;
   // Share of the characters that must be pieces of their own; the rarest others are spelt by
   // byte pieces. 1.0 suits small alphabets; 0.9995 (SentencePiece's default) large ones (CJK).
