@@ -6,6 +6,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <thread>
 #include <unordered_map>
 
@@ -128,14 +129,30 @@ class Feed final : public sentencepiece::SentenceIterator {
   std::exception_ptr error_;
 };
 
+// The longest line the trainer takes (SentencePiece's default is 4192 bytes: paragraphs of
+// running text are lines too). Longer lines are skipped while they are read, so a file without
+// newlines costs no more memory than one line.
+constexpr size_t kMaxLineBytes = size_t(1) << 16;
+
 class FileLines final : public SentenceSource {
  public:
-  explicit FileLines(std::vector<std::string> files) : files_(std::move(files)) {}
+  explicit FileLines(std::vector<std::string> files)
+      : files_(std::move(files)), buf_(kMaxLineBytes + 1) {}
   bool next(std::string& line) override {
     while (true) {
-      if (in_.is_open() && std::getline(in_, line)) return true;
       if (in_.is_open()) {
-        TRELLIS_REQUIRE(in_.eof(), "{}: read failed", files_[at_ - 1]);
+        in_.getline(buf_.data(), std::streamsize(buf_.size()));
+        const auto n = size_t(in_.gcount());
+        if (in_.fail() && !in_.eof()) {  // longer than kMaxLineBytes: skip the rest of it
+          in_.clear();
+          in_.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+          continue;
+        }
+        if (n > 0) {
+          line.assign(buf_.data(), in_.eof() ? n : n - 1);  // gcount counts the newline
+          return true;
+        }
+        TRELLIS_REQUIRE(in_.eof() && !in_.bad(), "{}: read failed", files_[at_ - 1]);
         in_.close();
       }
       if (at_ == files_.size()) return false;
@@ -149,6 +166,7 @@ class FileLines final : public SentenceSource {
   std::vector<std::string> files_;
   size_t at_ = 0;
   std::ifstream in_;
+  std::vector<char> buf_;
 };
 
 class TextLines final : public SentenceSource {
@@ -223,9 +241,7 @@ std::string train_sentencepiece(const SentencePieceOptions& opt, SentenceSource&
       {"remove_extra_whitespaces", "false"},
       {"input_sentence_size", std::to_string(opt.sentences)},
       {"shuffle_input_sentence", "true"},
-      // Longer lines are skipped by the trainer (SentencePiece's default is 4192 bytes):
-      // paragraphs of running text are lines too.
-      {"max_sentence_length", std::to_string(1 << 16)},
+      {"max_sentence_length", std::to_string(kMaxLineBytes)},
       {"num_threads", std::to_string(kTrainThreads)},
       {"minloglevel", "2"}};  // its progress lines are many; errors come back as a Status
   std::string model;
