@@ -31,8 +31,16 @@ std::string sp_message(const sentencepiece::util::Status& s) {
 class SentencePieceTokenizer final : public Tokenizer {
  public:
   SentencePieceTokenizer(const std::string& bytes, const std::string& path) {
-    const auto status = sp_.LoadFromSerializedProto(bytes);
-    const std::string why = status.ok() ? "" : sp_message(status);
+    sentencepiece::util::Status status;
+    std::string why;
+    try {
+      status = sp_.LoadFromSerializedProto(bytes);
+      if (!status.ok()) why = sp_message(status);
+    } catch (const std::exception& e) {
+      // Its trie builder throws on some malformed models (an empty piece; found by fuzzing).
+      status = {sentencepiece::util::StatusCode::kInternal, e.what()};
+      why = e.what();
+    }
     TRELLIS_REQUIRE(status.ok(), "{}: not a SentencePiece model{}", path,
                     why.empty() ? "" : " (" + why + ")");
     vocab_ = sp_.GetPieceSize();
