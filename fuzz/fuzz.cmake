@@ -14,6 +14,7 @@ set(TRELLIS_FUZZ_SOURCES
     src/trellis/data/shard.cpp
     src/trellis/data/doc_index.cpp
     src/trellis/data/tokenizer.cpp
+    src/trellis/data/sentencepiece.cpp
     src/trellis/data/task_readers.cpp
     src/trellis/model/config.cpp
     src/trellis/model/family.cpp
@@ -26,7 +27,7 @@ set(TRELLIS_FUZZ_SOURCES
 add_library(trellis_parsers STATIC ${TRELLIS_FUZZ_SOURCES})
 target_include_directories(trellis_parsers PUBLIC src ${CMAKE_SOURCE_DIR})
 target_link_libraries(trellis_parsers PUBLIC fmt::fmt nlohmann_json::nlohmann_json
-                      PkgConfig::TOMLPP PkgConfig::PCRE2 ZLIB::ZLIB)
+                      PkgConfig::TOMLPP PkgConfig::PCRE2 PkgConfig::SENTENCEPIECE ZLIB::ZLIB)
 
 # Seconds of fuzzing per target in ctest (after the whole seed corpus has run once).
 set(TRELLIS_FUZZ_SECONDS 10 CACHE STRING "seconds each fuzz target runs in ctest")

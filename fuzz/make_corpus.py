@@ -165,3 +165,24 @@ def mo(entries):
 put("translation_readers", "mo", b"\2" + mo([(b"", b"Content-Type: text/plain\n"),
                                             (b"hello", b"bonjour"), (b"menu\4File", b"Fichier"),
                                             (b"one\0many", b"un\0des"), (b"untranslated", b"")]))
+
+
+# ---- sentencepiece_model: small models as trellis trains them, and a unigram one without byte
+# fallback (unknown characters are <unk>) (python3-sentencepiece; the library trellis links) ----
+def sentencepiece_model(**options):
+    import io
+    import sentencepiece as spm
+    lines = [f"the {w} cat sat on {n} mats" for n in range(40) for w in ("red", "old", "caf\u00e9")]
+    blob = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=blob,
+                                   minloglevel=2, num_threads=1, **options)
+    return blob.getvalue()
+
+
+put("sentencepiece_model", "trellis-bpe", sentencepiece_model(
+    vocab_size=300, model_type="bpe", byte_fallback=True, normalization_rule_name="identity",
+    remove_extra_whitespaces=False, character_coverage=1.0))
+# (identity normalisation: NFKC's table alone is 230 KB)
+put("sentencepiece_model", "unk-unigram", sentencepiece_model(
+    vocab_size=30, normalization_rule_name="identity"))
+

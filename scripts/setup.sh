@@ -7,11 +7,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(cmake ninja-build g++ pkg-config libdnnl-dev libopenmpi-dev openmpi-bin libfmt-dev
-          nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libgtest-dev libpcre2-dev zlib1g-dev)
+          nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libgtest-dev libpcre2-dev zlib1g-dev
+          libsentencepiece-dev)
 if [[ "${1:-}" == "--tests" ]]; then
   # clang, its sanitizer/libFuzzer runtimes and OpenMP: the fuzz targets (build-fuzz).
-  packages+=(python3 python3-torch python3-numpy dataset-fashion-mnist gettext iproute2 clang
-             libclang-rt-dev libomp-dev)
+  packages+=(python3 python3-torch python3-numpy python3-sentencepiece dataset-fashion-mnist
+             gettext iproute2 clang libclang-rt-dev libomp-dev)
 fi
 
 missing=()

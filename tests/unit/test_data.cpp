@@ -20,6 +20,7 @@
 #include "trellis/data/loader.h"
 #include "trellis/data/mixture.h"
 #include "trellis/data/prepare.h"
+#include "trellis/data/sentencepiece.h"
 #include "trellis/data/shard.h"
 #include "trellis/data/tokenizer.h"
 
@@ -117,6 +118,92 @@ TEST(ByteTokenizer, RejectsOutOfRangeTokens) {
   expect_input_error([&] { tok->decode({-1}); }, {"-1"});
 }
 
+// A small SentencePiece model trained here (the ids against python3-sentencepiece's are
+// tests/reference/test_sentencepiece.py's).
+std::string tiny_sentencepiece(const std::string& type) {
+  std::vector<std::string> lines;
+  for (int i = 0; i < 300; ++i)
+    lines.push_back(
+        fmt::format("the {} cat sat on {} mats number {}", i % 7 ? "red" : "old", i % 5, i));
+  const std::vector<std::string_view> views(lines.begin(), lines.end());
+  const auto source = lines_of_texts(views);
+  SentencePieceOptions opt;
+  opt.vocab_size = 300;
+  opt.type = type;
+  return train_sentencepiece(opt, *source, "tiny");
+}
+
+TEST(SentencePiece, TrainsDeterministicallyAndEncodesLineByLine) {
+  for (const std::string type : {"bpe", "unigram"}) {
+    const std::string model = tiny_sentencepiece(type);
+    EXPECT_EQ(model, tiny_sentencepiece(type)) << type << ": the same text, the same model";
+    const auto tok = make_sentencepiece_tokenizer(model, "tiny.model");
+    EXPECT_EQ(tok->kind(), "sentencepiece");
+    EXPECT_EQ(tok->vocab_size(), 300);
+    EXPECT_EQ(tok->eot_token(), 2);  // </s>
+    const SpecialToken special = task_special_token(*tok);
+    EXPECT_EQ(special.id, 2);
+    EXPECT_EQ(special.vocab_size, 300);
+    // Lines encode alone, joined by the newline's byte piece (<0x0A>: 3 + 10).
+    const auto a = tok->encode("the red cat"), b = tok->encode("sat on 4 mats");
+    std::vector<int> both = a;
+    both.push_back(13);
+    both.insert(both.end(), b.begin(), b.end());
+    both.push_back(13);
+    EXPECT_EQ(tok->encode("the red cat\nsat on 4 mats\n"), both) << type;
+    EXPECT_TRUE(tok->encode("").empty());
+    // Byte fallback: nothing is unknown, and every text comes back.
+    for (const std::string text :
+         {"the red cat\nsat on 4 mats\n", "\n\n  two  spaces ", "Привет 😀 漢字", "x"}) {
+      const auto ids = tok->encode(text);
+      EXPECT_EQ(std::count(ids.begin(), ids.end(), 0), 0) << text;
+      EXPECT_EQ(tok->decode(ids), text) << type << ": " << text;
+    }
+    expect_input_error([&] { tok->decode({300}); }, {"300"});
+  }
+}
+
+TEST(SentencePiece, StreamsWholeCharactersAndSpaces) {
+  const auto tok = make_sentencepiece_tokenizer(tiny_sentencepiece("bpe"), "tiny.model");
+  const std::string text = "the cat 😀 sat on Привет";
+  const std::vector<int> prompt = tok->encode("the");
+  const std::vector<int> all = tok->encode(text);
+  ASSERT_TRUE(std::equal(prompt.begin(), prompt.end(), all.begin()));
+  DecodeStream stream(*tok, prompt);
+  std::string out;
+  for (size_t i = prompt.size(); i < all.size(); ++i) {
+    const std::string piece = stream.push(all[i]);
+    EXPECT_EQ(piece.find("\xEF\xBF\xBD"), std::string::npos) << "no U+FFFD for split bytes";
+    out += piece;
+  }
+  out += stream.finish();
+  EXPECT_EQ("the" + out, text);
+}
+
+TEST(SentencePiece, RefusesWhatIsNotAModel) {
+  expect_input_error([] { make_sentencepiece_tokenizer("hello world", "x/tokenizer.model"); },
+                     {"x/tokenizer.model", "not a SentencePiece model"});
+  expect_input_error([] { make_sentencepiece_tokenizer("", "empty.model"); }, {"empty.model"});
+  SentencePieceOptions opt;
+  opt.vocab_size = 100000;
+  std::vector<std::string_view> texts = {"a few words", "and a few more"};
+  const auto source = lines_of_texts(texts);
+  expect_input_error([&] { train_sentencepiece(opt, *source, "small.txt"); },
+                     {"small.txt", "Vocabulary size too high"});
+  opt.vocab_size = 8000;
+  opt.type = "word";
+  expect_input_error([&] { check_sentencepiece_options(opt); }, {"--sp-type"});
+  opt.type = "bpe";
+  opt.sentences = 100;
+  expect_input_error([&] { check_sentencepiece_options(opt); }, {"--sp-sentences 100"});
+}
+
+TEST(Tokenizer, TaskSpecialTokenIsEndOfTextOrOneMore) {
+  const SpecialToken byte = task_special_token(*make_byte_tokenizer());
+  EXPECT_EQ(byte.id, 256);
+  EXPECT_EQ(byte.vocab_size, 257);
+}
+
 TEST(Gpt2Tokenizer, Metadata) {
   EXPECT_EQ(gpt2().vocab_size(), 50257);
   EXPECT_EQ(gpt2().eot_token(), 50256);
@@ -182,7 +269,8 @@ TEST(Gpt2Tokenizer, MissingFilesNameTheFile) {
   fs::copy_file(fs::path(gpt2_dir()) / "encoder.json", dir / "encoder.json");
   expect_input_error([&] { load_gpt2_tokenizer(dir.str()); }, {"vocab.bpe"});
   expect_input_error([&] { make_tokenizer("gpt2", ""); }, {"tokenizer directory"});
-  expect_input_error([&] { make_tokenizer("sentencepiece", ""); }, {"sentencepiece"});
+  expect_input_error([&] { make_tokenizer("wordpiece", ""); }, {"wordpiece", "sentencepiece"});
+  expect_input_error([&] { make_tokenizer("sentencepiece", dir.str()); }, {"tokenizer.model"});
 }
 
 TEST(Gpt2Tokenizer, CorruptFilesNameTheFile) {

@@ -26,5 +26,6 @@ Command add_export_command(CLI::App& app);
 Command add_average_command(CLI::App& app);
 Command add_plan_command(CLI::App& app);
 Command add_calibrate_command(CLI::App& app);
+Command add_tokenize_command(CLI::App& app);
 
 }  // namespace trellis

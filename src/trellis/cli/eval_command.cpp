@@ -3,16 +3,19 @@
 // and its gradients, written as safetensors: the PyTorch oracle compares them).
 #include <omp.h>
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "trellis/cli/commands.h"
 #include "trellis/cli/local_model.h"
 #include "trellis/core/error.h"
 #include "trellis/data/loader.h"
+#include "trellis/data/sentencepiece.h"
 #include "trellis/data/shard.h"
 #include "trellis/data/tokenizer.h"
 #include "trellis/eval/bleu.h"
 #include "trellis/eval/classification.h"
+#include "trellis/io/atomic_file.h"
 #include "trellis/io/checkpoint.h"
 #include "trellis/io/safetensors.h"
 #include "trellis/kernels/isa.h"
@@ -114,6 +117,16 @@ SequenceFormat task_format(const CheckpointData& ck, const TaskMeta& meta, const
                   ck.task.value("task", ""), meta.task);
   TRELLIS_REQUIRE(ck.task.value("classes", std::vector<std::string>{}) == meta.classes,
                   "{}: its classes differ from the checkpoint's", dir);
+  TRELLIS_REQUIRE(ck.tokenizer.kind == meta.tokenizer || meta.feature_dim > 0,
+                  "{}: its texts are encoded with the {} tokenizer, the checkpoint's with {}", dir,
+                  meta.tokenizer, ck.tokenizer.kind);
+  if (meta.tokenizer == "sentencepiece") {
+    const std::string mine =
+        (std::filesystem::path(ck.tokenizer.dir) / kSentencePieceFile).string();
+    const std::string theirs = (std::filesystem::path(dir) / kSentencePieceFile).string();
+    TRELLIS_REQUIRE(read_file(mine) == read_file(theirs),
+                    "{}: another SentencePiece model than the checkpoint's {}", theirs, mine);
+  }
   TRELLIS_REQUIRE(ck.task.value("special_token", -1) == meta.special_token &&
                       ck.task.value("feature_dim", 0) == meta.feature_dim,
                   "{}: its tokens or features differ from the checkpoint's", dir);
@@ -171,7 +184,8 @@ nlohmann::json evaluate_task(const EvalArgs& a, CheckpointData& ck) {
     return j;
   }
   const double loss = examples_loss(a, ck, f, d.val, n, nullptr, nullptr);
-  auto tok = make_tokenizer(d.meta.tokenizer, d.meta.tokenizer_dir);
+  // The checkpoint's own tokenizer: the data must be encoded with it (task_format).
+  auto tok = load_checkpoint_tokenizer(ck);
   LocalModel local(ck, nullptr, compute_precision(a));
   Transformer& model = local.model;
   const DecodeOptions opt{a.beam, a.max_len, 0.6, f.special, f.T};

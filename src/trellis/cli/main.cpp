@@ -23,7 +23,7 @@ int main(int argc, char** argv) {
       add_prepare_command(app), add_plot_command(app),     add_grad_command(app),
       add_bleu_command(app),    add_classify_command(app), add_translate_command(app),
       add_launch_command(app),  add_export_command(app),   add_average_command(app),
-      add_plan_command(app),    add_calibrate_command(app)};
+      add_plan_command(app),    add_calibrate_command(app), add_tokenize_command(app)};
   int code = 0;
   try {
     try {

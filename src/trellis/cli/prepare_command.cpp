@@ -10,6 +10,7 @@
 #include "trellis/core/error.h"
 #include "trellis/data/prepare.h"
 #include "trellis/data/prepare_task.h"
+#include "trellis/data/sentencepiece.h"
 
 namespace trellis {
 
@@ -39,6 +40,30 @@ void check_task_flags(const CLI::App& sub, const std::string& task) {
         "prepare: {} does not apply to --task {}", s.flag, task);
 }
 
+// The tokenizer flags must agree: SentencePiece's training flags need --tokenizer sentencepiece
+// and no --tokenizer-model (which implies sentencepiece when --tokenizer is not given).
+void check_tokenizer_flags(const CLI::App& sub, PrepareOptions& o) {
+  if (sub.count("--tokenizer-model") && !sub.count("--tokenizer")) o.tokenizer = "sentencepiece";
+  const bool sp = o.tokenizer == "sentencepiece";
+  TRELLIS_REQUIRE(sp || o.tokenizer_model.empty(),
+                  "prepare: --tokenizer-model {} is a SentencePiece model; it needs --tokenizer "
+                  "sentencepiece, not {}",
+                  o.tokenizer_model, o.tokenizer);
+  TRELLIS_REQUIRE(!sp || o.tokenizer_dir.empty(),
+                  "prepare: --tokenizer-dir is GPT-2's; give a SentencePiece model with "
+                  "--tokenizer-model FILE");
+  for (const char* flag :
+       {"--vocab-size", "--sp-type", "--sp-sentences", "--sp-character-coverage"}) {
+    TRELLIS_REQUIRE(sub.count(flag) == 0 || sp,
+                    "prepare: {} applies to --tokenizer sentencepiece (not {})", flag, o.tokenizer);
+    TRELLIS_REQUIRE(sub.count(flag) == 0 || o.tokenizer_model.empty(),
+                    "prepare: {} is for training a SentencePiece model; --tokenizer-model {} is "
+                    "one already",
+                    flag, o.tokenizer_model);
+  }
+  if (sp && o.tokenizer_model.empty()) check_sentencepiece_options(o.sp);
+}
+
 }  // namespace
 
 Command add_prepare_command(CLI::App& app) {
@@ -57,9 +82,26 @@ Command add_prepare_command(CLI::App& app) {
                   "validation files (repeatable); without them a seeded --val-fraction of the "
                   "input is held out (classify: per class)");
   sub->add_option("--out", o->out_dir, "output data directory")->required();
-  sub->add_option("--tokenizer", o->tokenizer, "byte or gpt2")->capture_default_str();
+  sub->add_option("--tokenizer", o->tokenizer, "byte, gpt2 or sentencepiece")
+      ->capture_default_str();
   sub->add_option("--tokenizer-dir", o->tokenizer_dir,
                   "directory with GPT-2's encoder.json and vocab.bpe (for --tokenizer gpt2)");
+  sub->add_option("--tokenizer-model", o->tokenizer_model,
+                  "an existing SentencePiece model (e.g. a LLaMA-2 or T5 tokenizer.model) to use "
+                  "instead of training one; implies --tokenizer sentencepiece");
+  sub->add_option("--vocab-size", o->sp.vocab_size,
+                  "sentencepiece: pieces of the model trained on the input (<unk>, <s>, </s> and "
+                  "the 256 byte pieces included)")
+      ->capture_default_str();
+  sub->add_option("--sp-type", o->sp.type, "sentencepiece: unigram or bpe")->capture_default_str();
+  sub->add_option("--sp-sentences", o->sp.sentences,
+                  "sentencepiece: most lines the trainer keeps; beyond, a seeded sample of them "
+                  "(bounds its memory)")
+      ->capture_default_str();
+  sub->add_option("--sp-character-coverage", o->sp.character_coverage,
+                  "sentencepiece: share of characters that get pieces of their own (the rarest "
+                  "others are spelt in bytes); 0.9995 suits large alphabets")
+      ->capture_default_str();
   sub->add_option("--val-fraction", o->val_fraction,
                   "share kept for validation (lm: of tokens; tasks: of examples)")
       ->capture_default_str();
@@ -95,12 +137,14 @@ Command add_prepare_command(CLI::App& app) {
                 "translate: skip pairs longer than --max-len and count them instead of refusing");
   return {sub, [sub, task, o, t](Communicator&) {
             check_task_flags(*sub, *task);
+            check_tokenizer_flags(*sub, *o);
             if (*task == "lm") {
               const PrepareResult r = prepare_dataset(*o);
               fmt::print(
                   "trellis: wrote {} ({} train tokens, {} val tokens, {} documents, tokenizer "
-                  "{})\n",
-                  o->out_dir, r.train_tokens, r.val_tokens, r.documents, o->tokenizer);
+                  "{}, vocab {})\n",
+                  o->out_dir, r.train_tokens, r.val_tokens, r.documents, o->tokenizer,
+                  r.vocab_size);
               return 0;
             }
             t->task = *task;
@@ -108,6 +152,8 @@ Command add_prepare_command(CLI::App& app) {
             t->out_dir = o->out_dir;
             t->tokenizer = o->tokenizer;
             t->tokenizer_dir = o->tokenizer_dir;
+            t->tokenizer_model = o->tokenizer_model;
+            t->sp = o->sp;
             t->val_fraction = o->val_fraction;
             const TaskPrepareResult r = prepare_task_dataset(*t);
             fmt::print("{}", task_summary(o->out_dir, r));

@@ -61,20 +61,21 @@ Command add_sample_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--seed", a->seed, "sampling seed")->capture_default_str();
   sub->add_option("--tokenizer-dir", a->tokenizer_dir,
-                  "GPT-2 tokenizer directory (default: the one recorded in the checkpoint)");
+                  "tokenizer directory (GPT-2's files or a tokenizer.model; default: the "
+                  "checkpoint's)");
   sub->add_option("--threads", a->threads, "OpenMP threads (0 = all cores)");
   return {sub, [a](Communicator& world) {
             if (world.rank() != 0) return 0;
             if (a->threads > 0) omp_set_num_threads(a->threads);
             CheckpointData ck = load_checkpoint(a->checkpoint, false);
-            auto tok = make_tokenizer(
-                ck.tokenizer.kind, a->tokenizer_dir.empty() ? ck.tokenizer.dir : a->tokenizer_dir);
+            auto tok = load_checkpoint_tokenizer(ck, a->tokenizer_dir);
             std::vector<int> ids = tok->encode(a->prompt);
             TRELLIS_REQUIRE(!ids.empty(), "--prompt must not be empty");
             LocalModel local(ck);
             Transformer& model = local.model;
             Context ctx;
             std::fputs(a->prompt.c_str(), stdout);
+            DecodeStream stream(*tok, ids);
             for (int64_t i = 0; i < a->tokens; ++i) {
               // Condition on at most the context length of most recent tokens.
               const size_t T = std::min(ids.size(), size_t(ck.model.block_size));
@@ -82,12 +83,11 @@ Command add_sample_command(CLI::App& app) {
               std::copy(ids.end() - long(T), ids.end(), ctx.tokens.begin());
               const int next = sample_token(model.logits_at(ctx, {ctx.T - 1}), *a, uint64_t(i));
               ids.push_back(next);
-              // Tokens decode to bytes, so streaming them one by one reassembles any UTF-8.
-              const std::string piece = tok->decode({next});
+              const std::string piece = stream.push(next);
               std::fwrite(piece.data(), 1, piece.size(), stdout);
               std::fflush(stdout);
             }
-            std::fputs("\n", stdout);
+            std::fputs((stream.finish() + "\n").c_str(), stdout);
             return 0;
           }};
 }

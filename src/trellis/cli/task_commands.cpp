@@ -60,8 +60,7 @@ TaskModel load_task_model(const TaskArgs& a, const std::string& task) {
                   "{}: an image classifier; evaluate it with `trellis eval --data DIR`",
                   a.checkpoint);
   m.format = SequenceFormat(meta, m.ck.task.at("seq_len").get<int64_t>());
-  m.tokenizer = make_tokenizer(m.ck.tokenizer.kind,
-                               a.tokenizer_dir.empty() ? m.ck.tokenizer.dir : a.tokenizer_dir);
+  m.tokenizer = load_checkpoint_tokenizer(m.ck, a.tokenizer_dir);
   return m;
 }
 
@@ -75,7 +74,8 @@ void add_common_options(CLI::App* sub, TaskArgs& a) {
   sub->add_option("--input", a.input, "text file, one input per line")->required();
   sub->add_option("--batch-size", a.batch_size, "inputs run together")->capture_default_str();
   sub->add_option("--tokenizer-dir", a.tokenizer_dir,
-                  "GPT-2 tokenizer directory (default: the one recorded in the checkpoint)");
+                  "tokenizer directory (GPT-2's files or a tokenizer.model; default: the "
+                  "checkpoint's)");
   sub->add_option("--threads", a.threads, "OpenMP threads (0 = all cores)");
 }
 

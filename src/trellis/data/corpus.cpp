@@ -48,11 +48,15 @@ void read_meta(const std::string& dir, Corpus& c) {
   } catch (const nlohmann::json::exception& e) {
     TRELLIS_REQUIRE(false, "{}: a field has the wrong type: {}", path, e.what());
   }
-  TRELLIS_REQUIRE(c.tokenizer == "byte" || c.tokenizer == "gpt2",
-                  "{}: unknown tokenizer '{}' (expected 'byte' or 'gpt2')", path, c.tokenizer);
+  TRELLIS_REQUIRE(c.tokenizer == "byte" || c.tokenizer == "gpt2" || c.tokenizer == "sentencepiece",
+                  "{}: unknown tokenizer '{}' (expected 'byte', 'gpt2' or 'sentencepiece')", path,
+                  c.tokenizer);
   TRELLIS_REQUIRE(c.vocab_size > 0, "{}: vocab_size {} is not positive", path, c.vocab_size);
   // prepare writes an absolute path; a hand-written relative one is taken relative to the data
   // directory, the only base that does not depend on where trellis happens to be started.
+  // A SentencePiece model is the directory's own tokenizer.model.
+  if (c.tokenizer == "sentencepiece")
+    c.tokenizer_dir = fs::absolute(dir).lexically_normal().string();
   if (!c.tokenizer_dir.empty() && fs::path(c.tokenizer_dir).is_relative())
     c.tokenizer_dir = (fs::absolute(dir) / c.tokenizer_dir).lexically_normal().string();
 }

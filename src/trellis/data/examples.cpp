@@ -137,6 +137,9 @@ TaskMeta read_task_meta(const std::string& dir) {
   } catch (const nlohmann::json::exception& e) {
     TRELLIS_REQUIRE(false, "{}: {}", path, e.what());
   }
+  // A SentencePiece model is the directory's own tokenizer.model.
+  if (m.tokenizer == "sentencepiece")
+    m.tokenizer_dir = fs::absolute(dir).lexically_normal().string();
   TRELLIS_REQUIRE(m.task == "classify" || m.task == "translate",
                   "{}: task '{}' is not classify or translate", path, m.task);
   TRELLIS_REQUIRE(m.task != "classify" || m.classes.size() >= 2,

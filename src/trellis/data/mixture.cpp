@@ -8,6 +8,8 @@
 
 #include "trellis/core/error.h"
 #include "trellis/core/philox.h"
+#include "trellis/data/sentencepiece.h"
+#include "trellis/io/atomic_file.h"
 
 namespace trellis {
 
@@ -100,6 +102,16 @@ Mixture load_mixture(const std::string& spec) {
                     "(vocabulary {}); mixed datasets must share a tokenizer",
                     sources[i].dir, c.tokenizer, c.vocab_size, sources[0].dir, first.tokenizer,
                     first.vocab_size);
+    // SentencePiece models of one size can still differ piece by piece.
+    if (c.tokenizer == "sentencepiece") {
+      const auto file = [](const Corpus& x) {
+        return (fs::path(x.tokenizer_dir) / kSentencePieceFile).string();
+      };
+      TRELLIS_REQUIRE(read_file(file(c)) == read_file(file(first)),
+                      "data mixture: {} and {} are different SentencePiece models; mixed datasets "
+                      "must share a tokenizer",
+                      file(c), file(first));
+    }
   }
   m.tokenizer = first.tokenizer;
   m.tokenizer_dir = first.tokenizer_dir;

@@ -250,6 +250,13 @@ size_t safe_cut(const std::string& text) {
   return 0;
 }
 
+// Where a chunk of text may end for a tokenizer that encodes line by line (SentencePiece): after
+// the last newline. Returns 0 when there is none.
+size_t line_cut(const std::string& text) {
+  const size_t nl = text.rfind('\n');
+  return nl == std::string::npos ? 0 : nl + 1;
+}
+
 // A cut at a UTF-8 character boundary at or before n (the fallback for text without a safe cut).
 size_t char_cut(const std::string& text, size_t n) {
   while (n > 0 && n < text.size() && (static_cast<unsigned char>(text[n]) & 0xC0) == 0x80) --n;
@@ -273,14 +280,27 @@ PrepareResult prepare_dataset(const PrepareOptions& opt) {
                   opt.threads);
   TRELLIS_REQUIRE(opt.chunk_bytes >= 1, "prepare: chunk_bytes must be >= 1");
   const auto files = collect_input_files(opt.inputs);
+  // SentencePiece: the model first (trained on the input, a first pass over it), then every
+  // thread's tokenizer from its bytes.
+  const bool sentencepiece = opt.tokenizer == "sentencepiece";
+  std::string sp_model;
+  if (sentencepiece) {
+    const auto lines = lines_of_files(files);
+    sp_model = prepare_sentencepiece_model(
+        opt.tokenizer_model, opt.sp, *lines,
+        opt.inputs.size() == 1 ? opt.inputs[0] : fmt::format("{} inputs", opt.inputs.size()));
+  }
+  auto make = [&] {
+    return sentencepiece ? make_sentencepiece_tokenizer(sp_model, kSentencePieceFile)
+                         : make_tokenizer(opt.tokenizer, opt.tokenizer_dir);
+  };
   std::vector<std::unique_ptr<Tokenizer>> toks;
-  toks.push_back(make_tokenizer(opt.tokenizer, opt.tokenizer_dir));
+  toks.push_back(make());
   const Tokenizer& tok = *toks[0];
   // The byte tokenizer is a copy: chunks could be cut anywhere and one thread is plenty.
   const bool bpe = tok.kind() != "byte";
   const int threads = bpe ? opt.threads : 1;
-  while (int(toks.size()) < threads)
-    toks.push_back(make_tokenizer(opt.tokenizer, opt.tokenizer_dir));
+  while (int(toks.size()) < threads) toks.push_back(make());
   // uint16 shards (llm.c's version 1) where the vocabulary fits, uint32 (version 2) beyond.
   const int32_t version = shard_version_for_vocab(tok.vocab_size());
   const auto S = int64_t(opt.shard_tokens);
@@ -393,7 +413,7 @@ PrepareResult prepare_dataset(const PrepareOptions& opt) {
       if (buf.empty()) break;
       size_t cut = buf.size();
       if (!eof && bpe) {
-        cut = safe_cut(buf);
+        cut = sentencepiece ? line_cut(buf) : safe_cut(buf);
         if (cut == 0) {
           // No safe cut yet: read on, up to 4 chunks; then cut at a character boundary (this one
           // place may tokenise differently from whole-file encoding: text without spaces).
@@ -470,11 +490,18 @@ PrepareResult prepare_dataset(const PrepareOptions& opt) {
     index(name, b, e);
   }
 
+  if (sentencepiece) {
+    write_file_atomic((fs::path(stage) / kSentencePieceFile).string(), sp_model);
+    written.push_back(kSentencePieceFile);
+  }
+
   nlohmann::json meta;
   meta["tokenizer"] = tok.kind();
   // Absolute, so the data directory stays usable from any working directory.
-  meta["tokenizer_dir"] =
-      opt.tokenizer_dir.empty() ? std::string() : fs::absolute(opt.tokenizer_dir).string();
+  // (SentencePiece's model is in the directory itself: none.)
+  meta["tokenizer_dir"] = opt.tokenizer_dir.empty() || sentencepiece
+                              ? std::string()
+                              : fs::absolute(opt.tokenizer_dir).string();
   meta["vocab_size"] = tok.vocab_size();
   meta["train_tokens"] = n_train;
   meta["val_tokens"] = n_val;
@@ -491,14 +518,15 @@ PrepareResult prepare_dataset(const PrepareOptions& opt) {
 
   // Shards left over from an earlier, larger prepare into the same directory would be picked up
   // by load_corpus_dir and silently mix two corpora; remove exactly those we did not rewrite.
-  static const std::regex shard_name(R"((train|val)_\d{6}\.(bin|idx))");
+  // So is an earlier prepare's tokenizer.model, which would disagree with this one's tokenizer.
+  static const std::regex shard_name(R"((train|val)_\d{6}\.(bin|idx)|tokenizer\.model)");
   for (const auto& e : fs::directory_iterator(opt.out_dir)) {
     const std::string name = e.path().filename().string();
     if (e.is_regular_file() && std::regex_match(name, shard_name) &&
         std::find(written.begin(), written.end(), name) == written.end())
       fs::remove(e.path());
   }
-  return PrepareResult{size_t(n_train), size_t(n_val), doc_starts.size()};
+  return PrepareResult{size_t(n_train), size_t(n_val), doc_starts.size(), tok.vocab_size()};
 }
 
 }  // namespace trellis

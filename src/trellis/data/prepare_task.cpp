@@ -12,6 +12,7 @@
 #include "trellis/core/philox.h"
 #include "trellis/data/task_readers.h"
 #include "trellis/data/tokenizer.h"
+#include "trellis/io/atomic_file.h"
 
 namespace trellis {
 
@@ -28,13 +29,33 @@ std::vector<uint32_t> encode(const Tokenizer& tok, const std::string& text) {
   return {ids.begin(), ids.end()};
 }
 
-// Without an end-of-text token of its own (byte), the tokenizer's vocabulary grows by one: the
-// special token that begins and ends sequences.
-void set_token_meta(TaskMeta& m, const Tokenizer& tok, const std::string& tokenizer_dir) {
+// The special token that begins and ends sequences: the tokenizer's end-of-text token, or one
+// new id after its vocabulary (task_special_token).
+void set_token_meta(TaskMeta& m, const Tokenizer& tok, const TaskPrepareOptions& opt) {
   m.tokenizer = tok.kind();
-  m.tokenizer_dir = tokenizer_dir.empty() ? "" : fs::absolute(tokenizer_dir).string();
-  m.special_token = tok.eot_token() >= 0 ? tok.eot_token() : tok.vocab_size();
-  m.vocab_size = tok.eot_token() >= 0 ? tok.vocab_size() : tok.vocab_size() + 1;
+  // SentencePiece's model is in the directory itself.
+  m.tokenizer_dir = opt.tokenizer_dir.empty() || m.tokenizer == "sentencepiece"
+                        ? ""
+                        : fs::absolute(opt.tokenizer_dir).string();
+  const SpecialToken special = task_special_token(tok);
+  m.special_token = special.id;
+  m.vocab_size = special.vocab_size;
+}
+
+bool trains_sentencepiece(const TaskPrepareOptions& opt) {
+  return opt.tokenizer == "sentencepiece" && opt.tokenizer_model.empty();
+}
+
+// The tokenizer of the task: SentencePiece's from --tokenizer-model, or trained on `texts` (the
+// training split's); model receives its bytes for the directory. Other kinds by name.
+std::unique_ptr<Tokenizer> task_tokenizer(const TaskPrepareOptions& opt,
+                                          std::vector<std::string_view> texts, std::string& model) {
+  if (opt.tokenizer != "sentencepiece") return make_tokenizer(opt.tokenizer, opt.tokenizer_dir);
+  const auto lines = lines_of_texts(std::move(texts));
+  const std::string what =
+      opt.inputs.size() == 1 ? opt.inputs[0] : fmt::format("{} inputs", opt.inputs.size());
+  model = prepare_sentencepiece_model(opt.tokenizer_model, opt.sp, *lines, what);
+  return make_sentencepiece_tokenizer(model, kSentencePieceFile);
 }
 
 bool is_integer(const std::string& s) {
@@ -83,7 +104,8 @@ void check_out_dir(const std::string& out) {
 
 // Writes into OUT.tmp-<pid>, then renames it into place (an old OUT is moved aside first and
 // removed after), so OUT is never half-written.
-void write_task_dir(const std::string& out, const Split& s, const TaskMeta& meta) {
+void write_task_dir(const std::string& out, const Split& s, const TaskMeta& meta,
+                    const std::string& sp_model) {
   fs::path final_dir = fs::path(out).lexically_normal();
   if (final_dir.filename().empty()) final_dir = final_dir.parent_path();
   const std::string pid = std::to_string(::getpid());
@@ -95,6 +117,7 @@ void write_task_dir(const std::string& out, const Split& s, const TaskMeta& meta
     write_examples((tmp / "train.examples").string(), s.train);
     write_examples((tmp / "val.examples").string(), s.val);
     write_task_meta(tmp.string(), meta);
+    if (!sp_model.empty()) write_file_atomic((tmp / kSentencePieceFile).string(), sp_model);
     if (fs::exists(final_dir)) fs::rename(final_dir, old);
     fs::rename(tmp, final_dir);
     fs::remove_all(old, ec);
@@ -107,7 +130,8 @@ void write_task_dir(const std::string& out, const Split& s, const TaskMeta& meta
   }
 }
 
-void finish(TaskPrepareResult& r, const Split& s, const TaskPrepareOptions& opt) {
+void finish(TaskPrepareResult& r, const Split& s, const TaskPrepareOptions& opt,
+            const std::string& sp_model = {}) {
   TRELLIS_REQUIRE(s.train.size() > 0, "prepare: no training examples");
   TRELLIS_REQUIRE(s.val.size() > 0,
                   "prepare: no validation examples (too few inputs; give --val-input)");
@@ -122,7 +146,7 @@ void finish(TaskPrepareResult& r, const Split& s, const TaskPrepareOptions& opt)
     r.train_per_class = per_class(s.train, m.classes.size());
     r.val_per_class = per_class(s.val, m.classes.size());
   }
-  write_task_dir(opt.out_dir, s, m);
+  write_task_dir(opt.out_dir, s, m, sp_model);
 }
 
 // ---- classify: texts ----
@@ -152,16 +176,27 @@ void classify_texts(const TaskPrepareOptions& opt, TaskPrepareResult& r) {
   std::unordered_map<std::string, int32_t> ids;
   for (size_t i = 0; i < r.meta.classes.size(); ++i) ids[r.meta.classes[i]] = int32_t(i);
 
-  const auto tok = make_tokenizer(opt.tokenizer, opt.tokenizer_dir);
-  set_token_meta(r.meta, *tok, opt.tokenizer_dir);
+  // The held-out split depends on the labels alone: drawn first, so that a SentencePiece model
+  // learns from the training split only.
+  std::vector<int32_t> label_ids;
+  for (const auto& [path, records] : train_files)
+    for (const auto& rec : records) label_ids.push_back(ids.at(rec.label));
+  const bool held_out = opt.val_inputs.empty();
+  const std::vector<char> val_mask =
+      held_out ? stratified_val_mask(label_ids, ids.size(), opt.val_fraction, opt.seed)
+               : std::vector<char>(label_ids.size(), 0);
+  std::vector<std::string_view> texts;
+  size_t k = 0;
+  for (const auto& [path, records] : train_files)
+    for (const auto& rec : records)
+      if (!val_mask[k++]) texts.push_back(rec.text);
+  std::string sp_model;
+  const auto tok = task_tokenizer(opt, std::move(texts), sp_model);
+  set_token_meta(r.meta, *tok, opt);
   ExampleSet all;
   for (const auto& [path, records] : train_files)
     for (const auto& rec : records) all.add(ids.at(rec.label), encode(*tok, rec.text));
-  if (opt.val_inputs.empty())
-    return finish(
-        r,
-        split_by_mask(all, stratified_val_mask(all.labels, ids.size(), opt.val_fraction, opt.seed)),
-        opt);
+  if (held_out) return finish(r, split_by_mask(all, val_mask), opt, sp_model);
   Split s{std::move(all), {}};
   for (const auto& [path, records] : val_files)
     for (const auto& rec : records) {
@@ -170,7 +205,7 @@ void classify_texts(const TaskPrepareOptions& opt, TaskPrepareResult& r) {
                       rec.line, rec.label);
       s.val.add(id->second, encode(*tok, rec.text));
     }
-  finish(r, s, opt);
+  finish(r, s, opt, sp_model);
 }
 
 // ---- classify: idx images ----
@@ -229,6 +264,9 @@ void classify_images(const TaskPrepareOptions& opt, TaskPrepareResult& r) {
                   "--val-input: an idx directory brings its own test split (t10k-*)");
   const auto [ph, pw] = parse_patch(opt.patch);
   const std::string& dir = opt.inputs[0];
+  TRELLIS_REQUIRE(opt.tokenizer != "sentencepiece",
+                  "prepare: {} holds images, which have no tokenizer (--tokenizer sentencepiece)",
+                  dir);
   TRELLIS_REQUIRE(opt.text_column.empty() && opt.label_column.empty(),
                   "prepare: --text-column and --label-column do not apply to images ({})", dir);
   TRELLIS_REQUIRE(is_idx_dir(dir),
@@ -262,12 +300,11 @@ void classify_images(const TaskPrepareOptions& opt, TaskPrepareResult& r) {
 
 // ---- translate ----
 
-// Tokenizes the pairs of `files` into `set`; repeated pairs (catalogues share many strings) and,
-// with --skip-long, over-long pairs are skipped and counted.
-void encode_pairs(const std::vector<std::string>& files, const Tokenizer& tok,
-                  const TaskPrepareOptions& opt, ExampleSet& set,
-                  std::map<std::string, int64_t>& skipped) {
-  const size_t limit = size_t(opt.max_len - 1);
+// The pairs of `files`; repeated pairs (catalogues share many strings) are skipped and counted.
+std::vector<PairRecord> read_pairs(const std::vector<std::string>& files,
+                                   std::map<std::string, int64_t>& skipped,
+                                   std::vector<std::string>& where) {
+  std::vector<PairRecord> pairs;
   std::unordered_set<std::string> seen;
   for (const auto& path : files) {
     const PairFile f = read_translation_file(path);
@@ -277,37 +314,83 @@ void encode_pairs(const std::vector<std::string>& files, const Tokenizer& tok,
         ++skipped["duplicate"];
         continue;
       }
-      const auto src = encode(tok, p.source), tgt = encode(tok, p.target);
-      if (src.size() > limit || tgt.size() > limit) {
-        const bool source = src.size() > limit;
-        TRELLIS_REQUIRE(opt.skip_long,
-                        "{}: the pair's {} has {} tokens, more than --max-len {} allows ({} plus "
-                        "the end token)",
-                        f.where(p), source ? "source" : "target", source ? src.size() : tgt.size(),
-                        opt.max_len, limit);
-        ++skipped["longer than --max-len"];
-        continue;
-      }
-      set.add(-1, src, tgt);
+      pairs.push_back(p);
+      where.push_back(f.where(p));
     }
+  }
+  return pairs;
+}
+
+// Tokenizes pairs [i for keep[i]] into `set`; with --skip-long, over-long pairs are skipped and
+// counted, else refused.
+void encode_pairs(const std::vector<PairRecord>& pairs, const std::vector<std::string>& where,
+                  const std::vector<char>& keep, const Tokenizer& tok,
+                  const TaskPrepareOptions& opt, ExampleSet& set,
+                  std::map<std::string, int64_t>& skipped) {
+  const size_t limit = size_t(opt.max_len - 1);
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    if (!keep[i]) continue;
+    const auto src = encode(tok, pairs[i].source), tgt = encode(tok, pairs[i].target);
+    if (src.size() > limit || tgt.size() > limit) {
+      const bool source = src.size() > limit;
+      TRELLIS_REQUIRE(opt.skip_long,
+                      "{}: the pair's {} has {} tokens, more than --max-len {} allows ({} plus "
+                      "the end token)",
+                      where[i], source ? "source" : "target", source ? src.size() : tgt.size(),
+                      opt.max_len, limit);
+      ++skipped["longer than --max-len"];
+      continue;
+    }
+    set.add(-1, src, tgt);
   }
 }
 
 void translate(const TaskPrepareOptions& opt, TaskPrepareResult& r) {
   TRELLIS_REQUIRE(opt.max_len >= 2, "--max-len {}: must be at least 2", opt.max_len);
-  const auto tok = make_tokenizer(opt.tokenizer, opt.tokenizer_dir);
-  set_token_meta(r.meta, *tok, opt.tokenizer_dir);
-  ExampleSet all;
-  encode_pairs(opt.inputs, *tok, opt, all, r.skipped);
-  TRELLIS_REQUIRE(all.size() > 0, "prepare: no translation pairs in {} input file(s)",
+  std::vector<std::string> where, val_where;
+  const auto pairs = read_pairs(opt.inputs, r.skipped, where);
+  TRELLIS_REQUIRE(!pairs.empty(), "prepare: no translation pairs in {} input file(s)",
                   opt.inputs.size());
-  if (!opt.val_inputs.empty()) {
-    Split s{std::move(all), {}};
-    encode_pairs(opt.val_inputs, *tok, opt, s.val, r.skipped);
-    return finish(r, s, opt);
+  const std::vector<char> all(pairs.size(), 1);
+  // A SentencePiece model learns from the training pairs only, so a held-out split is drawn
+  // before it (and --skip-long then skips from either side); for the other tokenizers it is
+  // drawn among the pairs kept, as it always was.
+  const bool held_out = opt.val_inputs.empty(), split_first = held_out && trains_sentencepiece(opt);
+  std::vector<char> val_mask(pairs.size(), 0);
+  if (split_first)
+    val_mask =
+        stratified_val_mask(std::vector<int32_t>(pairs.size(), 0), 1, opt.val_fraction, opt.seed);
+  std::vector<std::string_view> texts;
+  for (size_t i = 0; i < pairs.size(); ++i)
+    if (!val_mask[i]) {
+      texts.push_back(pairs[i].source);
+      texts.push_back(pairs[i].target);
+    }
+  std::string sp_model;
+  const auto tok = task_tokenizer(opt, std::move(texts), sp_model);
+  set_token_meta(r.meta, *tok, opt);
+  if (split_first) {
+    Split s;
+    std::vector<char> train_mask(pairs.size());
+    for (size_t i = 0; i < pairs.size(); ++i) train_mask[i] = !val_mask[i];
+    encode_pairs(pairs, where, train_mask, *tok, opt, s.train, r.skipped);
+    encode_pairs(pairs, where, val_mask, *tok, opt, s.val, r.skipped);
+    return finish(r, s, opt, sp_model);
   }
-  const std::vector<int32_t> one_class(all.size(), 0);
-  finish(r, split_by_mask(all, stratified_val_mask(one_class, 1, opt.val_fraction, opt.seed)), opt);
+  ExampleSet set;
+  encode_pairs(pairs, where, all, *tok, opt, set, r.skipped);
+  TRELLIS_REQUIRE(set.size() > 0, "prepare: no translation pairs in {} input file(s)",
+                  opt.inputs.size());
+  if (!held_out) {
+    Split s{std::move(set), {}};
+    const auto val_pairs = read_pairs(opt.val_inputs, r.skipped, val_where);
+    encode_pairs(val_pairs, val_where, std::vector<char>(val_pairs.size(), 1), *tok, opt, s.val,
+                 r.skipped);
+    return finish(r, s, opt, sp_model);
+  }
+  const std::vector<int32_t> one_class(set.size(), 0);
+  finish(r, split_by_mask(set, stratified_val_mask(one_class, 1, opt.val_fraction, opt.seed)), opt,
+         sp_model);
 }
 
 }  // namespace

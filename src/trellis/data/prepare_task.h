@@ -2,13 +2,16 @@
 // `trellis prepare --task classify|translate`: labelled texts, idx image sets or translation
 // pairs -> a task data directory (meta.json, train.examples, val.examples; see examples.h).
 // Everything is read, checked and encoded in memory first; the directory is written under a
-// temporary name and renamed into place, so bad input leaves nothing behind.
+// temporary name and renamed into place, so bad input leaves nothing behind. A SentencePiece
+// tokenizer is trained on the training split's texts (translation: one model shared by both
+// sides, as fairseq, Marian and T5 do) and kept in the directory as tokenizer.model.
 #include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "trellis/data/examples.h"
+#include "trellis/data/sentencepiece.h"
 
 namespace trellis {
 
@@ -17,8 +20,10 @@ struct TaskPrepareOptions {
   std::vector<std::string> inputs;      // files; for images one idx directory
   std::vector<std::string> val_inputs;  // explicit validation files (else a held-out split)
   std::string out_dir;
-  std::string tokenizer = "byte";  // "byte" or "gpt2"
+  std::string tokenizer = "byte";  // "byte", "gpt2" or "sentencepiece"
   std::string tokenizer_dir;
+  std::string tokenizer_model;  // sentencepiece: a model file; empty = train one (sp)
+  SentencePieceOptions sp;
   std::string text_column, label_column;  // classify text files; empty = the format's defaults
   double val_fraction = 0.1;
   uint64_t seed = 1337;

@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "trellis/core/error.h"
+#include "trellis/data/sentencepiece.h"
 #include "trellis/io/atomic_file.h"
 
 namespace trellis {
@@ -358,8 +359,43 @@ std::unique_ptr<Tokenizer> load_gpt2_tokenizer(const std::string& dir) {
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& kind, const std::string& dir) {
   if (kind == "byte") return make_byte_tokenizer();
   if (kind == "gpt2") return load_gpt2_tokenizer(dir);
-  TRELLIS_REQUIRE(false, "unknown tokenizer '{}' (expected 'byte' or 'gpt2')", kind);
+  if (kind == "sentencepiece") return load_sentencepiece_tokenizer(dir);
+  TRELLIS_REQUIRE(false, "unknown tokenizer '{}' (expected 'byte', 'gpt2' or 'sentencepiece')",
+                  kind);
   return nullptr;
+}
+
+SpecialToken task_special_token(const Tokenizer& tok) {
+  if (tok.eot_token() >= 0) return {tok.eot_token(), tok.vocab_size()};
+  return {tok.vocab_size(), tok.vocab_size() + 1};
+}
+
+DecodeStream::DecodeStream(const Tokenizer& tok, std::vector<int> context)
+    : tok_(tok), ids_(std::move(context)) {
+  printed_ = tok_.decode(ids_).size();
+}
+
+std::string DecodeStream::push(int token) {
+  ids_.push_back(token);
+  const std::string text = tok_.decode(ids_);
+  // U+FFFD at the end: a character whose remaining bytes have not been generated yet.
+  static constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
+  size_t stable = text.size();
+  while (stable >= printed_ + kReplacement.size() &&
+         std::string_view(text).substr(stable - kReplacement.size(), kReplacement.size()) ==
+             kReplacement)
+    stable -= kReplacement.size();
+  if (stable <= printed_) return {};
+  std::string out = text.substr(printed_, stable - printed_);
+  printed_ = stable;
+  return out;
+}
+
+std::string DecodeStream::finish() {
+  const std::string text = tok_.decode(ids_);
+  std::string out = text.size() > printed_ ? text.substr(printed_) : std::string();
+  printed_ = text.size();
+  return out;
 }
 
 }  // namespace trellis

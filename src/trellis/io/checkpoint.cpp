@@ -8,6 +8,8 @@
 #include <type_traits>
 
 #include "trellis/core/error.h"
+#include "trellis/data/sentencepiece.h"
+#include "trellis/data/tokenizer.h"
 #include "trellis/io/atomic_file.h"
 #include "trellis/io/safetensors.h"
 #include "trellis/io/sharded_checkpoint.h"
@@ -78,6 +80,7 @@ nlohmann::json hf_config(const ModelConfig& m, const TokenizerInfo& tok,
                   {"tokenizer_dir", tok.dir},
                   {"vocab_multiple", m.vocab_multiple},
                   {"blocks", block_choices(m)}};
+  if (tok.vocab > 0) j["trellis"]["tokenizer_vocab"] = tok.vocab;
   if (!task.is_null()) j["trellis"]["task"] = task;
   if (task.contains("classes")) {  // Hugging Face's names for a sequence classifier's labels
     j["num_labels"] = task["classes"].size();
@@ -197,6 +200,8 @@ std::string save_checkpoint(const std::string& out_dir, int64_t step, const Chec
     write_safetensors((tmp_dir / "optimizer.safetensors").string(), refs, {{"format", "pt"}});
   }
   write_file_atomic((tmp_dir / "state.json").string(), dump_json(ck.state));
+  if (!ck.tokenizer.model.empty())
+    write_file_atomic((tmp_dir / kSentencePieceFile).string(), ck.tokenizer.model);
   // Replace an older copy of the same step only once the new one is complete.
   fs::remove_all(final_dir);
   fs::rename(tmp_dir, final_dir);
@@ -238,7 +243,7 @@ nlohmann::json parse_checkpoint_state(const std::string& text, const std::string
   return state;
 }
 
-CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
+CheckpointData load_checkpoint_config(const std::string& dir) {
   TRELLIS_REQUIRE(fs::is_directory(dir), "{}: checkpoint directory not found", dir);
   CheckpointData ck;
   const std::string cfg_path = (fs::path(dir) / "config.json").string();
@@ -248,11 +253,26 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
     const auto& t = cfg["trellis"];
     ck.tokenizer.kind = json_get<std::string>(t, "tokenizer", cfg_path);
     ck.tokenizer.dir = json_get<std::string>(t, "tokenizer_dir", cfg_path);
+    // Its tokenizer.model is the checkpoint's own (an export's too), wherever the data was.
+    if (ck.tokenizer.kind == "sentencepiece") ck.tokenizer.dir = dir;
+    if (t.contains("tokenizer_vocab")) {
+      const int64_t v = json_get<int64_t>(t, "tokenizer_vocab", cfg_path);
+      TRELLIS_REQUIRE(v >= 1 && v <= kMaxVocab,
+                      "{}: key 'trellis.tokenizer_vocab' is {}; it must be between 1 and {}",
+                      cfg_path, v, kMaxVocab);
+      ck.tokenizer.vocab = int(v);
+    }
     if (t.contains("task")) ck.task = t["task"];
   } else {
     // A plain Hugging Face checkpoint.
     ck.tokenizer.kind = ck.model.vocab_size == 50257 ? "gpt2" : "byte";
   }
+  return ck;
+}
+
+CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
+  CheckpointData ck = load_checkpoint_config(dir);
+  const std::string cfg_path = (fs::path(dir) / "config.json").string();
   const ParamLayout layout(ck.model);
   if (is_sharded_checkpoint(dir)) {
     // The whole model (tp = 1, every stage) from the shards, one state at a time.
@@ -302,6 +322,29 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
     }
   }
   return ck;
+}
+
+std::unique_ptr<Tokenizer> load_checkpoint_tokenizer(const CheckpointData& ck,
+                                                     const std::string& dir) {
+  const TokenizerInfo& info = ck.tokenizer;
+  TRELLIS_REQUIRE(info.kind != "none", "the checkpoint's model reads images, not text");
+  const std::string from = dir.empty() ? info.dir : dir;
+  auto tok = make_tokenizer(info.kind, from);
+  if (info.kind == "byte") return tok;  // plain Hugging Face checkpoints are taken as bytes
+  const std::string file =
+      (fs::path(from) / (info.kind == "sentencepiece" ? kSentencePieceFile : "encoder.json"))
+          .string();
+  const int special = ck.task.is_object() ? ck.task.value("special_token", -1) : -1;
+  const int needed = std::max(tok->vocab_size(), special + 1);
+  TRELLIS_REQUIRE(info.vocab == 0 || tok->vocab_size() == info.vocab,
+                  "{}: the tokenizer has {} tokens, but the checkpoint's model was trained with "
+                  "one of {} (config.json's trellis.tokenizer_vocab)",
+                  file, tok->vocab_size(), info.vocab);
+  TRELLIS_REQUIRE(needed <= ck.model.vocab_size,
+                  "{}: the tokenizer needs {} token ids, more than the checkpoint's vocabulary of "
+                  "{} (config.json's vocab_size)",
+                  file, needed, ck.model.vocab_size);
+  return tok;
 }
 
 }  // namespace trellis

@@ -5,8 +5,9 @@
 // what training writes) or whole-file (model.safetensors with the family's Hugging Face names and
 // layouts, optimizer.safetensors with moments per parameter, same names: what trellis wrote before
 // sharding, and `trellis export`'s model part). The directory is written under a temporary name
-// and renamed into place.
+// and renamed into place. A SentencePiece model's checkpoints also hold its tokenizer.model.
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -16,9 +17,15 @@
 
 namespace trellis {
 
+class Tokenizer;
+
 struct TokenizerInfo {
   std::string kind = "byte";
+  // gpt2: the directory of encoder.json and vocab.bpe; sentencepiece: of tokenizer.model (a
+  // loaded checkpoint's own directory; config.json records none).
   std::string dir;
+  std::string model;  // sentencepiece, when saving: tokenizer.model's bytes
+  int vocab = 0;      // sentencepiece: its pieces (config.json's trellis.tokenizer_vocab); 0 = none
 };
 
 struct OptimizerState {
@@ -59,5 +66,13 @@ nlohmann::json parse_checkpoint_state(const std::string& text, const std::string
 // Loads and validates (names, shapes, config), whole-file or sharded (then the whole model is
 // assembled from the shards). with_optimizer: also the optimizer state and state.json.
 CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer);
+// What config.json says (model, tokenizer, task), without the tensors.
+CheckpointData load_checkpoint_config(const std::string& dir);
+// The tokenizer of a loaded checkpoint: its kind, from `dir` when given (else the recorded
+// directory; SentencePiece: the checkpoint's own tokenizer.model). A vocabulary that disagrees
+// with the model (more ids than its vocab_size, special token included, or other than the
+// recorded number of SentencePiece pieces) is an input error naming the tokenizer's file.
+std::unique_ptr<Tokenizer> load_checkpoint_tokenizer(const CheckpointData& ck,
+                                                     const std::string& dir = "");
 
 }  // namespace trellis

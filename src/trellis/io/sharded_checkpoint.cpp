@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "trellis/core/error.h"
+#include "trellis/data/sentencepiece.h"
 #include "trellis/io/atomic_file.h"
 #include "trellis/io/checkpoint.h"
 #include "trellis/io/mapped_file.h"
@@ -619,6 +620,15 @@ std::vector<std::string> export_checkpoint(const std::string& dir, const std::st
   }
   write_file_atomic((fs::path(out) / "config.json").string(), config_text);
   written.push_back((fs::path(out) / "config.json").string());
+  // A SentencePiece model's tokenizer travels with it, as in Hugging Face directories (an
+  // earlier export's that this checkpoint does not have would disagree with it).
+  const fs::path tokenizer = fs::path(dir) / kSentencePieceFile;
+  if (fs::exists(tokenizer)) {
+    write_file_atomic((fs::path(out) / kSentencePieceFile).string(), read_file(tokenizer.string()));
+    written.push_back((fs::path(out) / kSentencePieceFile).string());
+  } else {
+    fs::remove(fs::path(out) / kSentencePieceFile);
+  }
   return written;
 }
 

@@ -121,7 +121,8 @@ class CheckpointReader {
 // `trellis export`: a checkpoint (sharded or whole-file) as a Hugging Face directory: config.json
 // and model.safetensors (the family's names and layouts, true vocabulary rows), or, when that
 // would exceed max_shard_bytes, model-0000K-of-0000N.safetensors files listed by
-// model.safetensors.index.json. Memory: the tensors of one output file at a time.
+// model.safetensors.index.json; and the checkpoint's tokenizer.model (SentencePiece) when it
+// has one. Memory: the tensors of one output file at a time.
 // Returns the files written.
 std::vector<std::string> export_checkpoint(const std::string& dir, const std::string& out,
                                            size_t max_shard_bytes);

@@ -18,6 +18,7 @@
 #include "trellis/core/memory.h"
 #include "trellis/data/corpus.h"
 #include "trellis/data/mixture.h"
+#include "trellis/data/sentencepiece.h"
 #include "trellis/eval/classification.h"
 #include "trellis/io/atomic_file.h"
 #include "trellis/io/checkpoint.h"
@@ -327,6 +328,22 @@ struct RunData {
   Augment augment;
 };
 
+// A SentencePiece run copies its data's tokenizer.model into every checkpoint: read once here,
+// and checked against the vocabulary (and the task's special token) the data was encoded for.
+void load_sentencepiece(TokenizerInfo& info, int vocab_size, int special_token) {
+  const std::string path = (std::filesystem::path(info.dir) / kSentencePieceFile).string();
+  info.model = read_file(path);
+  const auto tok = make_sentencepiece_tokenizer(info.model, path);
+  const SpecialToken want =
+      special_token >= 0 ? task_special_token(*tok) : SpecialToken{-1, tok->vocab_size()};
+  TRELLIS_REQUIRE(want.vocab_size == vocab_size && want.id == special_token,
+                  "{}: a model of {} pieces, which gives vocab_size {} (special token {}), but "
+                  "meta.json beside it says vocab_size {} (special token {})",
+                  path, tok->vocab_size(), want.vocab_size, want.id, vocab_size, special_token);
+  info.vocab = tok->vocab_size();
+  info.dir.clear();  // checkpoints record none: their own copy is the tokenizer
+}
+
 RunData load_run_data(const TrainConfig& cfg) {
   RunData d;
   const bool task_dir = !cfg.data.empty() && is_task_dir(cfg.data);
@@ -339,6 +356,7 @@ RunData load_run_data(const TrainConfig& cfg) {
     check_augment(cfg.augment, nullptr, cfg.data);
     d.lm = cfg.data.empty() ? default_mixture() : load_mixture(cfg.data);
     d.tokenizer = {d.lm.tokenizer, d.lm.tokenizer_dir};
+    if (d.tokenizer.kind == "sentencepiece") load_sentencepiece(d.tokenizer, d.lm.vocab_size, -1);
     d.model = cfg.model_config(d.lm.vocab_size);
     d.T = cfg.seq_len > 0 ? cfg.seq_len : d.model.block_size;
     TRELLIS_REQUIRE(d.T <= d.model.block_size, "seq_len {} exceeds the model's context length {}", d.T,
@@ -349,6 +367,8 @@ RunData load_run_data(const TrainConfig& cfg) {
   const TaskMeta& meta = d.task->meta;
   d.augment = check_augment(cfg.augment, &meta, cfg.data);
   d.tokenizer = {meta.tokenizer, meta.tokenizer_dir};
+  if (d.tokenizer.kind == "sentencepiece")
+    load_sentencepiece(d.tokenizer, meta.vocab_size, meta.special_token);
   const bool classify = task == "classify";
   d.model =
       cfg.model_config(meta.vocab_size, classify ? int(meta.classes.size()) : 0, meta.feature_dim);
@@ -434,6 +454,18 @@ void Trainer::load_or_init() {
                   resumed_from_);
   // Any layout's checkpoint (sharded or whole-file): this rank reads the slices it holds.
   CheckpointReader reader(resumed_from_);
+  // The tokens the run goes on with must be the ones it began with.
+  const std::string saved_tokenizer = resumed_from_ + "/" + kSentencePieceFile;
+  if (std::filesystem::exists(saved_tokenizer))
+    TRELLIS_REQUIRE(read_file(saved_tokenizer) == tokenizer_.model,
+                    "{}: the data {} is not encoded with this SentencePiece model; resume with the "
+                    "data the run was trained on",
+                    saved_tokenizer, cfg_.data);
+  else
+    TRELLIS_REQUIRE(tokenizer_.model.empty(),
+                    "{}: the checkpoint has no {}, but the data {} is encoded with SentencePiece; "
+                    "resume with the data the run was trained on",
+                    resumed_from_, kSentencePieceFile, cfg_.data);
   const ModelConfig saved_model = read_model_config(resumed_from_ + "/config.json");
   // The same model iff the same config.json: every size and block choice (a tied head, biases,
   // eps, theta), so no configured tensor can be missing from the checkpoint.
@@ -736,6 +768,7 @@ std::string Trainer::save(int64_t step, const std::string& name) {
     files = {{"config.json", checkpoint_config_json(mc_, tokenizer_, task)},
              // paths and config values are bytes, not necessarily UTF-8: replaced, not refused
              {"state.json", state.dump(2, ' ', false, nlohmann::json::error_handler_t::replace)}};
+  if (lead_ && !tokenizer_.model.empty()) files.emplace_back(kSentencePieceFile, tokenizer_.model);
   const nlohmann::json layout = {{"world", world_.size()}, {"dp", mesh_.dp()},
                                  {"tp", mesh_.tp()},       {"pp", mesh_.pp()},
                                  {"virtual_stages", V_},   {"zero", cfg_.zero}};
