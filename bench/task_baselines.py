@@ -5,7 +5,8 @@
                  over the examples' tokens (bytes or GPT-2 BPE ids, as prepared), trained on
                  train.examples, scored on val.examples (accuracy and macro-F1).
   translate DIR: copy-the-source, scored with `trellis bleu` (sacreBLEU's defaults) on the first
-                 N validation pairs (byte tokenizer only).
+                 N validation pairs (byte or SentencePiece tokenizer; the latter decoded with
+                 python3-sentencepiece and DIR/tokenizer.model).
 
 Usage: task_baselines.py classify DIR
        task_baselines.py translate DIR [N] [--trellis build/trellis]
@@ -63,7 +64,16 @@ def classify(directory):
 
 def translate(directory, n, trellis):
     val = read_examples(os.path.join(directory, "val.examples"))[:n]
-    decode = lambda ids: bytes(ids).decode("utf-8", "replace")  # noqa: E731
+    with open(os.path.join(directory, "meta.json")) as f:
+        tokenizer = json.load(f)["tokenizer"]
+    if tokenizer == "sentencepiece":
+        import sentencepiece
+        sp = sentencepiece.SentencePieceProcessor(
+            model_file=os.path.join(directory, "tokenizer.model"))
+        decode = lambda ids: sp.decode(list(ids))  # noqa: E731
+    else:
+        assert tokenizer == "byte", f"{directory}: tokenizer {tokenizer} (byte or sentencepiece)"
+        decode = lambda ids: bytes(ids).decode("utf-8", "replace")  # noqa: E731
     with tempfile.TemporaryDirectory() as tmp:
         hyp, ref = os.path.join(tmp, "hyp"), os.path.join(tmp, "ref")
         with open(hyp, "w") as h, open(ref, "w") as r:
