@@ -2,6 +2,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <numeric>
@@ -25,7 +26,7 @@ struct SampleArgs {
   int top_k = 40;
   uint64_t seed = 1;
   int threads = 0;
-  bool no_cache = false;
+  bool no_cache = false, timing = false;
 };
 
 // Draws from softmax(logits / temperature) restricted to the top_k largest logits.
@@ -70,6 +71,9 @@ Command add_sample_command(CLI::App& app) {
   sub->add_flag("--no-cache", a->no_cache,
                 "re-run the whole context for every token instead of the key/value cache (same "
                 "tokens, slower; for checking)");
+  sub->add_flag("--timing", a->timing,
+                "print the generation's time to stderr (JSON: new tokens, seconds, tokens/s; the "
+                "checkpoint's loading not included)");
   return {sub, [a](Communicator& world) {
             if (world.rank() != 0) return 0;
             if (a->threads > 0) omp_set_num_threads(a->threads);
@@ -84,6 +88,7 @@ Command add_sample_command(CLI::App& app) {
             // it decodes one position per token until the context is full; from then on the
             // window slides, every position moves, and the cache is rebuilt from the window for
             // each token, exactly what the uncached path computes (and as slow).
+            const auto t0 = std::chrono::steady_clock::now();
             const int64_t window = ck.model.block_size;
             Context ctx;
             KVCache cache;
@@ -122,6 +127,13 @@ Command add_sample_command(CLI::App& app) {
               std::fflush(stdout);
             }
             std::fputs("\n", stdout);
+            if (a->timing) {
+              const double s =
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+              fmt::print(stderr,
+                         "{{\"new_tokens\": {}, \"seconds\": {:.4f}, \"tokens_per_s\": {:.3f}}}\n",
+                         a->tokens, s, double(a->tokens) / s);
+            }
             return 0;
           }};
 }
