@@ -35,6 +35,7 @@ struct EvalArgs {
   int beam = 1;
   int64_t max_len = 0, examples = 0;
   bool document_mask = false;
+  bool no_cache = false;  // translation: decode without the key/value cache
   // grad: dropout as a training step draws it (Context::dropout): the probabilities, the seed
   // and the global step; the batch's sequences are its global sequences 0, 1, ...
   float dropout = 0.0f, attn_dropout = 0.0f, classifier_dropout = 0.0f;
@@ -52,7 +53,10 @@ void add_eval_options(CLI::App* sub, EvalArgs& a) {
                   "from `trellis prepare --task`")
       ->required();
   sub->add_option("--seq-len", a.seq_len, "tokens per window")->capture_default_str();
-  sub->add_option("--batch-size", a.batch_size, "windows per batch")->capture_default_str();
+  sub->add_option("--batch-size", a.batch_size,
+                  "windows per batch (a task directory: examples per batch, and sentences "
+                  "translated together)")
+      ->capture_default_str();
   sub->add_option("--threads", a.threads, "OpenMP threads (0 = all cores)");
   sub->add_flag("--document-mask", a.document_mask,
                 "token shard: attention stays inside each document (the shard's .idx document "
@@ -89,8 +93,10 @@ double windows_loss(const EvalArgs& a, int64_t rows, bool with_grad, CheckpointD
   Context ctx;
   model.prepare(ctx, a.batch_size, a.seq_len);
   if (a.document_mask) {
-    TRELLIS_REQUIRE(tokens.has_doc_index(), "{}: not found: --document-mask needs the document "
-                    "index `trellis prepare` writes beside the shard", tokens.missing_doc_index());
+    TRELLIS_REQUIRE(tokens.has_doc_index(),
+                    "{}: not found: --document-mask needs the document "
+                    "index `trellis prepare` writes beside the shard",
+                    tokens.missing_doc_index());
     ctx.doc_start.assign(size_t(a.batch_size * a.seq_len), 0);
   }
   double sum = 0.0;
@@ -188,7 +194,7 @@ nlohmann::json evaluate_task(const EvalArgs& a, CheckpointData& ck) {
   auto tok = load_checkpoint_tokenizer(ck);
   LocalModel local(ck, nullptr, compute_precision(a));
   Transformer& model = local.model;
-  const DecodeOptions opt{a.beam, a.max_len, 0.6, f.special, f.T};
+  const DecodeOptions opt{a.beam, a.max_len, 0.6, f.special, f.T, !a.no_cache};
   std::vector<std::string> hyps, refs;
   for (int64_t first = 0; first < n; first += a.batch_size) {
     std::vector<std::span<const uint32_t>> sources;
@@ -215,6 +221,8 @@ Command add_eval_command(CLI::App& app) {
   sub->add_option("--batches", a->batches, "number of batches")->capture_default_str();
   sub->add_option("--beam", a->beam, "translation: beam size (1 = greedy)")->capture_default_str();
   sub->add_option("--max-len", a->max_len, "translation: most generated tokens (0 = the context)");
+  sub->add_flag("--no-cache", a->no_cache,
+                "translation: decode without the key/value cache (same BLEU, slower)");
   sub->add_option("--examples", a->examples,
                   "task directory: evaluate the first N validation examples (0 = all)");
   return {sub, [a](Communicator&) {

@@ -23,6 +23,7 @@ struct TaskArgs {
   std::string checkpoint, input, tokenizer_dir;
   int64_t batch_size = 32, max_len = 0;
   int beam = 1, threads = 0;
+  bool no_cache = false;
 };
 
 // The input's lines (a final newline ends the last one; \r\n is accepted).
@@ -121,7 +122,7 @@ int run_translate(const TaskArgs& a) {
   const std::vector<std::string> lines = read_lines(a.input);
   LocalModel local(m.ck);
   Transformer& model = local.model;
-  const DecodeOptions opt{a.beam, a.max_len, 0.6, m.format.special, m.format.T};
+  const DecodeOptions opt{a.beam, a.max_len, 0.6, m.format.special, m.format.T, !a.no_cache};
   for (size_t first = 0; first < lines.size(); first += size_t(a.batch_size)) {
     std::vector<std::vector<uint32_t>> ids;
     for (size_t i = first; i < std::min(lines.size(), first + size_t(a.batch_size)); ++i) {
@@ -162,6 +163,9 @@ Command add_translate_command(CLI::App& app) {
          "((5 + length) / 6)^0.6, the length penalty of GNMT used by the Transformer paper")
       ->capture_default_str();
   sub->add_option("--max-len", a->max_len, "most generated tokens (0 = the context)");
+  sub->add_flag("--no-cache", a->no_cache,
+                "re-run the whole prefix every step instead of the key/value cache (same output, "
+                "slower; for checking)");
   return {sub, [a](Communicator& world) {
             TRELLIS_REQUIRE(a->batch_size >= 1 && a->beam >= 1,
                             "--batch-size and --beam must be >= 1");

@@ -27,6 +27,7 @@ const Backend kCpu = {
     ops::rope_backward,
     ops::attention_forward,
     ops::attention_backward,
+    ops::attention_cached,
     ops::embedding_forward,
     ops::embedding_backward,
     ops::position_forward,

@@ -29,6 +29,7 @@ struct Backend {
   void (*attention_backward)(float*, float*, float*, const float*, const float*, int64_t,
                              const float*, const float*, int64_t, const float*,
                              const ops::AttentionShape&);
+  decltype(&ops::attention_cached) attention_cached;
   decltype(&ops::embedding_forward) embedding_forward;
   decltype(&ops::embedding_backward) embedding_backward;
   decltype(&ops::position_forward) position_forward;

@@ -117,6 +117,22 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
                         int64_t ldq, const float* k, const float* v, int64_t ldkv,
                         const float* probs, const AttentionShape& s);
 
+// Attention of new query positions over cached keys and values (incremental decoding), one
+// rank. Sequence r's queries are rows [qrow[r], qrow[r + 1]) of q (stride ldq, H heads of hd);
+// its keys and values start at k[r] and v[r], position j at k[r] + j * ldkv, kv head g at column
+// g * hd. Causal: the i-th new query of sequence r sees keys [0, keys[r] + i + 1) (keys[r]:
+// positions cached before its first new query; the new ones are already written). Otherwise
+// (cross-attention) every query of r sees keys [0, keys[r]). out: [qrow[rows], H*hd].
+// Each query is computed the same way whatever the other sequences hold.
+struct CachedAttentionShape {
+  int64_t rows, H, Hkv, hd, ldkv;
+  const int64_t* qrow;
+  const int32_t* keys;
+  bool causal;
+};
+void attention_cached(float* out, const float* q, int64_t ldq, const float* const* k,
+                      const float* const* v, const CachedAttentionShape& s);
+
 // Causal multi-head attention on a fused qkv[B,T,3C] (q|k|v); out[B,T,C]; probs[B,H,T,T] is
 // saved. GPT-2's case of the general functions above.
 void attention_forward(float* out, float* probs, const float* qkv, int64_t B, int64_t T, int64_t C,

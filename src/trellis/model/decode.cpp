@@ -48,7 +48,11 @@ std::vector<std::vector<int>> translate(Transformer& model,
     bool done = false;
   };
   std::vector<Sentence> sent(static_cast<size_t>(n));
+  // Cached: row b of the cache is hypothesis who[b] of the step.
+  KVCache cache;
+  if (o.cache) cache = model.encode(sources, max_len, o.special);
   Context ctx;
+  std::vector<int32_t> last;  // each row's newest token (cached)
   for (int64_t t = 0; t < max_len; ++t) {
     // One row per alive hypothesis of every unfinished sentence, padded to the longest need.
     std::vector<std::pair<size_t, size_t>> who;  // (sentence, hypothesis)
@@ -60,22 +64,36 @@ std::vector<std::vector<int>> translate(Transformer& model,
     }
     if (who.empty()) break;
     const int64_t B = int64_t(who.size());
-    model.prepare(ctx, B, T);
-    ctx.src_tokens.assign(size_t(B * T), o.special);
-    ctx.lengths.assign(size_t(B), 1);
-    ctx.labels.assign(size_t(B), -1);
-    std::vector<int64_t> rows;
-    for (int64_t b = 0; b < B; ++b) {
-      const auto& src = sources[who[size_t(b)].first];
-      const Hypothesis& hyp = sent[who[size_t(b)].first].alive[who[size_t(b)].second];
-      std::copy(src.begin(), src.end(), ctx.src_tokens.begin() + b * T);
-      ctx.lengths[size_t(b)] = int32_t(src.size() + 1);
-      int32_t* row = ctx.tokens.data() + b * T;
-      std::fill_n(row, T, o.special);
-      std::copy(hyp.tokens.begin(), hyp.tokens.end(), row + 1);
-      rows.push_back(b * T + t);
+    std::vector<float> uncached;
+    if (o.cache) {
+      last.resize(size_t(B));
+      std::vector<std::span<const int32_t>> step;
+      for (int64_t b = 0; b < B; ++b) {
+        const Hypothesis& hyp = sent[who[size_t(b)].first].alive[who[size_t(b)].second];
+        last[size_t(b)] = hyp.tokens.empty() ? o.special : hyp.tokens.back();
+        step.push_back({last.data() + b, 1});
+      }
+      model.decode(cache, step);
+    } else {
+      model.prepare(ctx, B, T);
+      ctx.src_tokens.assign(size_t(B * T), o.special);
+      ctx.lengths.assign(size_t(B), 1);
+      ctx.labels.assign(size_t(B), -1);
+      std::vector<int64_t> rows;
+      for (int64_t b = 0; b < B; ++b) {
+        const auto& src = sources[who[size_t(b)].first];
+        const Hypothesis& hyp = sent[who[size_t(b)].first].alive[who[size_t(b)].second];
+        std::copy(src.begin(), src.end(), ctx.src_tokens.begin() + b * T);
+        ctx.lengths[size_t(b)] = int32_t(src.size() + 1);
+        int32_t* row = ctx.tokens.data() + b * T;
+        std::fill_n(row, T, o.special);
+        std::copy(hyp.tokens.begin(), hyp.tokens.end(), row + 1);
+        rows.push_back(b * T + t);
+      }
+      uncached = model.logits_at(ctx, rows);
     }
-    const std::vector<float> logits = model.logits_at(ctx, rows);
+    const std::vector<float>& logits = o.cache ? cache.work.logits : uncached;
+    std::vector<int64_t> parents;  // the cache row each next hypothesis continues
     // Each alive hypothesis offers its 2 * beam best continuations; the best of them are kept
     // until `beam` continue, so that enough survive even when some of them end.
     struct Candidate {
@@ -92,11 +110,14 @@ std::vector<std::vector<int>> translate(Transformer& model,
         std::vector<int> idx(lp.size());
         std::iota(idx.begin(), idx.end(), 0);
         const size_t k = std::min<size_t>(size_t(2 * beam), idx.size());
-        std::partial_sort(idx.begin(), idx.begin() + long(k), idx.end(),
-                          [&](int a, int b) { return lp[size_t(a)] > lp[size_t(b)]; });
+        // Ties go to the lower id, so both paths rank equal scores alike.
+        std::partial_sort(idx.begin(), idx.begin() + long(k), idx.end(), [&](int a, int b) {
+          return lp[size_t(a)] > lp[size_t(b)] || (lp[size_t(a)] == lp[size_t(b)] && a < b);
+        });
         for (size_t j = 0; j < k; ++j)
           cand.push_back({s.alive[h].logp + lp[size_t(idx[j])], h, idx[j]});
       }
+      const size_t row0 = first;
       first += s.alive.size();
       std::stable_sort(cand.begin(), cand.end(),
                        [](const Candidate& a, const Candidate& b) { return a.logp > b.logp; });
@@ -110,11 +131,14 @@ std::vector<std::vector<int>> translate(Transformer& model,
         } else {
           tokens.push_back(c.token);
           next.push_back({std::move(tokens), c.logp});
+          parents.push_back(int64_t(row0 + c.from));
         }
       }
       s.alive = std::move(next);
       s.done = int64_t(s.finished.size()) >= beam || s.alive.empty();
+      if (s.done) parents.resize(parents.size() - s.alive.size());  // the sentence leaves
     }
+    if (o.cache) cache.select(parents);
   }
   std::vector<std::vector<int>> out;
   for (Sentence& s : sent) {

@@ -52,10 +52,11 @@ int64_t owned_bytes(const Tensor& t) { return t.owned() ? int64_t(t.bytes()) : 0
 
 int64_t block_bytes(const Context::BlockActs& a) {
   int64_t n = 0;
-  for (const Tensor* t : {&a.ln1, &a.ln1_mean, &a.ln1_rstd, &a.ln1_full, &a.qkv, &a.probs, &a.att,
-                          &a.res_mid, &a.lnx, &a.lnx_mean, &a.lnx_rstd, &a.lnx_full, &a.xq,
-                          &a.enc_full, &a.xkv, &a.xprobs, &a.xatt, &a.res_x, &a.ln2, &a.ln2_mean,
-                          &a.ln2_rstd, &a.ln2_full, &a.up, &a.act, &a.res_out})
+  for (const Tensor* t :
+       {&a.ln1,      &a.ln1_mean, &a.ln1_rstd, &a.ln1_full, &a.qkv,      &a.probs,    &a.att,
+        &a.res_mid,  &a.lnx,      &a.lnx_mean, &a.lnx_rstd, &a.lnx_full, &a.xq,       &a.enc_full,
+        &a.xkv,      &a.xprobs,   &a.xatt,     &a.res_x,    &a.ln2,      &a.ln2_mean, &a.ln2_rstd,
+        &a.ln2_full, &a.up,       &a.act,      &a.res_out})
     n += owned_bytes(*t);
   return n;
 }
@@ -64,9 +65,9 @@ int64_t block_bytes(const Context::BlockActs& a) {
 int64_t Context::activation_bytes() const {
   int64_t n = 0;
   for (const BlockActs& a : blocks) n += block_bytes(a);
-  for (const Tensor* t : {&embedded, &enc, &enc_mean, &enc_rstd, &dec_embedded, &lnf, &lnf_mean,
-                          &lnf_rstd, &lnf_full, &logits, &losses, &pooled, &class_logits, &input,
-                          &dinput, &doutput, &carry})
+  for (const Tensor* t :
+       {&embedded, &enc, &enc_mean, &enc_rstd, &dec_embedded, &lnf, &lnf_mean, &lnf_rstd, &lnf_full,
+        &logits, &losses, &pooled, &class_logits, &input, &dinput, &doutput, &carry})
     n += owned_bytes(*t);
   return n;
 }
@@ -391,16 +392,16 @@ void Transformer::cross_attention(const Context& ctx, const Block& p, Context::B
                        a.xkv.f32() + KV, 2 * KV, cross_attention_shape(ctx, p));
 }
 
-void Transformer::mlp_activation(const Block& p, Context::BlockActs& a, const float* in,
-                                 int64_t rows) {
+void Transformer::mlp_activation(const Block& p, float* up, float* act, const float* in,
+                                 int64_t rows) const {
   const bool fused_bias = cfg_.mlp == MlpKind::Gelu && p.up.bias();  // added by the GELU pass
-  p.up.forward(a.up.f32(), in, rows, !fused_bias);
+  p.up.forward(up, in, rows, !fused_bias);
   if (cfg_.mlp == MlpKind::SwiGLU)
-    k_.swiglu_forward(a.act.f32(), a.up.f32(), rows, Fl_);
+    k_.swiglu_forward(act, up, rows, Fl_);
   else if (fused_bias)
-    k_.gelu_bias_forward(a.act.f32(), a.up.f32(), p.up.bias(), rows, Fl_);
+    k_.gelu_bias_forward(act, up, p.up.bias(), rows, Fl_);
   else
-    k_.gelu_forward(a.act.f32(), a.up.f32(), rows * Fl_);
+    k_.gelu_forward(act, up, rows * Fl_);
 }
 
 const float* Transformer::block_input(Context& ctx, int i) const {
@@ -422,8 +423,7 @@ void Transformer::block_forward(Context& ctx, int l, const float* x, bool recomp
   const int64_t W = p.qkv.out();
   p.qkv.forward(qkv, in, BT);
   if (cfg_.positions == PositionKind::Rope)  // q and k heads are the first Hl + Hkvl of a row
-    k_.rope_forward(qkv, W, BT, 0, ctx.T, Hl_ + Hkvl_, hd_, cfg_.rope_theta,
-                    doc_positions(ctx));
+    k_.rope_forward(qkv, W, BT, 0, ctx.T, Hl_ + Hkvl_, hd_, cfg_.rope_theta, doc_positions(ctx));
   self_attention(ctx, p, a);
   float* partial = sp ? full_.f32() : a.res_mid.f32();
   p.proj.forward(partial, a.att.f32(), BT, false);
@@ -438,7 +438,7 @@ void Transformer::block_forward(Context& ctx, int l, const float* x, bool recomp
   }
   p.ln2.forward(a.ln2.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(), mid, R);
   in = tp_.enter(a.ln2.f32(), a.ln2_full.f32(), BT, C);
-  mlp_activation(p, a, in, BT);
+  mlp_activation(p, a.up.f32(), a.act.f32(), in, BT);
   if (recompute) return;  // backward needs nothing after the activation; the output is kept
   partial = sp ? full_.f32() : a.res_out.f32();
   p.down.forward(partial, a.act.f32(), BT, false);
@@ -534,9 +534,9 @@ void Transformer::mlp_backward(Context& ctx, int l, Context::BlockActs& a) {
   const bool sp = tp_.sequence_parallel();
   const Block& p = blocks_[size_t(l)];
   float *dres = dres_.f32(), *dln = dln_.f32(), *dfull = dfull_.f32();
-  float* dlocal = sp ? dfull : dln;  // where entering's backward leaves d(norm output)
+  float* dlocal = sp ? dfull : dln;           // where entering's backward leaves d(norm output)
   if (ctx.recompute == Recompute::Selective)  // from the kept norm output (gathered under SP)
-    mlp_activation(p, a, sp ? a.ln2_full.f32() : a.ln2.f32(), BT);
+    mlp_activation(p, a.up.f32(), a.act.f32(), sp ? a.ln2_full.f32() : a.ln2.f32(), BT);
   const float* dbranch = branch_grad(ctx, dres, dln, p.layer, kMlpOutDrop);
   if (p.down.bias_grad()) k_.bias_backward(p.down.bias_grad(), dbranch, R, C, C);
   const float* dy = tp_.leave_backward(dbranch, dfull, BT, C);
@@ -581,8 +581,7 @@ void Transformer::block_backward(Context& ctx, int l, const float* x) {
   k_.attention_backward(dqkv, dqkv + Q, dqkv + Q + KV, datt_.f32(), qkv, W, qkv + Q, qkv + Q + KV,
                         W, a.probs.f32(), attention_shape(ctx, p));
   if (cfg_.positions == PositionKind::Rope)
-    k_.rope_backward(dqkv, W, BT, 0, ctx.T, Hl_ + Hkvl_, hd_, cfg_.rope_theta,
-                     doc_positions(ctx));
+    k_.rope_backward(dqkv, W, BT, 0, ctx.T, Hl_ + Hkvl_, hd_, cfg_.rope_theta, doc_positions(ctx));
   p.qkv.backward(dln, dqkv, sp ? a.ln1_full.f32() : a.ln1.f32(), BT);
   tp_.enter_backward(dln, dlocal, BT, C);
   p.ln1.backward(dres, dlocal, x, a.ln1_mean.f32(), a.ln1_rstd.f32(), R);

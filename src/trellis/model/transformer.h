@@ -11,12 +11,14 @@
 // communication.
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "trellis/core/tensor.h"
 #include "trellis/kernels/backend.h"
 #include "trellis/model/config.h"
+#include "trellis/model/kv_cache.h"
 #include "trellis/model/modules.h"
 #include "trellis/model/params.h"
 #include "trellis/parallel/tensor_parallel.h"
@@ -136,6 +138,20 @@ class Transformer {
   // Vocabulary logits (true vocabulary only) at rows b*T + t of the batch, [rows.size(), vocab],
   // for sampling and decoding (the whole model on one rank).
   std::vector<float> logits_at(Context& ctx, const std::vector<int64_t>& rows);
+  // Incremental decoding with a key/value cache (the whole language model on one rank, no
+  // dropout; model/kv_cache.h). start_cache: `rows` empty sequences of up to `capacity`
+  // positions (at most the context). An encoder-decoder starts from encode instead: the encoder
+  // runs once over the sources (each without its end token, which encode appends as the
+  // padded forward does) and each decoder block's cross-attention keys and values are kept, one
+  // row per source.
+  KVCache start_cache(int64_t rows, int64_t capacity) const;
+  KVCache encode(const std::vector<std::span<const uint32_t>>& sources, int64_t capacity,
+                 int32_t end_token);
+  // Appends tokens[r] (one or more) to row r at its next positions and returns the vocabulary
+  // logits [rows, vocab] of each row's last new position: the logits a full forward over the
+  // row's whole sequence gives there, up to float summation order.
+  const std::vector<float>& decode(KVCache& cache,
+                                   const std::vector<std::span<const int32_t>>& tokens);
   // Hooks run on every micro-batch from now on (null: none); they must outlive the model.
   void set_block_hooks(const BlockHooks* hooks) { hooks_ = hooks; }
   // Label smoothing e in [0, 1) of the loss (PyTorch's CrossEntropyLoss(label_smoothing = e)
@@ -170,7 +186,10 @@ class Transformer {
   void cross_attention(const Context& ctx, const Block& p, Context::BlockActs& a);
   ops::AttentionShape cross_attention_shape(const Context& ctx, const Block& p) const;
   // The MLP's up projection and activation (a.up, a.act) from its input (the norm's output).
-  void mlp_activation(const Block& p, Context::BlockActs& a, const float* in, int64_t rows);
+  void mlp_activation(const Block& p, float* up, float* act, const float* in, int64_t rows) const;
+  // One block of decode over the new positions in cache.work.x (into cache.work.y); li: the
+  // block's index among the decoder blocks.
+  void block_decode(KVCache& cache, const Block& p, int64_t li) const;
   // The encoder's output as this chunk sees it ([local rows, C]).
   const float* encoder_output(Context& ctx) const;
   void blocks_forward(Context& ctx);

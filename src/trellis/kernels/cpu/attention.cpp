@@ -218,6 +218,47 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   }
 }
 
+void attention_cached(float* out, const float* q, int64_t ldq, const float* const* k,
+                      const float* const* v, const CachedAttentionShape& s) {
+  TRELLIS_CHECK(s.Hkv > 0 && s.H % s.Hkv == 0, "attention: H={} is not a multiple of Hkv={}", s.H,
+                s.Hkv);
+  const int64_t hd = s.hd, C = s.H * hd, group = s.H / s.Hkv;
+  const float scale = 1.0f / std::sqrt(float(hd));
+#pragma omp parallel
+  {
+    std::vector<float> p;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t rh = 0; rh < s.rows * s.H; ++rh) {
+      const int64_t r = rh / s.H, h = rh % s.H, kv = (h / group) * hd;
+      const int64_t q0 = s.qrow[r], m = s.qrow[r + 1] - q0;
+      const int64_t nk = s.keys[r] + (s.causal ? m : 0);  // keys the last query sees
+      if (m == 0) continue;
+      const float* kh = k[r] + kv;
+      const float* vh = v[r] + kv;
+      const float* qh = q + q0 * ldq + h * hd;
+      float* oh = out + q0 * C + h * hd;
+      p.resize(size_t(m * nk));
+      if (m == 1) {  // one decoding step: dot products, not a GEMM call per head
+        for (int64_t j = 0; j < nk; ++j) p[size_t(j)] = dot_f8(qh, kh + j * s.ldkv, hd) * scale;
+      } else {
+        gemm(false, true, m, nk, hd, scale, qh, ldq, kh, s.ldkv, 0.0f, p.data(), nk);
+      }
+      for (int64_t i = 0; i < m; ++i)
+        softmax_causal_row(p.data() + i * nk, s.causal ? s.keys[r] + i + 1 : nk, nk);
+      if (m == 1) {
+        std::fill_n(oh, hd, 0.0f);
+        for (int64_t j = 0; j < nk; ++j) {
+          const float pj = p[size_t(j)];
+          const float* vj = vh + j * s.ldkv;
+          for (int64_t d = 0; d < hd; ++d) oh[d] += pj * vj[d];
+        }
+      } else {
+        gemm(false, false, m, hd, nk, 1.0f, p.data(), nk, vh, s.ldkv, 0.0f, oh, C);
+      }
+    }
+  }
+}
+
 void attention_forward(float* out, float* probs, const float* qkv, int64_t B, int64_t T, int64_t C,
                        int64_t H) {
   attention_forward(out, probs, qkv, 3 * C, qkv + C, qkv + 2 * C, 3 * C,
