@@ -2,6 +2,7 @@
 // `trellis translate` (an encoder-decoder's translation of each input line).
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -132,8 +133,14 @@ int run_translate(const TaskArgs& a) {
                       i + 1, ids.back().size(), m.format.T - 1);
     }
     const std::vector<std::span<const uint32_t>> sources(ids.begin(), ids.end());
-    for (const auto& out : translate(model, sources, opt))
-      fmt::print("{}\n", m.tokenizer->decode(out));
+    for (const auto& out : translate(model, sources, opt)) {
+      // One output line per input line: a line break the model learned from its targets (gettext
+      // messages hold some) prints as a space.
+      std::string text = m.tokenizer->decode(out);
+      std::replace_if(
+          text.begin(), text.end(), [](char c) { return c == '\n' || c == '\r'; }, ' ');
+      fmt::print("{}\n", text);
+    }
     std::fflush(stdout);
   }
   return 0;
