@@ -328,6 +328,22 @@ def write_translate_tsv(path, n=60, seed=3):
         f.write("".join(seen))
 
 
+def prepare_copy_task(tmp, max_words):
+    """A translation data directory (tmp/copy) of a copy task, the target the source: 400 pairs of
+    one to max_words of ten words, learnable in seconds. Returns (directory, pairs as TSV lines)."""
+    words = ["open", "file", "save", "close", "print", "edit", "view", "help", "quit", "find"]
+    pairs = []
+    for i in range(400):
+        s = " ".join(words[(i * k + i // 10) % 10] for k in range(1, 2 + i % max_words))
+        pairs.append(f"{s}\t{s}")
+    with open(os.path.join(tmp, "copy.tsv"), "w") as f:
+        f.write("\n".join(pairs) + "\n")
+    data = os.path.join(tmp, "copy")
+    run(["prepare", "--task", "translate", "--input", os.path.join(tmp, "copy.tsv"),
+         "--out", data, "--val-fraction", "0.1"])
+    return data, pairs
+
+
 def write_idx_dir(d, rows=4, cols=6, n_train=16, n_test=6, seed=5):
     """A gzipped idx image directory (MNIST layout) of random pixel bytes, labels k % 3."""
     import gzip

@@ -7,7 +7,7 @@ while finished hypotheses leave it. Small briefly-trained models, so the test ta
 import json
 import os
 
-from trellis_test import check, fresh_dir, run, write_text_corpus
+from trellis_test import check, fresh_dir, prepare_copy_task, run, write_text_corpus
 
 
 def same(args, what):
@@ -38,16 +38,7 @@ def decoder_only(tmp):
 
 def encoder_decoder(tmp):
     # A copy task of one to four words, briefly trained: hypotheses end at different steps.
-    words = ["open", "file", "save", "close", "print", "edit", "view", "help", "quit", "find"]
-    pairs = []
-    for i in range(400):
-        s = " ".join(words[(i * k + i // 10) % 10] for k in range(1, 2 + i % 4))
-        pairs.append(f"{s}\t{s}")
-    with open(os.path.join(tmp, "copy.tsv"), "w") as f:
-        f.write("\n".join(pairs) + "\n")
-    data = os.path.join(tmp, "copy")
-    run(["prepare", "--task", "translate", "--input", os.path.join(tmp, "copy.tsv"),
-         "--out", data, "--val-fraction", "0.1"])
+    data, pairs = prepare_copy_task(tmp, 4)
     out = os.path.join(tmp, "seq2seq")
     run(["train", "--data", data, "--model", "seq2seq-tiny", "--steps", "100", "--batch-size",
          "16", "--lr", "3e-3", "--warmup-steps", "10", "--out", out, "--quiet",

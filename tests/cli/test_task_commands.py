@@ -5,7 +5,7 @@
 import json
 import os
 
-from trellis_test import check, fresh_dir, read_examples, run
+from trellis_test import check, fresh_dir, prepare_copy_task, read_examples, run
 
 WORDS = {"red": ["apple", "cherry", "blood", "rose", "fire"],
          "green": ["grass", "leaf", "frog", "lime", "moss"],
@@ -63,16 +63,7 @@ def classification(tmp):
 
 def translation(tmp):
     # A copy task: the target is the source; learnable in seconds, so decoding must return it.
-    words = ["open", "file", "save", "close", "print", "edit", "view", "help", "quit", "find"]
-    pairs = []
-    for i in range(400):
-        s = " ".join(words[(i * k + i // 10) % 10] for k in range(1, 2 + i % 3))
-        pairs.append(f"{s}\t{s}")
-    with open(os.path.join(tmp, "copy.tsv"), "w") as f:
-        f.write("\n".join(pairs) + "\n")
-    data = os.path.join(tmp, "copy")
-    run(["prepare", "--task", "translate", "--input", os.path.join(tmp, "copy.tsv"),
-         "--out", data, "--val-fraction", "0.1"])
+    data, _ = prepare_copy_task(tmp, 3)
     out = os.path.join(tmp, "run_translate")
     run(["train", "--data", data, "--model", "seq2seq-tiny", "--steps", "300", "--batch-size", "16",
          "--lr", "3e-3", "--warmup-steps", "20", "--out", out, "--quiet"])

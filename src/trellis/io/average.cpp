@@ -25,16 +25,6 @@ namespace {
 
 using json = nlohmann::json;
 
-json read_json(const std::string& path) {
-  const std::string text = read_file(path);
-  try {
-    return json::parse(text);
-  } catch (const json::exception& e) {
-    TRELLIS_REQUIRE(false, "{}: invalid JSON: {}", path, e.what());
-  }
-  return {};
-}
-
 // The first key (dotted path, keys in sorted order) where two JSON values differ, with both
 // values; an empty path when they are equal.
 struct Difference {
@@ -56,7 +46,7 @@ Difference first_difference(const json& a, const json& b, const std::string& at)
 // What must agree between the checkpoints' config.json: all of it but where the tokenizer's files
 // were (two copies of one data directory make the same model).
 json comparable_config(const std::string& dir) {
-  json cfg = read_json((fs::path(dir) / "config.json").string());
+  json cfg = read_json_file((fs::path(dir) / "config.json").string());
   if (cfg.is_object() && cfg.contains("trellis") && cfg["trellis"].is_object())
     cfg["trellis"].erase("tokenizer_dir");
   return cfg;
@@ -65,7 +55,7 @@ json comparable_config(const std::string& dir) {
 // The saving layout as index.json records it, for messages.
 std::string layout_text(const std::string& dir) {
   if (!is_sharded_checkpoint(dir)) return "whole-file";
-  const json index = read_json((fs::path(dir) / "index.json").string());
+  const json index = read_json_file((fs::path(dir) / "index.json").string());
   if (!index.contains("layout") || !index["layout"].is_object()) return "unrecorded layout";
   std::vector<std::string> parts;
   for (const char* k : {"world", "dp", "tp", "pp", "virtual_stages", "zero"})

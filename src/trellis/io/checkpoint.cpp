@@ -122,7 +122,6 @@ nlohmann::json parse_json(const std::string& text, const std::string& path) {
   return {};
 }
 
-nlohmann::json read_json(const std::string& path) { return parse_json(read_file(path), path); }
 
 // The model a config.json describes (see read_model_config).
 ModelConfig model_config_from_json(const nlohmann::json& cfg, const std::string& cfg_path) {
@@ -178,6 +177,10 @@ int64_t json_step(const nlohmann::json& state, const std::string& path) {
 
 }  // namespace
 
+nlohmann::json read_json_file(const std::string& path) {
+  return parse_json(read_file(path), path);
+}
+
 std::string checkpoint_dir_name(int64_t step) { return fmt::format("step_{:08d}", step); }
 
 std::string save_checkpoint(const std::string& out_dir, int64_t step, const CheckpointData& ck) {
@@ -230,7 +233,7 @@ std::string checkpoint_config_json(const ModelConfig& model, const TokenizerInfo
 }
 
 ModelConfig read_model_config(const std::string& config_path) {
-  return model_config_from_json(read_json(config_path), config_path);
+  return model_config_from_json(read_json_file(config_path), config_path);
 }
 
 ModelConfig parse_model_config(const std::string& text, const std::string& path) {
@@ -247,7 +250,7 @@ CheckpointData load_checkpoint_config(const std::string& dir) {
   TRELLIS_REQUIRE(fs::is_directory(dir), "{}: checkpoint directory not found", dir);
   CheckpointData ck;
   const std::string cfg_path = (fs::path(dir) / "config.json").string();
-  const nlohmann::json cfg = read_json(cfg_path);
+  const nlohmann::json cfg = read_json_file(cfg_path);
   ck.model = model_config_from_json(cfg, cfg_path);
   if (cfg.contains("trellis")) {
     const auto& t = cfg["trellis"];

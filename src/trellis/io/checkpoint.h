@@ -63,6 +63,9 @@ ModelConfig read_model_config(const std::string& config_path);
 ModelConfig parse_model_config(const std::string& text, const std::string& path);
 // A state.json: a JSON object whose "step" is a non-negative integer. Input errors name the file.
 nlohmann::json parse_checkpoint_state(const std::string& text, const std::string& path);
+// A checkpoint's JSON file (config.json, state.json, index.json) parsed; a missing file or
+// invalid JSON is an input error naming the file.
+nlohmann::json read_json_file(const std::string& path);
 // Loads and validates (names, shapes, config), whole-file or sharded (then the whole model is
 // assembled from the shards). with_optimizer: also the optimizer state and state.json.
 CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer);

@@ -33,16 +33,6 @@ constexpr int kVersion = 1;
 std::string shard_name(int rank) { return fmt::format("shard_{:05d}.safetensors", rank); }
 std::string pieces_name(int rank) { return fmt::format("shard_{:05d}.json", rank); }
 
-json parse_json_file(const std::string& path) {
-  const std::string text = read_file(path);
-  try {
-    return json::parse(text);
-  } catch (const json::exception& e) {
-    TRELLIS_REQUIRE(false, "{}: invalid JSON: {}", path, e.what());
-  }
-  return {};
-}
-
 // Test hooks: TRELLIS_TEST_SAVE_SLEEP=SECONDS sleeps inside every rank's write, after its tensor
 // file and before its piece list (kill-during-save tests); TRELLIS_TEST_SAVE_FAIL=RANK makes that
 // rank's write fail (a full disk, a lost mount).
@@ -163,7 +153,7 @@ void write_checkpoint_index(const std::string& dir, int world, const json& extra
   json files = json::object(), tensors = json::object(), states;
   for (int r = 0; r < world; ++r) {
     const std::string path = (fs::path(dir) / pieces_name(r)).string();
-    const json mine = parse_json_file(path);
+    const json mine = read_json_file(path);
     TRELLIS_CHECK(states.is_null() || states == mine.at("states"),
                   "{}: rank {} saved the states {}, rank 0 {}", dir, r, mine.at("states").dump(),
                   states.dump());
@@ -289,7 +279,7 @@ CheckpointReader::Storage CheckpointReader::storage(const std::string& name) con
 
 void CheckpointReader::open_sharded() {
   const std::string path = (fs::path(dir_) / kIndex).string();
-  const json index = parse_json_file(path);
+  const json index = read_json_file(path);
   TRELLIS_REQUIRE(index.is_object() && index.value("format", "") == kFormat,
                   "{}: not a trellis sharded checkpoint index", path);
   const int version = get<int>(index, "version", path);
