@@ -1,5 +1,7 @@
 """`trellis plan`: a ranked table and --json for every layout on a shipped machine file; a model
-that fits nowhere gets the smallest world that fits; bad input is one line and exit code 2."""
+that fits nowhere gets the smallest world that fits; bad input is one line and exit code 2.
+(Calibrating this machine into a machine file is checked in parallel/test_layout_auto, outside the
+ASan pass: it times trellis's own kernels, which the sanitized build runs at -O1.)"""
 import json
 import re
 import os
@@ -73,25 +75,7 @@ expect_error(["plan", "--model", "layers=2,width=64,heads=3", "--world", 1, "--b
 expect_error(base[:4] + [0] + base[5:] + ["--machine", a100], "--world")
 print("ok")
 
-# calibrate: this machine as a machine file that plan reads back.
 cal = os.path.join(TMP, "plan", "this.json")
-out, _ = run(["calibrate", "--out", cal, "--threads", 1, "--seconds", 0.05, "--gemm-size", 256])
-m = json.load(open(cal))
-check(m["device"]["peak_flops"]["fp32"] > 1e9 and m["device"]["memory_bandwidth"] > 1e8,
-      f"calibrate measured GEMM and memory rates: {out.strip()}")
-for precision in ("fp32", "bf16"):
-    fit = m["device"]["gemm"][precision]
-    check(fit["rate"] > 1e9 and len(fit["table"]) == 9 and fit["table"][-1]["m"] == 256,
-          f"{precision}: a GEMM fit over nine shapes, the last the --gemm-size cube: {fit['rate']}")
-    back = fit["backward"]
-    check(back["rate"] > 1e8 and len(back["table"]) == 9,
-          f"{precision}: the backward GEMMs fitted over the same shapes: {back['rate']}")
-for key in ("attention_flops", "elementwise_bandwidth", "page_refill_bandwidth"):
-    check(m["device"][key] > 1e6, f"calibrate measured {key}: {m['device'][key]}")
-out, _ = run(["plan", "--model", "baby", "--world", 2, "--batch-size", 8, "--seq-len", 64,
-              "--precision", "fp32", "--machine", cal, "--top", 3])
-check("(first)" in out, "plan reads a calibrated machine file")
-check("median of 3 rounds" in m["sources"]["measured"], f"three rounds: {m['sources']}")
 expect_error(["calibrate", "--out", cal, "--seconds", 0], "--seconds")
 expect_error(["calibrate", "--out", cal, "--rounds", 0], "--rounds")
 print("ok")

@@ -1,7 +1,9 @@
-"""`trellis train --layout auto`: the plan's first layout, on a machine file or on this machine
-calibrated at start, for one process and under mpirun (every rank runs rank 0's choice); a layout
-that fits nowhere is refused before anything is written. (Split from cli/test_plan, whose plan and
-calibrate checks also run under ASan: these runs train and calibrate collectives under mpirun.)"""
+"""`trellis calibrate` (one rank, and two ranks' collectives) writes a machine file that `plan`
+reads back; `trellis train --layout auto` takes the plan's first layout, on a machine file or on
+this machine calibrated at start, for one process and under mpirun (every rank runs rank 0's
+choice); a layout that fits nowhere is refused before anything is written. Kept out of the ASan
+pass (cli/test_plan runs the planner there): calibration times trellis's own kernels, which the
+sanitized build compiles at -O1, and these runs train under mpirun."""
 import json
 import os
 import re
@@ -18,8 +20,25 @@ def expect_error(args, *needles):
 
 
 work = fresh_dir("plan_auto")
+# calibrate: this machine as a machine file that plan reads back.
 cal = os.path.join(work, "one.json")
-run(["calibrate", "--out", cal, "--threads", 1, "--seconds", 0.05, "--gemm-size", 256])
+out, _ = run(["calibrate", "--out", cal, "--threads", 1, "--seconds", 0.05, "--gemm-size", 256])
+m = json.load(open(cal))
+check(m["device"]["peak_flops"]["fp32"] > 1e9 and m["device"]["memory_bandwidth"] > 1e8,
+      f"calibrate measured GEMM and memory rates: {out.strip()}")
+for precision in ("fp32", "bf16"):
+    fit = m["device"]["gemm"][precision]
+    check(fit["rate"] > 1e9 and len(fit["table"]) == 9 and fit["table"][-1]["m"] == 256,
+          f"{precision}: a GEMM fit over nine shapes, the last the --gemm-size cube: {fit['rate']}")
+    back = fit["backward"]
+    check(back["rate"] > 1e8 and len(back["table"]) == 9,
+          f"{precision}: the backward GEMMs fitted over the same shapes: {back['rate']}")
+for key in ("attention_flops", "elementwise_bandwidth", "page_refill_bandwidth"):
+    check(m["device"][key] > 1e6, f"calibrate measured {key}: {m['device'][key]}")
+out, _ = run(["plan", "--model", "baby", "--world", 2, "--batch-size", 8, "--seq-len", 64,
+              "--precision", "fp32", "--machine", cal, "--top", 3])
+check("(first)" in out, "plan reads a calibrated machine file")
+check("median of 3 rounds" in m["sources"]["measured"], f"three rounds: {m['sources']}")
 
 cal2 = os.path.join(work, "two.json")
 mpirun(2, ["calibrate", "--out", cal2, "--seconds", 0.05, "--gemm-size", 256])
@@ -38,7 +57,8 @@ for world, machine in ((1, cal), (2, cal2)):
     out, _ = run(args) if world == 1 else mpirun(2, args)
     chosen = re.search(r"layout auto: (.+?) \(predicted", out)
     check(chosen is not None, f"world {world}: the chosen layout is printed: {out[:300]}")
-    header = re.search(r"world \d+ \(dp (\d+), tp (\d+), pp (\d+), zero (\d+)\).*"
+    # a pipeline's header names its schedule after pp ("pp 2 gpipe"), whichever layout comes first
+    header = re.search(r"world \d+ \(dp (\d+), tp (\d+), pp (\d+)(?: \w+)?, zero (\d+)\).*"
                        r"micro-batches of (\d+)", out)
     check(header is not None, f"world {world}: the run's header: {out[:600]}")
     plan_args = ["plan", "--model", "tiny", "--vocab", 256, "--world", world, "--batch-size", 8,
