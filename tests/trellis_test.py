@@ -328,6 +328,15 @@ def write_translate_tsv(path, n=60, seed=3):
         f.write("".join(seen))
 
 
+def expect_error(args, *needles):
+    """trellis refuses args with exit code 2 and one line naming each needle."""
+    _, err = run(args, expect=2, timeout=120)
+    lines = [l for l in err.splitlines() if l.strip()]
+    check(len(lines) == 1 and lines[0].startswith("trellis: error:"), f"one error line: {lines}")
+    for n in needles:
+        check(n in lines[0], f"error names '{n}': {lines[0]}")
+
+
 def prepare_copy_task(tmp, max_words):
     """A translation data directory (tmp/copy) of a copy task, the target the source: 400 pairs of
     one to max_words of ten words, learnable in seconds. Returns (directory, pairs as TSV lines)."""

@@ -6,7 +6,7 @@ import json
 import re
 import os
 
-from trellis_test import SOURCE, TMP, check, fresh_dir, run
+from trellis_test import SOURCE, TMP, check, expect_error, fresh_dir, run
 
 a100 = os.path.join(SOURCE, "hardware", "dgx-a100-80gb.json")
 h100 = os.path.join(SOURCE, "hardware", "dgx-h100.json")
@@ -50,14 +50,6 @@ out, _ = run(["plan", "--model", "gpt2-xl", "--world", 1, "--batch-size", 8, "--
               "--machine", small, "--json"])
 j = json.loads(out)
 check(j["fitting"] == 0 and j["smallest_world"] > 1, f"--json smallest_world {j.get('smallest_world')}")
-
-
-def expect_error(args, *needles):
-    _, err = run(args, expect=2, timeout=120)
-    lines = [l for l in err.splitlines() if l.strip()]
-    check(len(lines) == 1 and lines[0].startswith("trellis: error:"), f"one error line: {lines}")
-    for n in needles:
-        check(n in lines[0], f"error names '{n}': {lines[0]}")
 
 
 m = json.load(open(a100))

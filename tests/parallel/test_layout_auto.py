@@ -8,15 +8,7 @@ import json
 import os
 import re
 
-from trellis_test import check, fresh_dir, metrics, mpirun, run
-
-
-def expect_error(args, *needles):
-    _, err = run(args, expect=2, timeout=120)
-    lines = [l for l in err.splitlines() if l.strip()]
-    check(len(lines) == 1 and lines[0].startswith("trellis: error:"), f"one error line: {lines}")
-    for n in needles:
-        check(n in lines[0], f"error names '{n}': {lines[0]}")
+from trellis_test import check, expect_error, fresh_dir, metrics, mpirun, run
 
 
 work = fresh_dir("plan_auto")
