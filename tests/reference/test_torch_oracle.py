@@ -38,7 +38,7 @@ comparison with trellis measures trellis and not the rounding noise of ill-condi
 
 A case that compares nothing (no gradient, no parameter, no optimizer tensor) fails.
 
-Training cases: each step's learning rate is computed here from the schedule the README
+Training cases: each step's learning rate is computed here from the schedule docs/training.md
 documents (linear warmup, then cosine decay to min_lr at the last step) and drives the
 reference; trellis's logged lr must equal it (1e-6 relative). The final checkpoint must hold
 every optimizer tensor torch has (exp_avg/exp_avg_sq, or momentum_buffer, of every parameter):
@@ -310,7 +310,7 @@ def check_rope(case, datadir):
 
 
 def expected_lr(step, steps, lr, min_lr, warmup):
-    """The learning rate of 1-based step `step` of a `steps`-step run, as README and `train --help`
+    """The learning rate of 1-based step `step` of a `steps`-step run, as docs/training.md and `train --help`
     describe the schedule, written out here rather than read from trellis: linear warmup to lr
     over the first `warmup` steps (step s of them: lr * s / warmup), then cosine decay from lr to
     min_lr, reaching min_lr at the last step (progress (s - warmup) / (steps - warmup))."""
