@@ -21,7 +21,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from reference import torch_encoder, torch_gpt, torch_llama  # noqa: E402
-from reference.torch_gpt import load_safetensors, read_split, windows  # noqa: E402
+from reference.torch_ref import load_safetensors, read_split, windows  # noqa: E402
 from trellis_test import (TMP, check, checkpoint_tensors, expect_error_line,  # noqa: E402
                           fresh_dir, metrics, run, write_text_corpus)
 
