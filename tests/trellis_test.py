@@ -66,6 +66,34 @@ def write_text_corpus(path, n_lines=400):
         f.write("\n".join(lines) + "\n")
 
 
+SHARD_MAGIC = 20240520  # src/trellis/data/shard.h
+
+
+def shard_header(version, count, magic=SHARD_MAGIC):
+    """The 1024-byte header of a token shard (src/trellis/data/shard.h): magic, version, token
+    count and, for version 2, the bytes per token; the rest zero."""
+    return struct.pack("<256i", magic, version, count, 4 if version == 2 else 0, *([0] * 252))
+
+
+def write_shard(path, tokens, version=1):
+    """Writes tokens (a sequence, or a numpy array: written without a copy when its dtype fits)
+    as one token shard: version 1 holds uint16 tokens (llm.c's format), version 2 uint32."""
+    import numpy as np
+    values = np.asarray(tokens, dtype="<u2" if version == 1 else "<u4")
+    with open(path, "wb") as f:
+        f.write(shard_header(version, len(values)))
+        values.tofile(f)
+
+
+def read_shard(path):
+    """The tokens of one token shard (version 1 or 2) as a list."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    h = struct.unpack("<256i", blob[:1024])
+    fmt = "H" if h[1] == 1 else "I"
+    return list(struct.unpack(f"<{h[2]}{fmt}", blob[1024:]))
+
+
 def check(cond, msg):
     if not cond:
         fail(msg)
@@ -328,13 +356,22 @@ def write_translate_tsv(path, n=60, seed=3):
         f.write("".join(seen))
 
 
-def expect_error(args, *needles):
-    """trellis refuses args with exit code 2 and one line naming each needle."""
-    _, err = run(args, expect=2, timeout=120)
+def expect_error(args, *needles, what=None, timeout=120):
+    """trellis refuses args with exit code 2 and one line naming each needle (any value, as its
+    str); returns that line. `what` names the case in the printed checks."""
+    _, err = run(args, expect=2, timeout=timeout)
+    return expect_error_line(err, *needles, what=what)
+
+
+def expect_error_line(err, *needles, what=None):
+    """stderr `err` is trellis's one `trellis: error:` line, naming each needle; returns it."""
     lines = [l for l in err.splitlines() if l.strip()]
-    check(len(lines) == 1 and lines[0].startswith("trellis: error:"), f"one error line: {lines}")
+    case = f"{what}: " if what else ""
+    check(len(lines) == 1 and lines[0].startswith("trellis: error:"),
+          f"{case}one error line: {lines}")
     for n in needles:
-        check(n in lines[0], f"error names '{n}': {lines[0]}")
+        check(str(n) in lines[0], f"{case}error names '{n}': {lines[0]}")
+    return lines[0]
 
 
 def prepare_copy_task(tmp, max_words):

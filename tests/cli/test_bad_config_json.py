@@ -6,17 +6,7 @@ import json
 import os
 import shutil
 
-from trellis_test import check, fresh_dir, run, write_text_corpus, TMP
-
-
-def expect_error(args, *needles):
-    out, err = run(args, expect=2, timeout=120)
-    lines = [l for l in err.splitlines() if l.strip()]
-    check(len(lines) == 1 and lines[0].startswith("trellis: error:"),
-          f"one error line for {args[0]}: {lines}")
-    for n in needles:
-        check(str(n) in lines[0], f"error names '{n}': {lines[0]}")
-    return lines[0]
+from trellis_test import TMP, check, expect_error, fresh_dir, run, write_text_corpus
 
 
 corpus = fresh_dir("corpus")

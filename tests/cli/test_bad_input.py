@@ -1,18 +1,8 @@
 """Bad input: one line naming the problem on stderr, exit code 2, nothing half-written."""
 import os
-import struct
 
-from trellis_test import check, fresh_dir, run, write_text_corpus, TMP
-
-
-def expect_error(args, *needles):
-    out, err = run(args, expect=2, timeout=120)
-    lines = [l for l in err.splitlines() if l.strip()]
-    check(len(lines) == 1 and lines[0].startswith("trellis: error:"),
-          f"one error line for {' '.join(map(str, args[:1]))}: {lines}")
-    for n in needles:
-        check(str(n) in lines[0], f"error names '{n}'")
-    return lines[0]
+from trellis_test import (TMP, check, expect_error, fresh_dir, run, shard_header,
+                          write_text_corpus)
 
 
 corpus = fresh_dir("corpus")
@@ -36,7 +26,7 @@ o2 = fresh_dir("o2")
 expect_error(train + ["--data", bad, "--out", o2], "train_000000.bin", "truncated")
 check(os.listdir(o2) == [], "nothing written after a bad shard")
 with open(os.path.join(bad, "train_000000.bin"), "wb") as f:
-    f.write(struct.pack("<256i", 12345, 1, 0, *([0] * 253)))
+    f.write(shard_header(1, 0, magic=12345))
 expect_error(train + ["--data", bad, "--out", fresh_dir("o3")], "train_000000.bin", "magic")
 
 # Configuration.

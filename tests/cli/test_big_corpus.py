@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from trellis_test import TMP, check, metrics, run
+from trellis_test import TMP, check, metrics, run, write_shard
 
 SHARDS, PER_SHARD = 10, 100_000_000
 os.makedirs(TMP, exist_ok=True)
@@ -40,17 +40,9 @@ for lo in range(0, PER_SHARD, 10_000_000):
     i = np.arange(lo, min(PER_SHARD, lo + 10_000_000), dtype=np.uint32)
     payload[lo:lo + len(i)] = ((i * np.uint32(2654435761)) >> np.uint32(13)) & np.uint32(255)
     del i
-header = np.zeros(256, dtype=np.int32)
-header[:3] = [20240520, 1, PER_SHARD]
 for k in range(SHARDS):
-    with open(os.path.join(data, f"train_{k:06d}.bin"), "wb") as f:
-        f.write(header.tobytes())
-        payload.tofile(f)
-val_header = header.copy()
-val_header[2] = 1_000_000
-with open(os.path.join(data, "val_000000.bin"), "wb") as f:
-    f.write(val_header.tobytes())
-    payload[:1_000_000].tofile(f)
+    write_shard(os.path.join(data, f"train_{k:06d}.bin"), payload)
+write_shard(os.path.join(data, "val_000000.bin"), payload[:1_000_000])
 del payload
 with open(os.path.join(data, "meta.json"), "w") as f:
     json.dump({"tokenizer": "byte", "vocab_size": 256}, f)

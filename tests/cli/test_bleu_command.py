@@ -5,7 +5,7 @@ from Python": BLEU 48.53 with two reference sets, chrF2 59.73; test/test_bleu.py
 import json
 import os
 
-from trellis_test import check, fresh_dir, run
+from trellis_test import check, expect_error, fresh_dir, run
 
 
 def write(path, lines, end="\n"):
@@ -43,14 +43,6 @@ check(one["bleu"] < res["bleu"] and one["chrf"] < res["chrf"],
 same = json.loads(run(["bleu", "--ref", ref1, "--hyp", ref1])[0])
 check(abs(same["bleu"] - 100) < 1e-9 and abs(same["chrf"] - 100) < 1e-9,
       f"a text against itself scores 100: {same}")
-
-
-def expect_error(args, *needles):
-    _, err = run(args, expect=2)
-    lines = [l for l in err.splitlines() if l.strip()]
-    check(len(lines) == 1 and lines[0].startswith("trellis: error:"), f"one error line: {lines}")
-    for n in needles:
-        check(str(n) in lines[0], f"the error names {n!r}: {lines[0]}")
 
 
 short = write(os.path.join(d, "short.txt"), ["The dog bit the man.", "It was not unexpected."])

@@ -10,16 +10,7 @@ parallel/test_tp_equivalence.py.)"""
 import json
 import os
 
-from trellis_test import check, fresh_dir, metrics, run, write_text_corpus, TMP
-
-
-def expect_error(args, *needles):
-    _, err = run(args, expect=2, timeout=120)
-    lines = [line for line in err.splitlines() if line.strip()]
-    check(len(lines) == 1 and lines[0].startswith("trellis: error:"),
-          f"one error line for {' '.join(map(str, args[-2:]))}: {lines}")
-    for n in needles:
-        check(str(n) in lines[0], f"error names '{n}': {lines[:1]}")
+from trellis_test import TMP, check, expect_error, fresh_dir, metrics, run, write_text_corpus
 
 
 corpus = fresh_dir("corpus")

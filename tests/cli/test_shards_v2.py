@@ -8,19 +8,8 @@ import os
 import string
 import struct
 
-from trellis_test import SOURCE, TMP, check, fresh_dir, metrics, run, write_text_corpus
-
-
-def expect_error(args, *needles):
-    _, err = run(args, expect=2, timeout=120)
-    lines = [l for l in err.splitlines() if l.strip()]
-    check(len(lines) == 1 and lines[0].startswith("trellis: error:"), f"one error line: {lines}")
-    for n in needles:
-        check(str(n) in lines[0], f"error names '{n}'")
-
-
-def header(version, count):
-    return struct.pack("<256i", 20240520, version, count, 4 if version == 2 else 0, *([0] * 252))
+from trellis_test import (SOURCE, TMP, check, expect_error, fresh_dir, metrics, run, write_shard,
+                          write_text_corpus)
 
 
 def shard_info(path):
@@ -107,10 +96,8 @@ deep = fresh_dir("deep")
 N = 200_000
 tokens = [(k * 7) % 250 for k in range(N)]
 tokens[100_000:] = [300] * (N - 100_000)  # byte vocabulary (256), so 300 is out of range
-with open(os.path.join(deep, "train_000000.bin"), "wb") as f:
-    f.write(header(2, N) + struct.pack(f"<{N}I", *tokens))
-with open(os.path.join(deep, "val_000000.bin"), "wb") as f:
-    f.write(header(1, 1000) + struct.pack("<1000H", *tokens[:1000]))
+write_shard(os.path.join(deep, "train_000000.bin"), tokens, version=2)
+write_shard(os.path.join(deep, "val_000000.bin"), tokens[:1000], version=1)
 with open(os.path.join(deep, "meta.json"), "w") as f:
     json.dump({"tokenizer": "byte", "vocab_size": 256}, f)
 expect_error(["train", "--model", "tiny", "--steps", 20, "--batch-size", 64, "--seq-len", 16,

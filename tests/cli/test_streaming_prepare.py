@@ -22,7 +22,7 @@ import struct
 import subprocess
 import time
 
-from trellis_test import BIN, SOURCE, TMP, check, fresh_dir, run
+from trellis_test import BIN, SOURCE, TMP, check, fresh_dir, read_shard, run
 
 GPT2_DIR = os.path.join(SOURCE, "tests", "data", "gpt2")
 EOT = 50256
@@ -70,14 +70,6 @@ def digest(d, ext):
             with open(os.path.join(d, n), "rb") as f:
                 m.update(f.read())
     return m.hexdigest()
-
-
-def read_shard(path):
-    with open(path, "rb") as f:
-        blob = f.read()
-    h = struct.unpack("<256i", blob[:1024])
-    fmt = "H" if h[1] == 1 else "I"
-    return list(struct.unpack(f"<{h[2]}{fmt}", blob[1024:]))
 
 
 def read_index(path):

@@ -15,15 +15,8 @@ import random
 import shutil
 import struct
 
-from trellis_test import (TMP, LayoutCheck, check, fresh_dir, metrics, run, stop_and_resume)
-
-
-def expect_error(args, *needles):
-    _, err = run(args, expect=2, timeout=120)
-    lines = [l for l in err.splitlines() if l.strip()]
-    check(len(lines) == 1 and lines[0].startswith("trellis: error:"), f"one error line: {lines}")
-    for n in needles:
-        check(str(n) in lines[0], f"error names '{n}': {lines[0]}")
+from trellis_test import (TMP, LayoutCheck, check, expect_error, fresh_dir, metrics, run,
+                          stop_and_resume)
 
 
 def documents(d, n, seed, words):

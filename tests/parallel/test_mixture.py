@@ -13,29 +13,14 @@ covered too.
 - A negative weight, weights summing to zero, an entry without a weight and a missing directory
   each exit 2 with one line naming them."""
 import os
-import struct
 
-from trellis_test import (TMP, LayoutCheck, check, fresh_dir, metrics, run, stop_and_resume,
-                          write_text_corpus)
-
-
-def expect_error(args, *needles):
-    _, err = run(args, expect=2, timeout=120)
-    lines = [l for l in err.splitlines() if l.strip()]
-    check(len(lines) == 1 and lines[0].startswith("trellis: error:"), f"one error line: {lines}")
-    for n in needles:
-        check(str(n) in lines[0], f"error names '{n}'")
+from trellis_test import (TMP, LayoutCheck, check, expect_error, fresh_dir, metrics, read_shard,
+                          run, stop_and_resume, write_shard, write_text_corpus)
 
 
 def to_v2(path):
     """Rewrites a version-1 shard as version 2 (the same tokens as uint32)."""
-    with open(path, "rb") as f:
-        blob = f.read()
-    h = list(struct.unpack("<256i", blob[:1024]))
-    tokens = struct.unpack(f"<{h[2]}H", blob[1024:])
-    h[1], h[3] = 2, 4
-    with open(path, "wb") as f:
-        f.write(struct.pack("<256i", *h) + struct.pack(f"<{len(tokens)}I", *tokens))
+    write_shard(path, read_shard(path), version=2)
 
 
 a_in, b_in = fresh_dir("a_in"), fresh_dir("b_in")

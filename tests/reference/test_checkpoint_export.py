@@ -11,7 +11,8 @@ import os
 import numpy as np
 import torch
 
-from reference.torch_gpt import gpt_loss, load_model, load_safetensors, read_tokens, windows
+from reference.torch_gpt import gpt_loss, load_model
+from reference.torch_ref import load_safetensors, read_tokens, windows
 from trellis_test import (SOURCE, TMP, check, checkpoint_tensors, fresh_dir, mpirun, run,
                           write_text_corpus)
 

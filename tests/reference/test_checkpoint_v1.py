@@ -9,7 +9,8 @@ import subprocess
 
 import torch
 
-from reference.torch_gpt import gpt_loss, load_model, read_tokens, windows
+from reference.torch_gpt import gpt_loss, load_model
+from reference.torch_ref import read_tokens, windows
 from trellis_test import BIN, SOURCE, TMP, check, fresh_dir, metrics, run, write_text_corpus
 
 old = os.path.join(SOURCE, "tests", "data", "checkpoint_v1")

@@ -21,8 +21,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from reference import torch_encoder, torch_gpt, torch_llama  # noqa: E402
-from reference.torch_gpt import load_safetensors, read_split, windows  # noqa: E402
-from trellis_test import check, checkpoint_tensors, fresh_dir, metrics, run, write_text_corpus, TMP  # noqa: E402
+from reference.torch_ref import load_safetensors, read_split, windows  # noqa: E402
+from trellis_test import (TMP, check, checkpoint_tensors, expect_error_line,  # noqa: E402
+                          fresh_dir, metrics, run, write_text_corpus)
 
 TOL = 1e-5
 T, B = 32, 4
@@ -263,48 +264,45 @@ check([r["loss"] for r in metrics(full)[0]] == [r["loss"] for r in metrics(split
 # Bad directories: one error line, exit 2.
 
 
-def expect_error(case, d, *needles, args=("--steps", 1)):
+def init_refused(case, d, *needles, args=("--steps", 1)):
+    """`train --init-from d` exits 2 with one error line naming each needle."""
     _, _, err = train("bad", d, *args, expect=2)
-    lines = [line for line in err.splitlines() if line.strip()]
-    check(len(lines) == 1 and lines[0].startswith("trellis: error:"),
-          f"{case}: one error line: {lines}")
-    for s in needles:
-        check(s in lines[0], f"{case}: the error says {s!r}")
+    expect_error_line(err, *needles, what=case)
 
 
 bad = dict(gpt_params)
 bad["h.0.attn.c_attn.weight"] = torch.zeros(32, 48)
 d, _ = write_hf_dir("bad_shape", GPT2_CONFIG, bad)
-expect_error("shape mismatch", d, f"{d}: tensor h.0.attn.c_attn.weight has shape [32, 48] in the "
+init_refused("shape mismatch", d, f"{d}: tensor h.0.attn.c_attn.weight has shape [32, 48] in the "
              "checkpoint, the model needs [32, 96]")
 
 d, _ = write_hf_dir("bad_arch", GPT2_CONFIG, llama_params)
-expect_error("LLaMA tensors under a GPT-2 config.json", d, "model.", "not part of the configured "
+init_refused("LLaMA tensors under a GPT-2 config.json", d, "model.", "not part of the configured "
              "gpt2 model")
 
 missing = {k: v for k, v in gpt_params.items() if k != "h.1.mlp.c_proj.bias"}
 d, _ = write_hf_dir("bad_missing", GPT2_CONFIG, missing)
-expect_error("missing tensor", d, f"{d}: missing tensor 'h.1.mlp.c_proj.bias'")
+init_refused("missing tensor", d, f"{d}: missing tensor 'h.1.mlp.c_proj.bias'")
 
 d, _ = write_hf_dir("bad_untied", GPT2_CONFIG, gpt_params,
                     extra={"lm_head.weight": ("F32", gpt_params["wte.weight"] + 1e-3)})
-expect_error("an lm_head.weight that is not the tied embedding", d, "lm_head.weight differs from "
+init_refused("an lm_head.weight that is not the tied embedding", d, "lm_head.weight differs from "
              "wte.weight", "tie_word_embeddings")
 
 d, _ = write_hf_dir("bad_vocab", dict(GPT2_CONFIG, vocab_size=200), random_params(
     torch_gpt.param_shapes(torch_gpt.GPTConfig(2, 2, 32, 64, 200)), seed=4))
-expect_error("a vocabulary smaller than the data's", d, "256 tokens", "200", d)
+init_refused("a vocabulary smaller than the data's", d, "256 tokens", "200", d)
 
 d, _ = write_hf_dir("bad_override", GPT2_CONFIG, gpt_params)
-expect_error("a size set next to --init-from", d, "n_layer", args=("--steps", 1, "--n-layer", 3))
+init_refused("a size set next to --init-from", d, "n_layer", args=("--steps", 1, "--n-layer", 3))
 
 d = fresh_dir("bad_empty")
 with open(os.path.join(d, "config.json"), "w") as f:
     json.dump(GPT2_CONFIG, f)
-expect_error("no weights", d, f"{d}: no model.safetensors or model.safetensors.index.json")
+init_refused("no weights", d, f"{d}: no model.safetensors or model.safetensors.index.json")
 
 d, _ = write_hf_dir("bad_index", GPT2_CONFIG, gpt_params, shards=2)
 os.remove(os.path.join(d, "model-00002-of-00002.safetensors"))
-expect_error("a missing shard", d, "model-00002-of-00002.safetensors")
+init_refused("a missing shard", d, "model-00002-of-00002.safetensors")
 
-expect_error("no directory", os.path.join(TMP, "nonexistent"), "nonexistent", "not found")
+init_refused("no directory", os.path.join(TMP, "nonexistent"), "nonexistent", "not found")

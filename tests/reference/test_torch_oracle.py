@@ -67,7 +67,7 @@ if os.environ.get("TRELLIS_SOURCE"):
 import torch  # noqa: E402
 
 from reference import torch_encoder, torch_gpt, torch_llama  # noqa: E402
-from reference.torch_gpt import load_safetensors, read_split, read_tokens, windows  # noqa: E402
+from reference.torch_ref import load_safetensors, read_split, read_tokens, windows  # noqa: E402
 from trellis_test import checkpoint_optimizer, checkpoint_tensors  # noqa: E402
 
 TOL = 1e-5

@@ -105,7 +105,7 @@ from reference import test_torch_oracle as oracle  # noqa: E402
 from reference import torch_tasks  # noqa: E402
 from reference.test_torch_oracle import GPT2, LLAMA, fail, rel, whole_zero_grad  # noqa: E402
 from reference.test_torch_oracle_tasks import ENC_MEAN  # noqa: E402
-from reference.torch_gpt import load_safetensors, read_tokens, windows  # noqa: E402
+from reference.torch_ref import load_safetensors, read_tokens, windows  # noqa: E402
 from trellis_test import cpu_has_bf16, write_classify_tsv  # noqa: E402
 
 LOSS_TOL = 1e-2    # check 1: the loss bound

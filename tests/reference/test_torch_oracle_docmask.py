@@ -40,7 +40,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from reference import test_torch_oracle as oracle  # noqa: E402
 from reference import torch_gpt, torch_llama  # noqa: E402
-from reference.torch_gpt import load_safetensors, read_split, read_tokens, windows  # noqa: E402
+from reference.torch_ref import load_safetensors, read_split, read_tokens, windows  # noqa: E402
 
 EOT = 50256
 STX = 2  # the byte that opens every document of the byte-tokenised data (and occurs nowhere else)

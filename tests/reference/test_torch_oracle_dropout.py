@@ -43,7 +43,7 @@ from reference import torch_tasks  # noqa: E402
 from reference.test_torch_oracle import GPT2, LLAMA, compare_grads, fail  # noqa: E402
 from reference.test_torch_oracle_encdec import ENCDEC  # noqa: E402
 from reference.test_torch_oracle_tasks import ENC_MEAN, ENCDEC_MT  # noqa: E402
-from reference.torch_gpt import load_safetensors, read_tokens, windows  # noqa: E402
+from reference.torch_ref import load_safetensors, read_tokens, windows  # noqa: E402
 from trellis_test import write_classify_tsv, write_translate_tsv  # noqa: E402
 
 SEED, STEP = 11, 7

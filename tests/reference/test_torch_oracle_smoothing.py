@@ -56,7 +56,7 @@ from reference import test_torch_oracle_dropout as dropout_oracle  # noqa: E402
 from reference import test_torch_oracle_tasks as tasks  # noqa: E402
 from reference import torch_gpt, torch_llama, torch_tasks  # noqa: E402
 from reference.test_torch_oracle import Family, compare_grads, fail  # noqa: E402
-from reference.torch_gpt import load_safetensors, read_tokens, windows  # noqa: E402
+from reference.torch_ref import load_safetensors, read_tokens, windows  # noqa: E402
 from trellis_test import write_classify_tsv, write_translate_tsv  # noqa: E402
 
 E = 0.1

@@ -68,7 +68,7 @@ from reference import test_torch_oracle as oracle  # noqa: E402
 from reference import torch_tasks  # noqa: E402
 from reference.test_torch_oracle import Family, check_train, compare_grads, fail  # noqa: E402
 from reference.test_torch_oracle_encdec import _encdec_zero_grad  # noqa: E402
-from reference.torch_gpt import load_safetensors  # noqa: E402
+from reference.torch_ref import load_safetensors  # noqa: E402
 from trellis_test import write_classify_tsv, write_idx_dir, write_translate_tsv  # noqa: E402
 
 

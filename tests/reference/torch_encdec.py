@@ -39,10 +39,10 @@ import math
 import os
 
 import torch
-import torch.nn.functional as F
 
 from reference import dropout_masks as drop  # identity unless a test sets drop.ACTIVE
-from reference.torch_gpt import key_padding_mask, load_params
+from reference.torch_ref import (gelu_tanh, key_padding_mask, layer_norm, linear, lm_loss,
+                                 load_params, random_params)
 
 
 class EncDecConfig:
@@ -131,18 +131,7 @@ def load_model(checkpoint_dir, dtype=torch.float32, requires_grad=True):
 
 def random_model(cfg, seed=0, dtype=torch.float32):
     """Random parameters (N(0, 0.02) weights and biases, LN around 1/0) for self-checks."""
-    g = torch.Generator().manual_seed(seed)
-    params = {}
-    for name, shape in param_shapes(cfg).items():
-        t = torch.randn(shape, generator=g, dtype=torch.float64)
-        if "layer_norm.weight" in name:
-            t = 1.0 + 0.1 * t
-        elif "layer_norm.bias" in name:
-            t = 0.1 * t
-        else:
-            t = 0.02 * t
-        params[name] = t.to(dtype).requires_grad_(True)
-    return params
+    return random_params(param_shapes(cfg), seed, dtype)
 
 
 # ---------------------------------------------------------------------------
@@ -150,18 +139,9 @@ def random_model(cfg, seed=0, dtype=torch.float32):
 # ---------------------------------------------------------------------------
 
 
-def _linear(x, params, prefix):
-    return x @ params[prefix + ".weight"].t() + params[prefix + ".bias"]
-
-
-def _ln(x, params, prefix, eps):
-    return F.layer_norm(x, (x.size(-1),), params[prefix + ".weight"], params[prefix + ".bias"],
-                        eps)
-
-
 def _mlp(x, params, p, eps):
-    n = _ln(x, params, p + "final_layer_norm", eps)
-    return _linear(F.gelu(_linear(n, params, p + "fc1"), approximate="tanh"), params, p + "fc2")
+    n = layer_norm(x, params, p + "final_layer_norm", eps)
+    return linear(gelu_tanh(linear(n, params, p + "fc1")), params, p + "fc2")
 
 
 def attention(params, prefix, cfg, xq, xkv, causal, key_lengths=None, layer=0,
@@ -171,9 +151,9 @@ def attention(params, prefix, cfg, xq, xkv, causal, key_lengths=None, layer=0,
     B, Tq, _ = xq.shape
     Tk = xkv.shape[1]
     H, Hkv, hd = cfg.n_head, cfg.n_kv_head, cfg.head_dim
-    q = _linear(xq, params, prefix + "q_proj").view(B, Tq, H, hd).transpose(1, 2)
-    k = _linear(xkv, params, prefix + "k_proj").view(B, Tk, Hkv, hd).transpose(1, 2)
-    v = _linear(xkv, params, prefix + "v_proj").view(B, Tk, Hkv, hd).transpose(1, 2)
+    q = linear(xq, params, prefix + "q_proj").view(B, Tq, H, hd).transpose(1, 2)
+    k = linear(xkv, params, prefix + "k_proj").view(B, Tk, Hkv, hd).transpose(1, 2)
+    v = linear(xkv, params, prefix + "v_proj").view(B, Tk, Hkv, hd).transpose(1, 2)
     kv_of = torch.arange(H) // (H // Hkv)  # kv head of each query head
     k, v = k[:, kv_of], v[:, kv_of]  # [B, H, Tk, hd]
     att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
@@ -185,7 +165,7 @@ def attention(params, prefix, cfg, xq, xkv, causal, key_lengths=None, layer=0,
     att = drop.attn(torch.softmax(att, dim=-1), layer, site)
     y = (att @ v).transpose(1, 2).reshape(B, Tq, H * hd)
     # the branch's dropout site follows the probabilities' (ATTN_OUT / CROSS_OUT)
-    return drop.resid(_linear(y, params, prefix + "out_proj"), layer, site + 1)
+    return drop.resid(linear(y, params, prefix + "out_proj"), layer, site + 1)
 
 
 def encode(params, cfg, src, lengths=None):
@@ -198,11 +178,11 @@ def encode(params, cfg, src, lengths=None):
     h = drop.resid(h, 0, drop.EMBED)
     for i in range(cfg.n_enc_layer):
         p = f"model.encoder.layers.{i}."
-        n = _ln(h, params, p + "self_attn_layer_norm", cfg.eps)
+        n = layer_norm(h, params, p + "self_attn_layer_norm", cfg.eps)
         h = h + attention(params, p + "self_attn.", cfg, n, n, causal=False,
                           key_lengths=lengths, layer=i)
         h = h + drop.resid(_mlp(h, params, p, cfg.eps), i, drop.MLP_OUT)
-    return _ln(h, params, "model.encoder.layer_norm", cfg.eps)
+    return layer_norm(h, params, "model.encoder.layer_norm", cfg.eps)
 
 
 def decode(params, cfg, tgt_in, enc_out, src_lengths=None):
@@ -217,13 +197,13 @@ def decode(params, cfg, tgt_in, enc_out, src_lengths=None):
     for j in range(cfg.n_dec_layer):
         p = f"model.decoder.layers.{j}."
         layer = cfg.n_enc_layer + j  # the global block index
-        n = _ln(g, params, p + "self_attn_layer_norm", cfg.eps)
+        n = layer_norm(g, params, p + "self_attn_layer_norm", cfg.eps)
         g = g + attention(params, p + "self_attn.", cfg, n, n, causal=True, layer=layer)
-        n = _ln(g, params, p + "encoder_attn_layer_norm", cfg.eps)
+        n = layer_norm(g, params, p + "encoder_attn_layer_norm", cfg.eps)
         g = g + attention(params, p + "encoder_attn.", cfg, n, enc_out, causal=False,
                           key_lengths=src_lengths, layer=layer, site=drop.CROSS_PROBS)
         g = g + drop.resid(_mlp(g, params, p, cfg.eps), layer, drop.MLP_OUT)
-    return _ln(g, params, "model.decoder.layer_norm", cfg.eps) @ E.t()
+    return layer_norm(g, params, "model.decoder.layer_norm", cfg.eps) @ E.t()
 
 
 def seq2seq_logits(params, cfg, src, tgt_in, src_lengths=None):
@@ -237,9 +217,7 @@ def encdec_logits(params, cfg, idx):
 
 def seq2seq_loss(params, cfg, src, tgt_in, targets, label_smoothing=0.0):
     """Mean cross-entropy over all B*T targets (label-smoothed by PyTorch's own definition)."""
-    logits = seq2seq_logits(params, cfg, src, tgt_in)
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1),
-                           label_smoothing=label_smoothing)
+    return lm_loss(seq2seq_logits(params, cfg, src, tgt_in), targets, label_smoothing)
 
 
 def encdec_loss(params, cfg, idx, targets, label_smoothing=0.0):

@@ -30,10 +30,10 @@ import math
 import os
 
 import torch
-import torch.nn.functional as F
 
 from reference import dropout_masks as drop  # identity unless a test sets drop.ACTIVE
-from reference.torch_gpt import key_padding_mask, load_params
+from reference.torch_ref import (gelu_tanh, key_padding_mask, layer_norm, linear, lm_loss,
+                                 load_params, random_params)
 
 
 class EncoderConfig:
@@ -115,32 +115,12 @@ def load_model(checkpoint_dir, dtype=torch.float32, requires_grad=True):
 
 def random_model(cfg, seed=0, dtype=torch.float32):
     """Random parameters (N(0, 0.02) weights and biases, LN around 1/0) for self-checks."""
-    g = torch.Generator().manual_seed(seed)
-    params = {}
-    for name, shape in param_shapes(cfg).items():
-        t = torch.randn(shape, generator=g, dtype=torch.float64)
-        if "layer_norm.weight" in name:
-            t = 1.0 + 0.1 * t
-        elif "layer_norm.bias" in name:
-            t = 0.1 * t
-        else:
-            t = 0.02 * t
-        params[name] = t.to(dtype).requires_grad_(True)
-    return params
+    return random_params(param_shapes(cfg), seed, dtype)
 
 
 # ---------------------------------------------------------------------------
 # forward
 # ---------------------------------------------------------------------------
-
-
-def _linear(x, params, prefix):
-    return x @ params[prefix + ".weight"].t() + params[prefix + ".bias"]
-
-
-def _ln(x, params, prefix, eps):
-    return F.layer_norm(x, (x.size(-1),), params[prefix + ".weight"], params[prefix + ".bias"],
-                        eps)
 
 
 def encoder_hidden(params, cfg, idx=None, lengths=None, features=None):
@@ -151,7 +131,7 @@ def encoder_hidden(params, cfg, idx=None, lengths=None, features=None):
     if T > cfg.block_size:
         raise ValueError(f"sequence length {T} exceeds max_position_embeddings {cfg.block_size}")
     if features is not None:
-        x = _linear(features, params, "embed_features")
+        x = linear(features, params, "embed_features")
     else:
         x = params["embed_tokens.weight"][idx]
     x = drop.resid(x + params["embed_positions.weight"][torch.arange(T)], 0, drop.EMBED)
@@ -159,22 +139,22 @@ def encoder_hidden(params, cfg, idx=None, lengths=None, features=None):
     scale = 1.0 / math.sqrt(hd)
     for i in range(cfg.n_layer):
         p = f"layers.{i}."
-        n = _ln(x, params, p + "self_attn_layer_norm", cfg.eps)
-        q = _linear(n, params, p + "self_attn.q_proj").view(B, T, H, hd).transpose(1, 2)
-        k = _linear(n, params, p + "self_attn.k_proj").view(B, T, H, hd).transpose(1, 2)
-        v = _linear(n, params, p + "self_attn.v_proj").view(B, T, H, hd).transpose(1, 2)
+        n = layer_norm(x, params, p + "self_attn_layer_norm", cfg.eps)
+        q = linear(n, params, p + "self_attn.q_proj").view(B, T, H, hd).transpose(1, 2)
+        k = linear(n, params, p + "self_attn.k_proj").view(B, T, H, hd).transpose(1, 2)
+        v = linear(n, params, p + "self_attn.v_proj").view(B, T, H, hd).transpose(1, 2)
         att = (q @ k.transpose(-2, -1)) * scale
         if mask is not None:
             att = att.masked_fill(~mask, float("-inf"))
         att = drop.attn(torch.softmax(att, dim=-1), i, drop.ATTN_PROBS)
         y = (att @ v).transpose(1, 2).reshape(B, T, C)
-        x = x + drop.resid(_linear(y, params, p + "self_attn.out_proj"), i, drop.ATTN_OUT)
+        x = x + drop.resid(linear(y, params, p + "self_attn.out_proj"), i, drop.ATTN_OUT)
         if cfg.mlp == "none":
             continue
-        n = _ln(x, params, p + "final_layer_norm", cfg.eps)
-        x = x + drop.resid(_linear(F.gelu(_linear(n, params, p + "fc1"), approximate="tanh"),
-                                   params, p + "fc2"), i, drop.MLP_OUT)
-    return _ln(x, params, "layer_norm", cfg.eps)
+        n = layer_norm(x, params, p + "final_layer_norm", cfg.eps)
+        x = x + drop.resid(linear(gelu_tanh(linear(n, params, p + "fc1")), params, p + "fc2"),
+                           i, drop.MLP_OUT)
+    return layer_norm(x, params, "layer_norm", cfg.eps)
 
 
 def encoder_logits(params, cfg, idx):
@@ -184,7 +164,5 @@ def encoder_logits(params, cfg, idx):
 
 def encoder_loss(params, cfg, idx, targets, label_smoothing=0.0):
     """Mean cross-entropy over all B*T targets (label-smoothed by PyTorch's own definition)."""
-    logits = encoder_logits(params, cfg, idx)
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1),
-                           label_smoothing=label_smoothing)
+    return lm_loss(encoder_logits(params, cfg, idx), targets, label_smoothing)
 

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from reference import dropout_masks as drop  # identity unless a test sets drop.ACTIVE
-from reference.torch_gpt import key_padding_mask, load_params
+from reference.torch_ref import key_padding_mask, lm_loss, load_params, random_params
 
 
 class LlamaConfig:
@@ -106,13 +106,7 @@ def load_model(checkpoint_dir, dtype=torch.float32, requires_grad=True):
 
 def random_model(cfg, seed=0, dtype=torch.float32):
     """Random parameters (N(0, 0.02) weights, norms around 1) for self-checks."""
-    g = torch.Generator().manual_seed(seed)
-    params = {}
-    for name, shape in param_shapes(cfg).items():
-        t = torch.randn(shape, generator=g, dtype=torch.float64)
-        t = 1.0 + 0.1 * t if name.endswith("norm.weight") else 0.02 * t
-        params[name] = t.to(dtype).requires_grad_(True)
-    return params
+    return random_params(param_shapes(cfg), seed, dtype)
 
 
 # ---------------------------------------------------------------------------
@@ -179,7 +173,5 @@ def llama_logits(params, cfg, idx):
 
 def llama_loss(params, cfg, idx, targets, label_smoothing=0.0):
     """Mean cross-entropy over all B*T targets (label-smoothed by PyTorch's own definition)."""
-    logits = llama_logits(params, cfg, idx)
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1),
-                           label_smoothing=label_smoothing)
+    return lm_loss(llama_logits(params, cfg, idx), targets, label_smoothing)
 

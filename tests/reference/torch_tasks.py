@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from reference import dropout_masks as drop  # identity unless a test sets drop.ACTIVE
 from reference import torch_encdec, torch_encoder, torch_gpt, torch_llama
-from reference.torch_gpt import load_params
+from reference.torch_ref import linear, load_params
 from trellis_test import read_examples  # noqa: E402,F401  (task data files)
 
 # ---------------------------------------------------------------------------
@@ -268,7 +268,7 @@ def pool(h, lengths, mode):
 def class_logits(params, cfg, batch):
     pooled = drop.pooled(pool(hidden(params, cfg, batch), batch["lengths"], cfg.pooling))
     if cfg.family == "encoder":
-        return pooled @ params["classifier.weight"].t() + params["classifier.bias"]
+        return linear(pooled, params, "classifier")
     return pooled @ params["score.weight"].t()
 
 

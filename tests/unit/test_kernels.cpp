@@ -1,15 +1,14 @@
-// kernels/: every op in trellis/kernels/ops.h against plain-loop double-precision references.
-//
-// Method, per op with a backward:
-//   * The float forward must match the double reference forward (evaluated at the same, float-
-//     representable inputs) to kFwdTol, normwise: max|f - d| / max|d|.
-//   * L = sum(out * R) for a fixed random R. The kernel's backward gets dout = R; its float
-//     gradients are compared with central differences of the *double* reference L, normwise:
-//     max|analytic - numeric| / max|numeric| <= kGradTol.
-//   * Gradient buffers are pre-filled with a random pattern P before backward, and the check uses
-//     (grad - P): the backward must accumulate (+=), not overwrite.
-// Shapes are tiny (B=2, T=5, C=8, H=2, V=11, Vp=16) plus a few wider ones that cross the kernels'
-// column-chunk boundaries (32 / 64), so the whole file runs in well under a second.
+// kernels/: every op in trellis/kernels/ops.h against plain-loop double-precision references,
+// table-driven in the style of ggml's test-backend-ops. Each op is one OpCase (kernel_case.h):
+// seeded inputs, the trellis call, a double reference and, where the op has one, its backward.
+// run_case() runs it on guarded buffers (canaries before and after every input, output and
+// gradient; inputs must come back bit for bit), compares the forward normwise (kFwdTol) and, in
+// gradient mode, the accumulated gradients against central differences of the double reference
+// (kGradTol). Each op has a table of shapes: the small ones (B=2, T=5, C=8, H=2, V=11, Vp=16),
+// ones that cross the kernels' column-chunk boundaries (32 / 64), and odd sizes (1, primes,
+// non-multiples of the SIMD width), so an overrun in a tail shows in a guard. What a table
+// cannot say (thread counts, masks' exact zeros, vocabulary splits, bad shapes) is in property
+// tests after each op's table. TRELLIS_KERNEL_SPEED=1 prints timings (never asserted).
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -19,101 +18,31 @@
 #include <cmath>
 #include <complex>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <numbers>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "kernel_case.h"
 #include "trellis/core/error.h"
 #include "trellis/kernels/ops.h"
 
 namespace {
 
-using Vec = std::vector<float>;
-using DVec = std::vector<double>;
+using namespace kernel_case;  // NOLINT: the harness's vocabulary (Vec, OpCase, run_case, ...)
 namespace ops = trellis::ops;
-
-// Float forward vs double reference, normwise. The a-priori error of a float sum of K terms is
-// <= K * u * sum|terms| (u = 6e-8); with K <= 130 and O(1) random data that is on the order of
-// 1e-5 of the output scale, while the measured errors (random rounding signs) are <= 3.5e-7 for
-// every op. A real bug (wrong index, missing term, wrong scale) gives O(1e-2..1).
-constexpr double kFwdTol = 1e-5;
-
-// Analytic (float) vs numeric (double) gradients, normwise. The numeric side is accurate to
-// ~1e-10 relative: central differences with h = 1e-5 of a double function have truncation error
-// ~h^2 |f'''| / 6 and roundoff ~1e-16 |L| / h, both ~1e-10. So the float analytic gradient sets
-// the error: the same K * u argument as for the forward (backward sums have at most ~130 terms;
-// the LayerNorm/softmax backward subtractions are of O(1) terms, no catastrophic cancellation
-// at these inputs). Measured: <= 4.1e-7 across all ops, so 1e-5 (~25x head-room) is justified;
-// the common 1e-4 would be looser than float needs here.
-constexpr double kGradTol = 1e-5;
-constexpr double kFdStep = 1e-5;
 
 constexpr int64_t kB = 2, kT = 5, kC = 8, kH = 2, kV = 11, kVp = 16;
 
-// Element count (a named function, unlike size_t(n), never parses as a declaration).
-size_t sz(int64_t n) { return static_cast<size_t>(n); }
-
-Vec randn(std::mt19937& rng, size_t n, float stddev = 1.0f) {
-  std::normal_distribution<float> d(0.0f, stddev);
-  Vec v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-DVec to_d(const Vec& v) { return DVec(v.begin(), v.end()); }
-
-// max|a - b| / max|b|: normwise relative error of a against reference b; infinite when a holds
-// a NaN/inf (std::max alone would silently skip NaNs).
-double rel_err(const DVec& a, const DVec& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double num = 0.0, den = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (!std::isfinite(a[i])) return INFINITY;
-    num = std::max(num, std::abs(a[i] - b[i]));
-    den = std::max(den, std::abs(b[i]));
-  }
-  return den > 0.0 ? num / den : num;
-}
-double rel_err(const Vec& a, const DVec& b) { return rel_err(to_d(a), b); }
-
-double dot(const DVec& a, const DVec& r) {
-  double s = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) s += a[i] * r[i];
+std::string shape_name(const std::string& op, std::initializer_list<std::pair<const char*, int64_t>> dims) {
+  std::string s = op;
+  for (const auto& [k, v] : dims) s += " " + std::string(k) + "=" + std::to_string(v);
   return s;
-}
-
-// Central differences of the double-precision scalar function f around x.
-DVec numeric_grad(const std::function<double(const DVec&)>& f, DVec x) {
-  DVec g(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double xi = x[i];
-    x[i] = xi + kFdStep;
-    const double fp = f(x);
-    x[i] = xi - kFdStep;
-    const double fm = f(x);
-    x[i] = xi;
-    g[i] = (fp - fm) / (2.0 * kFdStep);
-  }
-  return g;
-}
-
-// grad came out of a backward that started from `prefill`; what it added must match the numeric
-// gradient of loss_of at x. The subtraction is done in double (exact for two floats).
-void expect_grad(const std::string& what, const Vec& x, const Vec& grad, const Vec& prefill,
-                 const std::function<double(const DVec&)>& loss_of) {
-  ASSERT_EQ(grad.size(), x.size()) << what;
-  ASSERT_EQ(prefill.size(), x.size()) << what;
-  DVec added(x.size());
-  for (size_t i = 0; i < x.size(); ++i) added[i] = double(grad[i]) - double(prefill[i]);
-  const DVec num = numeric_grad(loss_of, to_d(x));
-  double mx = 0.0;
-  for (double v : num) mx = std::max(mx, std::abs(v));
-  EXPECT_GT(mx, 1e-3) << what << ": degenerate test, numeric gradient is ~0";
-  EXPECT_LE(rel_err(added, num), kGradTol) << what;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -213,7 +142,8 @@ DVec embedding_ref(const std::vector<int32_t>& tokens, const DVec& wte, const DV
   return out;
 }
 
-// Per-row cross-entropy over the first V of Vp columns, log-sum-exp in double.
+// Per-row cross-entropy over the first V of Vp columns, log-sum-exp in double; a negative
+// target (a padding row): loss 0.
 DVec cross_entropy_ref(const DVec& logits, const std::vector<int32_t>& targets, int64_t BT,
                        int64_t V, int64_t Vp) {
   DVec losses(sz(BT));
@@ -223,7 +153,7 @@ DVec cross_entropy_ref(const DVec& logits, const std::vector<int32_t>& targets, 
     for (int64_t j = 1; j < V; ++j) mx = std::max(mx, row[j]);
     double sum = 0.0;
     for (int64_t j = 0; j < V; ++j) sum += std::exp(row[j] - mx);
-    losses[i] = mx + std::log(sum) - row[targets[i]];
+    losses[i] = targets[i] < 0 ? 0.0 : mx + std::log(sum) - row[targets[i]];
   }
   return losses;
 }
@@ -337,6 +267,7 @@ DVec gqa_attention_ref(const DVec& X, const AttnLayout& l, const ops::AttentionS
   return out;
 }
 
+
 // ---------------------------------------------------------------------------------------------
 // gemm
 
@@ -346,10 +277,11 @@ struct GemmShape {
 };
 
 // One gemm problem with padded leading dimensions (strides must be used), random A, B and C, and
-// its double reference. run() calls ops::gemm on a fresh copy of C and checks each element
+// its double reference. run() calls ops::gemm on a fresh guarded copy of C and checks each element
 // against the classic error bound |c - c_ref| <= gamma * (|alpha| sum_k |a_ik b_kj| + |beta c_ij|),
-// gamma = (K+2) u, doubled for slack (any summation order, FMA or not, satisfies it), and that the
-// padding of C was not written; it returns C (with padding).
+// gamma = (K+2) u, doubled for slack (any summation order, FMA or not, satisfies it), that the
+// padding of C was not written, that nothing was written around A, B or C and that A and B came
+// back unchanged; it returns C (with padding).
 struct GemmCase {
   GemmShape s;
   float alpha, beta;
@@ -374,9 +306,20 @@ struct GemmCase {
     gemm_ref(s.ta, s.tb, s.M, s.N, s.K, alpha, A, lda, B, ldb, beta, ref, ldc, &bound);
   }
 
+  std::string name() const {
+    return "gemm ta=" + std::to_string(s.ta) + " tb=" + std::to_string(s.tb) +
+           " M=" + std::to_string(s.M) + " N=" + std::to_string(s.N) + " K=" + std::to_string(s.K);
+  }
+
   Vec run() const {
-    Vec C = C0;
-    ops::gemm(s.ta, s.tb, s.M, s.N, s.K, alpha, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
+    GuardedF a(A), b(B), c(C0);
+    ops::gemm(s.ta, s.tb, s.M, s.N, s.K, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+    a.intact(name() + ": A");
+    b.intact(name() + ": B");
+    c.intact(name() + ": C");
+    EXPECT_TRUE(same_bits(a.values(), A)) << name() << " wrote into A";
+    EXPECT_TRUE(same_bits(b.values(), B)) << name() << " wrote into B";
+    const Vec C = c.values();
     const double gamma = 2.0 * double(s.K + 2) * (FLT_EPSILON / 2);
     // Every element is checked; the first failures are reported one by one, the rest counted.
     int64_t bad = 0, bad_pad = 0;
@@ -386,8 +329,7 @@ struct GemmCase {
         const bool ok = std::abs(C[at] - ref[at]) <= gamma * bound[at] + 1e-30;
         if (!ok && ++bad <= 3)
           EXPECT_LE(std::abs(C[at] - ref[at]), gamma * bound[at] + 1e-30)
-              << "ta=" << s.ta << " tb=" << s.tb << " M=" << s.M << " N=" << s.N << " K=" << s.K
-              << " at (" << i << "," << j << ")";
+              << name() << " at (" << i << "," << j << ")";
       }
       for (int64_t j = s.N; j < ldc; ++j)
         if (C[sz(i * ldc + j)] != kSentinel && ++bad_pad <= 3)
@@ -395,25 +337,35 @@ struct GemmCase {
     }
     EXPECT_EQ(bad, 0) << "elements beyond the error bound, of " << s.M * s.N;
     EXPECT_EQ(bad_pad, 0) << "padding elements written";
+    if (speed_mode())
+      std::printf("[speed] %s %.1f us\n", name().c_str(), best_us([&] {
+                    ops::gemm(s.ta, s.tb, s.M, s.N, s.K, alpha, a.data(), lda, b.data(), ldb, beta,
+                              c.data(), ldc);
+                  }));
     return C;
   }
 };
 
-void check_gemm(const GemmShape& s, float alpha, float beta, uint32_t seed) {
-  GemmCase(s, alpha, beta, seed).run();
-}
+// Shapes run with every transpose combination. The first is run with three (alpha, beta) pairs:
+// beta = 0 (plain product), and beta != 0 (accumulate into C), with alpha != 1.
+struct GemmRow {
+  int64_t M, N, K;
+  float alpha, beta;
+};
+const GemmRow kGemmRows[] = {
+    {5, 7, 6, 1.0f, 0.0f},    {5, 7, 6, 0.75f, 1.0f}, {5, 7, 6, -1.5f, 0.5f},
+    {33, 17, 70, 1.0f, 1.0f},  // larger, odd sizes: the backend's blocking and tails
+    // odd sizes: 1, primes, non-multiples of the SIMD width (16) and of 32 / 64
+    {1, 1, 1, 1.0f, 0.0f},    {1, 17, 3, 0.5f, 1.0f}, {31, 1, 5, 1.0f, 1.0f},
+    {17, 33, 65, 1.0f, 0.0f}, {67, 13, 1, -1.0f, 0.25f},
+};
 
 TEST(KernelsGemm, AllTransposeCombosMatchDoubleReference) {
   uint32_t seed = 1;
   for (bool ta : {false, true})
-    for (bool tb : {false, true}) {
-      // beta = 0 (plain product), and beta != 0 (accumulate into C), with alpha != 1.
-      check_gemm({ta, tb, 5, 7, 6}, 1.0f, 0.0f, seed++);
-      check_gemm({ta, tb, 5, 7, 6}, 0.75f, 1.0f, seed++);
-      check_gemm({ta, tb, 5, 7, 6}, -1.5f, 0.5f, seed++);
-      // Larger, odd sizes: exercise the backend's blocking and tails.
-      check_gemm({ta, tb, 33, 17, 70}, 1.0f, 1.0f, seed++);
-    }
+    for (bool tb : {false, true})
+      for (const GemmRow& r : kGemmRows)
+        GemmCase({ta, tb, r.M, r.N, r.K}, r.alpha, r.beta, seed++).run();
 }
 
 TEST(KernelsGemm, ThreadSplitAlongNAndMMatchesDoubleReference) {
@@ -498,41 +450,43 @@ TEST(KernelsGemm, CallableFromInsideAnOpenMPRegion) {
 // ---------------------------------------------------------------------------------------------
 // linear
 
-void check_linear(int64_t BT, int64_t IC, int64_t OC, bool with_bias, uint32_t seed) {
-  SCOPED_TRACE("linear BT=" + std::to_string(BT) + " IC=" + std::to_string(IC) +
-               " OC=" + std::to_string(OC) + " bias=" + std::to_string(with_bias));
+struct LinearShape {
+  int64_t BT, IC, OC;
+  bool bias;
+};
+
+OpCase linear_case(const LinearShape& s, uint32_t seed) {
   std::mt19937 rng(seed);
-  const Vec inp = randn(rng, sz(BT * IC)), w = randn(rng, sz(IC * OC), 0.5f);
-  const Vec bias = randn(rng, sz(OC)), R = randn(rng, sz(BT * OC));
-  const DVec dinp_ = to_d(inp), dw_ = to_d(w), db_ = to_d(bias), dR = to_d(R);
-
-  // Without bias, out starts as NaN: the forward must overwrite, not accumulate.
-  Vec out(sz(BT * OC), std::numeric_limits<float>::quiet_NaN());
-  ops::linear_forward(out.data(), inp.data(), w.data(), with_bias ? bias.data() : nullptr, BT, IC,
-                      OC);
-  EXPECT_LE(rel_err(out, linear_ref(dinp_, dw_, with_bias ? &db_ : nullptr, BT, IC, OC)), kFwdTol);
-
-  const Vec pre_inp = randn(rng, inp.size()), pre_w = randn(rng, w.size());
-  const Vec pre_b = randn(rng, bias.size());
-  Vec dinp = pre_inp, dw = pre_w, dbias = pre_b;
-  ops::linear_backward(dinp.data(), dw.data(), with_bias ? dbias.data() : nullptr, R.data(),
-                       inp.data(), w.data(), BT, IC, OC);
-  auto L = [&](const DVec& x, const DVec& ww, const DVec& bb) {
-    return dot(linear_ref(x, ww, with_bias ? &bb : nullptr, BT, IC, OC), dR);
+  OpCase c;
+  c.name = shape_name("linear", {{"BT", s.BT}, {"IC", s.IC}, {"OC", s.OC}, {"bias", s.bias}});
+  c.inputs = {{"inp", randn(rng, sz(s.BT * s.IC))}, {"w", randn(rng, sz(s.IC * s.OC), 0.5f)}};
+  if (s.bias) c.inputs.push_back({"bias", randn(rng, sz(s.OC))});
+  c.outputs = {{"out", sz(s.BT * s.OC)}};  // NaN before the call: the forward must overwrite
+  c.forward = [s](const CPtrs& in, const Ptrs& out) {
+    ops::linear_forward(out[0], in[0], in[1], s.bias ? in[2] : nullptr, s.BT, s.IC, s.OC);
   };
-  expect_grad("dinp", inp, dinp, pre_inp, [&](const DVec& v) { return L(v, dw_, db_); });
-  expect_grad("dw", w, dw, pre_w, [&](const DVec& v) { return L(dinp_, v, db_); });
-  if (with_bias)
-    expect_grad("dbias", bias, dbias, pre_b, [&](const DVec& v) { return L(dinp_, dw_, v); });
-  else
-    EXPECT_EQ(dbias, pre_b);
+  c.reference = [s](const std::vector<DVec>& in) {
+    return std::vector<DVec>{linear_ref(in[0], in[1], s.bias ? &in[2] : nullptr, s.BT, s.IC, s.OC)};
+  };
+  c.backward = [s](const float* dout, const CPtrs& in, const CPtrs&, const Ptrs& g) {
+    ops::linear_backward(g[0], g[1], s.bias ? g[2] : nullptr, dout, in[0], in[1], s.BT, s.IC,
+                         s.OC);
+  };
+  return c;
 }
 
+const LinearShape kLinearShapes[] = {
+    {kB * kT, kC, 3 * kC, true}, {kB * kT, kC, 3 * kC, false}, {kB * kT, 4 * kC, kC, true},
+    {3, 5, 130, true},  // OC > 64: dbias is split in column chunks
+    {1, 1, 1, true},    {1, 17, 1, false}, {7, 3, 67, true}, {5, 19, 33, true}, {13, 2, 17, false},
+};
+
 TEST(KernelsLinear, ForwardAndGradients) {
-  check_linear(kB * kT, kC, 3 * kC, true, 11);
-  check_linear(kB * kT, kC, 3 * kC, false, 12);
-  check_linear(kB * kT, 4 * kC, kC, true, 13);
-  check_linear(3, 5, 130, true, 14);  // OC > 64: dbias is split in column chunks
+  uint32_t seed = 11;
+  for (const LinearShape& s : kLinearShapes) {
+    run_case(linear_case(s, seed), seed + 500);
+    ++seed;
+  }
 }
 
 TEST(KernelsLinear, NullDinpSkipsInputGradient) {
@@ -551,49 +505,67 @@ TEST(KernelsLinear, NullDinpSkipsInputGradient) {
   EXPECT_EQ(db1, db2);
 }
 
+
 // ---------------------------------------------------------------------------------------------
 // layernorm
 
-void check_layernorm(int64_t BT, int64_t C, uint32_t seed) {
-  SCOPED_TRACE("layernorm BT=" + std::to_string(BT) + " C=" + std::to_string(C));
-  std::mt19937 rng(seed);
-  Vec inp = randn(rng, sz(BT * C), 2.0f);
-  // Row 0: tiny spread (variance ~4e-6 < eps), so eps visibly matters. Other rows: offsets, so
-  // the mean must really be removed.
-  for (int64_t c = 0; c < C; ++c) inp[c] *= 1e-3f;
-  for (int64_t i = 1; i < BT; ++i)
-    for (int64_t c = 0; c < C; ++c) inp[i * C + c] += float(i) - 1.5f;
-  Vec weight = randn(rng, sz(C), 0.5f), bias = randn(rng, sz(C), 0.5f);
-  for (auto& w : weight) w += 1.0f;
-  const Vec R = randn(rng, sz(BT * C));
-  const float eps = 1e-5f;
-  const DVec dx = to_d(inp), dw = to_d(weight), db = to_d(bias), dR = to_d(R);
-
-  Vec out(sz(BT * C)), mean(sz(BT)), rstd(sz(BT));
-  ops::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(),
-                         bias.data(), BT, C, eps);
-  DVec rmean(sz(BT)), rrstd(sz(BT));
-  const DVec ref = layernorm_ref(dx, dw, db, BT, C, eps, &rmean, &rrstd);
-  EXPECT_LE(rel_err(out, ref), kFwdTol);
-  EXPECT_LE(rel_err(mean, rmean), kFwdTol);
-  EXPECT_LE(rel_err(rstd, rrstd), kFwdTol);
-
-  const Vec pre_x = randn(rng, inp.size()), pre_w = randn(rng, weight.size());
-  const Vec pre_b = randn(rng, bias.size());
-  Vec dinp = pre_x, dweight = pre_w, dbias = pre_b;
-  ops::layernorm_backward(dinp.data(), dweight.data(), dbias.data(), R.data(), inp.data(),
-                          weight.data(), mean.data(), rstd.data(), BT, C);
-  auto L = [&](const DVec& x, const DVec& w, const DVec& b) {
-    return dot(layernorm_ref(x, w, b, BT, C, eps), dR);
-  };
-  expect_grad("dinp", inp, dinp, pre_x, [&](const DVec& v) { return L(v, dw, db); });
-  expect_grad("dweight", weight, dweight, pre_w, [&](const DVec& v) { return L(dx, v, db); });
-  expect_grad("dbias", bias, dbias, pre_b, [&](const DVec& v) { return L(dx, dw, v); });
+// Row 0: tiny spread (variance ~4e-6 < eps), so eps visibly matters. Other rows: offsets, so the
+// mean must really be removed (LayerNorm) or is kept (RMSNorm). A single row stays O(1): alone,
+// its tiny mean would be a cancellation that no normwise bound fits.
+Vec norm_input(std::mt19937& rng, int64_t rows, int64_t C) {
+  Vec inp = randn(rng, sz(rows * C), 2.0f);
+  for (int64_t c = 0; rows > 1 && c < C; ++c) inp[sz(c)] *= 1e-3f;
+  for (int64_t i = 1; i < rows; ++i)
+    for (int64_t c = 0; c < C; ++c) inp[sz(i * C + c)] += float(i) - 1.5f;
+  return inp;
 }
 
+Vec around_one(std::mt19937& rng, int64_t n) {
+  Vec w = randn(rng, sz(n), 0.5f);
+  for (auto& x : w) x += 1.0f;
+  return w;
+}
+
+struct NormShape {
+  int64_t rows, C;
+};
+
+OpCase layernorm_case(const NormShape& s, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const float eps = 1e-5f;
+  OpCase c;
+  c.name = shape_name("layernorm", {{"BT", s.rows}, {"C", s.C}});
+  Vec inp = norm_input(rng, s.rows, s.C);
+  Vec weight = around_one(rng, s.C);
+  c.inputs = {{"inp", inp}, {"weight", weight}, {"bias", randn(rng, sz(s.C), 0.5f)}};
+  c.outputs = {{"out", sz(s.rows * s.C)}, {"mean", sz(s.rows)}, {"rstd", sz(s.rows)}};
+  c.forward = [s, eps](const CPtrs& in, const Ptrs& out) {
+    ops::layernorm_forward(out[0], out[1], out[2], in[0], in[1], in[2], s.rows, s.C, eps);
+  };
+  c.reference = [s, eps](const std::vector<DVec>& in) {
+    DVec mean(sz(s.rows)), rstd(sz(s.rows));
+    DVec out = layernorm_ref(in[0], in[1], in[2], s.rows, s.C, eps, &mean, &rstd);
+    return std::vector<DVec>{out, mean, rstd};
+  };
+  c.backward = [s](const float* dout, const CPtrs& in, const CPtrs& saved, const Ptrs& g) {
+    ops::layernorm_backward(g[0], g[1], g[2], dout, in[0], in[1], saved[1], saved[2], s.rows, s.C);
+  };
+  return c;
+}
+
+// Odd sizes start at C = 3: a row of 2 (LayerNorm) or 1 (RMSNorm) normalises to constants, whose
+// input gradient is ~0 and leaves nothing to check.
+const NormShape kLayerNormShapes[] = {
+    {kB * kT, kC}, {3, 130},  // C > 64: dweight/dbias are split in column chunks
+    {1, 3},        {1, 5},   {7, 17}, {2, 67}, {5, 33}, {4, 16},
+};
+
 TEST(KernelsLayerNorm, ForwardAndGradients) {
-  check_layernorm(kB * kT, kC, 21);
-  check_layernorm(3, 130, 22);  // C > 64: dweight/dbias are split in column chunks
+  uint32_t seed = 21;
+  for (const NormShape& s : kLayerNormShapes) {
+    run_case(layernorm_case(s, seed), seed + 500);
+    ++seed;
+  }
 }
 
 TEST(KernelsLayerNorm, NormalisesRows) {
@@ -617,76 +589,99 @@ TEST(KernelsLayerNorm, NormalisesRows) {
   }
 }
 
+
 // ---------------------------------------------------------------------------------------------
 // rmsnorm
 
-void check_rmsnorm(int64_t rows, int64_t C, uint32_t seed) {
-  SCOPED_TRACE("rmsnorm rows=" + std::to_string(rows) + " C=" + std::to_string(C));
+OpCase rmsnorm_case(const NormShape& s, uint32_t seed) {
   std::mt19937 rng(seed);
-  Vec inp = randn(rng, sz(rows * C), 2.0f);
-  // Row 0: tiny values (mean square ~4e-6 < eps), so eps visibly matters. Other rows: offsets,
-  // which RMSNorm (unlike LayerNorm) keeps.
-  for (int64_t c = 0; c < C; ++c) inp[c] *= 1e-3f;
-  for (int64_t i = 1; i < rows; ++i)
-    for (int64_t c = 0; c < C; ++c) inp[i * C + c] += float(i) - 1.5f;
-  Vec weight = randn(rng, sz(C), 0.5f);
-  for (auto& w : weight) w += 1.0f;
-  const Vec R = randn(rng, sz(rows * C));
   const float eps = 1e-5f;
-  const DVec dx = to_d(inp), dw = to_d(weight), dR = to_d(R);
-
-  Vec out(sz(rows * C), std::numeric_limits<float>::quiet_NaN()), rstd(sz(rows));
-  ops::rmsnorm_forward(out.data(), rstd.data(), inp.data(), weight.data(), rows, C, eps);
-  DVec rrstd(sz(rows));
-  EXPECT_LE(rel_err(out, rmsnorm_ref(dx, dw, rows, C, eps, &rrstd)), kFwdTol);
-  EXPECT_LE(rel_err(rstd, rrstd), kFwdTol);
-
-  const Vec pre_x = randn(rng, inp.size()), pre_w = randn(rng, weight.size());
-  Vec dinp = pre_x, dweight = pre_w;
-  ops::rmsnorm_backward(dinp.data(), dweight.data(), R.data(), inp.data(), weight.data(),
-                        rstd.data(), rows, C);
-  expect_grad("dinp", inp, dinp, pre_x,
-              [&](const DVec& v) { return dot(rmsnorm_ref(v, dw, rows, C, eps), dR); });
-  expect_grad("dweight", weight, dweight, pre_w,
-              [&](const DVec& v) { return dot(rmsnorm_ref(dx, v, rows, C, eps), dR); });
+  OpCase c;
+  c.name = shape_name("rmsnorm", {{"rows", s.rows}, {"C", s.C}});
+  Vec inp = norm_input(rng, s.rows, s.C);
+  c.inputs = {{"inp", inp}, {"weight", around_one(rng, s.C)}};
+  c.outputs = {{"out", sz(s.rows * s.C)}, {"rstd", sz(s.rows)}};
+  c.forward = [s, eps](const CPtrs& in, const Ptrs& out) {
+    ops::rmsnorm_forward(out[0], out[1], in[0], in[1], s.rows, s.C, eps);
+  };
+  c.reference = [s, eps](const std::vector<DVec>& in) {
+    DVec rstd(sz(s.rows));
+    DVec out = rmsnorm_ref(in[0], in[1], s.rows, s.C, eps, &rstd);
+    return std::vector<DVec>{out, rstd};
+  };
+  c.backward = [s](const float* dout, const CPtrs& in, const CPtrs& saved, const Ptrs& g) {
+    ops::rmsnorm_backward(g[0], g[1], dout, in[0], in[1], saved[1], s.rows, s.C);
+  };
+  return c;
 }
 
+const NormShape kRmsNormShapes[] = {
+    {kB * kT, kC}, {3, 130},  // C > 64: dweight is split in column chunks
+    {1, 3},        {7, 17},  {5, 33}, {2, 67}, {3, 16},
+};
+
 TEST(KernelsRmsNorm, ForwardAndGradients) {
-  check_rmsnorm(kB * kT, kC, 24);
-  check_rmsnorm(3, 130, 25);  // C > 64: dweight is split in column chunks
+  uint32_t seed = 24;
+  for (const NormShape& s : kRmsNormShapes) {
+    run_case(rmsnorm_case(s, seed), seed + 500);
+    ++seed;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
 // rope
 
-// rows rows of stride ld (wider than the heads: the extra columns must pass through untouched),
-// starting at row0 of a [B*T] batch.
-void check_rope(int64_t rows, int64_t row0, int64_t T, int64_t n_heads, int64_t hd, float theta,
-                uint32_t seed) {
-  SCOPED_TRACE("rope rows=" + std::to_string(rows) + " row0=" + std::to_string(row0) +
-               " T=" + std::to_string(T) + " hd=" + std::to_string(hd));
-  std::mt19937 rng(seed);
-  const int64_t ld = n_heads * hd + 3;
-  const Vec x = randn(rng, sz(rows * ld)), R = randn(rng, sz(rows * ld));
-  const DVec dR = to_d(R);
-  Vec y = x;
-  ops::rope_forward(y.data(), ld, rows, row0, T, n_heads, hd, theta);
-  EXPECT_LE(rel_err(y, rope_ref(to_d(x), ld, rows, row0, T, n_heads, hd, theta)), kFwdTol);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = n_heads * hd; c < ld; ++c) EXPECT_EQ(y[sz(r * ld + c)], x[sz(r * ld + c)]);
+// rows rows of stride ld = n_heads * hd + 3 (wider than the heads: the extra columns must pass
+// through untouched), starting at row0 of a [B*T] batch.
+struct RopeShape {
+  int64_t rows, row0, T, n_heads, hd;
+  float theta;
+};
 
+OpCase rope_case(const RopeShape& s, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const int64_t ld = s.n_heads * s.hd + 3;
+  OpCase c;
+  c.name = shape_name("rope", {{"rows", s.rows}, {"row0", s.row0}, {"T", s.T},
+                               {"heads", s.n_heads}, {"hd", s.hd}});
+  c.inputs = {{"x", randn(rng, sz(s.rows * ld))}};
+  c.outputs = {{"y", sz(s.rows * ld)}};
+  // rope works in place: the call rotates a copy of x in the output buffer.
+  c.forward = [s, ld](const CPtrs& in, const Ptrs& out) {
+    std::memcpy(out[0], in[0], sz(s.rows * ld) * sizeof(float));
+    ops::rope_forward(out[0], ld, s.rows, s.row0, s.T, s.n_heads, s.hd, s.theta);
+  };
+  c.reference = [s, ld](const std::vector<DVec>& in) {
+    return std::vector<DVec>{rope_ref(in[0], ld, s.rows, s.row0, s.T, s.n_heads, s.hd, s.theta)};
+  };
   // rope_backward maps dout to dinp in place (no accumulation: there is nothing to add to).
-  Vec dx = R;
-  ops::rope_backward(dx.data(), ld, rows, row0, T, n_heads, hd, theta);
-  expect_grad("dx", x, dx, Vec(x.size(), 0.0f), [&](const DVec& v) {
-    return dot(rope_ref(v, ld, rows, row0, T, n_heads, hd, theta), dR);
-  });
+  c.accumulates = false;
+  c.backward = [s, ld](const float* dout, const CPtrs&, const CPtrs&, const Ptrs& g) {
+    std::memcpy(g[0], dout, sz(s.rows * ld) * sizeof(float));
+    ops::rope_backward(g[0], ld, s.rows, s.row0, s.T, s.n_heads, s.hd, s.theta);
+  };
+  return c;
 }
 
+const RopeShape kRopeShapes[] = {
+    {kB * kT, 0, kT, 2, 8, 10000.0f},
+    {7, 3, 4, 3, 6, 10000.0f},          // row0 != 0, T < rows: positions wrap
+    {5, 1000, 1024, 1, 16, 500000.0f},  // large angles: computed in double
+    {1, 0, 1, 1, 2, 10000.0f},          {3, 5, 7, 5, 2, 10000.0f},
+    {11, 2, 13, 1, 34, 10000.0f},       {4, 0, 4, 2, 18, 10000.0f},
+};
+
 TEST(KernelsRope, ForwardMatchesClosedFormAndGradient) {
-  check_rope(kB * kT, 0, kT, 2, 8, 10000.0f, 26);
-  check_rope(7, 3, 4, 3, 6, 10000.0f, 27);          // row0 != 0, T < rows: positions wrap
-  check_rope(5, 1000, 1024, 1, 16, 500000.0f, 28);  // large angles: computed in double
+  uint32_t seed = 26;
+  for (const RopeShape& s : kRopeShapes) {
+    const CaseResult r = run_case(rope_case(s, seed), seed + 500);
+    ++seed;
+    // The columns past the heads pass through bit for bit.
+    const int64_t ld = s.n_heads * s.hd + 3;
+    for (int64_t row = 0; row < s.rows; ++row)
+      for (int64_t col = s.n_heads * s.hd; col < ld; ++col)
+        EXPECT_EQ(r.outputs[0][sz(row * ld + col)], r.inputs[0][sz(row * ld + col)]);
+  }
 }
 
 TEST(KernelsRope, OddHeadWidthIsAnError) {
@@ -697,84 +692,124 @@ TEST(KernelsRope, OddHeadWidthIsAnError) {
 // ---------------------------------------------------------------------------------------------
 // gelu
 
-TEST(KernelsGelu, ForwardAndGradient) {
-  std::mt19937 rng(31);
-  const int64_t n = 203;  // odd: SIMD tails
+OpCase gelu_case(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  OpCase c;
+  c.name = shape_name("gelu", {{"n", n}});
   Vec x = randn(rng, sz(n), 2.0f);
-  x[0] = 0.0f, x[1] = -6.0f, x[2] = 6.0f, x[3] = -0.5f, x[4] = 3.0f;
-  const Vec R = randn(rng, sz(n));
-  const DVec dx = to_d(x), dR = to_d(R);
-  Vec out(sz(n));
-  ops::gelu_forward(out.data(), x.data(), n);
-  EXPECT_LE(rel_err(out, gelu_ref(dx)), kFwdTol);
-  EXPECT_EQ(out[0], 0.0f);
-  EXPECT_NEAR(out[2], 6.0f, 1e-5f);  // ~identity for large positive x
-  EXPECT_NEAR(out[1], 0.0f, 1e-5f);  // ~0 for large negative x
-
-  const Vec pre = randn(rng, sz(n));
-  Vec dinp = pre;
-  ops::gelu_backward(dinp.data(), x.data(), R.data(), n);
-  expect_grad("dinp", x, dinp, pre, [&](const DVec& v) { return dot(gelu_ref(v), dR); });
+  if (n >= 5) x[0] = 0.0f, x[1] = -6.0f, x[2] = 6.0f, x[3] = -0.5f, x[4] = 3.0f;
+  c.inputs = {{"inp", x}};
+  c.outputs = {{"out", sz(n)}};
+  c.forward = [n](const CPtrs& in, const Ptrs& out) { ops::gelu_forward(out[0], in[0], n); };
+  c.reference = [](const std::vector<DVec>& in) { return std::vector<DVec>{gelu_ref(in[0])}; };
+  c.backward = [n](const float* dout, const CPtrs& in, const CPtrs&, const Ptrs& g) {
+    ops::gelu_backward(g[0], in[0], dout, n);
+  };
+  return c;
 }
 
+const int64_t kGeluSizes[] = {203,  // odd: SIMD tails
+                              1, 2, 15, 16, 17, 31, 33, 64, 67, 1009};
+
+TEST(KernelsGelu, ForwardAndGradient) {
+  uint32_t seed = 31;
+  for (int64_t n : kGeluSizes) {
+    const CaseResult r = run_case(gelu_case(n, seed), seed + 500);
+    ++seed;
+    if (n < 5) continue;
+    const Vec& out = r.outputs[0];
+    EXPECT_EQ(out[0], 0.0f);
+    EXPECT_NEAR(out[2], 6.0f, 1e-5f);  // ~identity for large positive x
+    EXPECT_NEAR(out[1], 0.0f, 1e-5f);  // ~0 for large negative x
+  }
+}
+
+// gelu_bias_forward: inp[r, :] += bias (kept for gelu_backward, one rounding per element: exact
+// against the double sum), out = GELU(inp); and bit for bit the bias add then gelu_forward.
+struct RowsCols {
+  int64_t rows, C;
+};
+const RowsCols kGeluBiasShapes[] = {{5, 19},  // C odd: per-row SIMD tails
+                                    {1, 1}, {3, 16}, {7, 33}, {2, 67}};
+
 TEST(KernelsGelu, BiasFusedIntoForwardEqualsBiasThenGelu) {
-  std::mt19937 rng(32);
-  const int64_t rows = 5, C = 19;  // C odd: per-row SIMD tails
-  const Vec x = randn(rng, sz(rows * C), 2.0f), bias = randn(rng, sz(C));
-  Vec want_in = x, want_out(x.size());
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < C; ++c) want_in[sz(r * C + c)] += bias[sz(c)];
-  ops::gelu_forward(want_out.data(), want_in.data(), rows * C);
-  Vec in = x, out(x.size(), std::numeric_limits<float>::quiet_NaN());
-  ops::gelu_bias_forward(out.data(), in.data(), bias.data(), rows, C);
-  EXPECT_EQ(in, want_in);  // the pre-activation is kept for gelu_backward
-  EXPECT_EQ(out, want_out);
+  uint32_t seed = 32;
+  for (const RowsCols& s : kGeluBiasShapes) {
+    std::mt19937 rng(seed++);
+    OpCase c;
+    c.name = shape_name("gelu_bias", {{"rows", s.rows}, {"C", s.C}});
+    c.inputs = {{"inp", randn(rng, sz(s.rows * s.C), 2.0f)}, {"bias", randn(rng, sz(s.C))}};
+    c.outputs = {{"pre-activation", sz(s.rows * s.C), true}, {"out", sz(s.rows * s.C)}};
+    c.forward = [s](const CPtrs& in, const Ptrs& out) {
+      std::memcpy(out[0], in[0], sz(s.rows * s.C) * sizeof(float));  // updated in place
+      ops::gelu_bias_forward(out[1], out[0], in[1], s.rows, s.C);
+    };
+    c.reference = [s](const std::vector<DVec>& in) {
+      DVec pre = in[0];
+      for (int64_t r = 0; r < s.rows; ++r)
+        for (int64_t col = 0; col < s.C; ++col) pre[sz(r * s.C + col)] += in[1][sz(col)];
+      DVec rounded(pre.size());  // GELU of the float pre-activation the kernel keeps
+      for (size_t i = 0; i < pre.size(); ++i) rounded[i] = double(float(pre[i]));
+      return std::vector<DVec>{pre, gelu_ref(rounded)};
+    };
+    const CaseResult r = run_case(c, seed + 500);
+    Vec want_in = r.inputs[0], want_out(want_in.size());
+    for (int64_t row = 0; row < s.rows; ++row)
+      for (int64_t col = 0; col < s.C; ++col) want_in[sz(row * s.C + col)] += r.inputs[1][sz(col)];
+    ops::gelu_forward(want_out.data(), want_in.data(), s.rows * s.C);
+    EXPECT_EQ(r.outputs[0], want_in);  // the pre-activation is kept for gelu_backward
+    EXPECT_EQ(r.outputs[1], want_out);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
 // swiglu
 
-TEST(KernelsSwiGlu, ForwardAndGradient) {
-  std::mt19937 rng(32);
-  const int64_t rows = 3, F = 11;  // odd: SIMD tails
+OpCase swiglu_case(const RowsCols& s, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const int64_t rows = s.rows, F = s.C;
+  OpCase c;
+  c.name = shape_name("swiglu", {{"rows", rows}, {"F", F}});
   Vec gu = randn(rng, sz(rows * 2 * F), 2.0f);
-  gu[0] = 0.0f, gu[1] = -30.0f, gu[2] = 30.0f, gu[3] = -800.0f;  // exp(800) overflows: silu = 0
-  const Vec R = randn(rng, sz(rows * F));
-  const DVec dgu_ = to_d(gu), dR = to_d(R);
-  Vec out(sz(rows * F), std::numeric_limits<float>::quiet_NaN());
-  ops::swiglu_forward(out.data(), gu.data(), rows, F);
-  EXPECT_LE(rel_err(out, swiglu_ref(dgu_, rows, F)), kFwdTol);
-  EXPECT_EQ(out[0], 0.0f);
-  EXPECT_EQ(out[3], 0.0f);
+  if (F >= 4) gu[0] = 0.0f, gu[1] = -30.0f, gu[2] = 30.0f, gu[3] = -800.0f;  // exp(800): silu = 0
+  c.inputs = {{"gu", gu}};
+  c.outputs = {{"out", sz(rows * F)}};
+  c.forward = [rows, F](const CPtrs& in, const Ptrs& out) {
+    ops::swiglu_forward(out[0], in[0], rows, F);
+  };
+  c.reference = [rows, F](const std::vector<DVec>& in) {
+    return std::vector<DVec>{swiglu_ref(in[0], rows, F)};
+  };
+  c.backward = [rows, F](const float* dout, const CPtrs& in, const CPtrs&, const Ptrs& g) {
+    ops::swiglu_backward(g[0], in[0], dout, rows, F);
+  };
+  return c;
+}
 
-  const Vec pre = randn(rng, gu.size());
-  Vec dgu = pre;
-  ops::swiglu_backward(dgu.data(), gu.data(), R.data(), rows, F);
-  expect_grad("dgu", gu, dgu, pre, [&](const DVec& v) { return dot(swiglu_ref(v, rows, F), dR); });
+const RowsCols kSwiGluShapes[] = {{3, 11},  // odd: SIMD tails
+                                  {1, 1}, {2, 16}, {5, 17}, {4, 33}, {1, 67}};
+
+TEST(KernelsSwiGlu, ForwardAndGradient) {
+  uint32_t seed = 32;
+  for (const RowsCols& s : kSwiGluShapes) {
+    const CaseResult r = run_case(swiglu_case(s, seed), seed + 500);
+    ++seed;
+    if (s.C < 4) continue;
+    EXPECT_EQ(r.outputs[0][0], 0.0f);
+    EXPECT_EQ(r.outputs[0][3], 0.0f);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
 // attention
 
-TEST(KernelsAttention, ForwardProbsAndGradients) {
-  const int64_t B = kB, T = kT, C = kC, H = kH;
-  std::mt19937 rng(41);
-  const Vec qkv = randn(rng, sz(B * T * 3 * C));
-  const Vec R = randn(rng, sz(B * T * C));
-  const DVec dqkv_ = to_d(qkv), dR = to_d(R);
-
-  Vec out(sz(B * T * C), std::numeric_limits<float>::quiet_NaN());
-  Vec probs(sz(B * H * T * T), std::numeric_limits<float>::quiet_NaN());
-  ops::attention_forward(out.data(), probs.data(), qkv.data(), B, T, C, H);
-  DVec rprobs;
-  EXPECT_LE(rel_err(out, attention_ref(dqkv_, B, T, C, H, &rprobs)), kFwdTol);
-  EXPECT_LE(rel_err(probs, rprobs), kFwdTol);
-  // Causal probabilities: rows sum to 1, exactly zero above the diagonal.
-  for (int64_t bh = 0; bh < B * H; ++bh)
+// Causal probabilities [BH, T, T]: rows sum to 1, exactly zero above the diagonal.
+void expect_causal_probs(const Vec& probs, int64_t BH, int64_t T) {
+  for (int64_t bh = 0; bh < BH; ++bh)
     for (int64_t i = 0; i < T; ++i) {
       double s = 0.0;
       for (int64_t j = 0; j < T; ++j) {
-        const float p = probs[(bh * T + i) * T + j];
+        const float p = probs[sz((bh * T + i) * T + j)];
         if (j > i) {
           EXPECT_EQ(p, 0.0f);
         }
@@ -782,12 +817,44 @@ TEST(KernelsAttention, ForwardProbsAndGradients) {
       }
       EXPECT_NEAR(s, 1.0, 1e-6);
     }
+}
 
-  const Vec pre = randn(rng, qkv.size());
-  Vec dqkv = pre;
-  ops::attention_backward(dqkv.data(), R.data(), qkv.data(), probs.data(), B, T, C, H);
-  expect_grad("dqkv", qkv, dqkv, pre,
-              [&](const DVec& v) { return dot(attention_ref(v, B, T, C, H), dR); });
+// GPT-2's fused-qkv causal attention.
+struct FusedAttnShape {
+  int64_t B, T, C, H;
+};
+
+OpCase fused_attention_case(const FusedAttnShape& s, uint32_t seed) {
+  std::mt19937 rng(seed);
+  OpCase c;
+  c.name = shape_name("attention qkv", {{"B", s.B}, {"T", s.T}, {"C", s.C}, {"H", s.H}});
+  c.inputs = {{"qkv", randn(rng, sz(s.B * s.T * 3 * s.C))}};
+  c.outputs = {{"out", sz(s.B * s.T * s.C)}, {"probs", sz(s.B * s.H * s.T * s.T)}};
+  c.forward = [s](const CPtrs& in, const Ptrs& out) {
+    ops::attention_forward(out[0], out[1], in[0], s.B, s.T, s.C, s.H);
+  };
+  c.reference = [s](const std::vector<DVec>& in) {
+    DVec probs;
+    DVec out = attention_ref(in[0], s.B, s.T, s.C, s.H, &probs);
+    return std::vector<DVec>{out, probs};
+  };
+  c.backward = [s](const float* dout, const CPtrs& in, const CPtrs& saved, const Ptrs& g) {
+    ops::attention_backward(g[0], dout, in[0], saved[1], s.B, s.T, s.C, s.H);
+  };
+  return c;
+}
+
+const FusedAttnShape kFusedAttnShapes[] = {
+    {kB, kT, kC, kH}, {1, 1, 2, 1}, {3, 7, 6, 3}, {2, 13, 12, 3}, {1, 17, 34, 1},
+};
+
+TEST(KernelsAttention, ForwardProbsAndGradients) {
+  uint32_t seed = 41;
+  for (const FusedAttnShape& s : kFusedAttnShapes) {
+    const CaseResult r = run_case(fused_attention_case(s, seed), seed + 500);
+    ++seed;
+    expect_causal_probs(r.outputs[1], s.B * s.H, s.T);
+  }
 }
 
 TEST(KernelsAttention, FutureTokensDoNotChangeEarlierOutputs) {
@@ -836,6 +903,7 @@ TEST(KernelsAttention, BackwardSendsNoGradientToFutureTokens) {
       for (int64_t c = 0; c < C3; ++c) EXPECT_EQ(dqkv[(b * T + t) * C3 + c], 0.0f);
 }
 
+
 // General attention (GQA, masks, strides). Inputs live in one buffer X laid out by an AttnLayout;
 // its gradient buffer is pre-filled, so the check also covers accumulation and, through the
 // numeric gradient of 0 there, that padding columns and masked keys receive nothing.
@@ -856,59 +924,86 @@ int64_t layout_size(const AttnLayout& l, const ops::AttentionShape& s) {
       {l.qoff + s.B * s.Tq * l.ldq, l.koff + s.B * s.Tk * l.ldkv, l.voff + s.B * s.Tk * l.ldkv});
 }
 
-void attention_fwd(Vec& out, Vec& probs, const Vec& X, const AttnLayout& l,
+void attention_fwd(float* out, float* probs, const float* X, const AttnLayout& l,
                    const ops::AttentionShape& s) {
-  ops::attention_forward(out.data(), probs.data(), X.data() + l.qoff, l.ldq, X.data() + l.koff,
-                         X.data() + l.voff, l.ldkv, s);
+  ops::attention_forward(out, probs, X + l.qoff, l.ldq, X + l.koff, X + l.voff, l.ldkv, s);
 }
-void attention_bwd(Vec& dX, const Vec& dout, const Vec& X, const Vec& probs, const AttnLayout& l,
-                   const ops::AttentionShape& s) {
-  ops::attention_backward(dX.data() + l.qoff, dX.data() + l.koff, dX.data() + l.voff, dout.data(),
-                          X.data() + l.qoff, l.ldq, X.data() + l.koff, X.data() + l.voff, l.ldkv,
-                          probs.data(), s);
+void attention_bwd(float* dX, const float* dout, const float* X, const float* probs,
+                   const AttnLayout& l, const ops::AttentionShape& s) {
+  ops::attention_backward(dX + l.qoff, dX + l.koff, dX + l.voff, dout, X + l.qoff, l.ldq,
+                          X + l.koff, X + l.voff, l.ldkv, probs, s);
 }
 
-void check_attention(const std::string& what, const ops::AttentionShape& s, const AttnLayout& l,
-                     uint32_t seed) {
-  SCOPED_TRACE(what);
+// One row of the general attention table. key_len [B] and seg_start [B * Tq] are optional (empty).
+struct AttnRow {
+  std::string what;
+  ops::AttentionShape s;
+  std::vector<int32_t> key_len, seg_start;
+  bool fused = false;  // fused q|k|v|pad layout (else separate blocks)
+  int64_t pad = 0, kv_pad = 0;
+};
+
+OpCase attention_case(const AttnRow& row, uint32_t seed) {
   std::mt19937 rng(seed);
-  const Vec X = randn(rng, sz(layout_size(l, s)));
-  const Vec R = randn(rng, sz(s.B * s.Tq * s.H * s.hd));
-  const DVec dX_ = to_d(X), dR = to_d(R);
-
+  OpCase c;
+  ops::AttentionShape s = row.s;
+  // The masks are inputs too: guarded, and the shape points into the guarded copies.
+  if (!row.key_len.empty()) {
+    c.ints.push_back(std::make_shared<GuardedI>(row.key_len));
+    s.key_len = c.ints.back()->data();
+  }
+  if (!row.seg_start.empty()) {
+    c.ints.push_back(std::make_shared<GuardedI>(row.seg_start));
+    s.seg_start = c.ints.back()->data();
+  }
+  const AttnLayout l = row.fused ? fused_layout(s, row.pad) : separate_layout(s, row.pad, row.kv_pad);
+  c.name = row.what + shape_name("", {{"B", s.B}, {"Tq", s.Tq}, {"Tk", s.Tk}, {"H", s.H},
+                                      {"Hkv", s.Hkv}, {"hd", s.hd}});
+  c.inputs = {{"q|k|v", randn(rng, sz(layout_size(l, s)))}};
   // NaN-filled: the forward must write every output and every probability (masked ones as 0).
-  Vec out(R.size(), std::numeric_limits<float>::quiet_NaN());
-  Vec probs(sz(s.B * s.H * s.Tq * s.Tk), std::numeric_limits<float>::quiet_NaN());
-  attention_fwd(out, probs, X, l, s);
-  DVec rprobs;
-  EXPECT_LE(rel_err(out, gqa_attention_ref(dX_, l, s, &rprobs)), kFwdTol);
-  EXPECT_LE(rel_err(probs, rprobs), kFwdTol);
+  c.outputs = {{"out", sz(s.B * s.Tq * s.H * s.hd)}, {"probs", sz(s.B * s.H * s.Tq * s.Tk)}};
+  const auto ints = c.ints;  // keeps the masks alive as long as the calls
+  c.forward = [s, l, ints](const CPtrs& in, const Ptrs& out) {
+    attention_fwd(out[0], out[1], in[0], l, s);
+  };
+  c.reference = [s, l, ints](const std::vector<DVec>& in) {
+    DVec probs;
+    DVec out = gqa_attention_ref(in[0], l, s, &probs);
+    return std::vector<DVec>{out, probs};
+  };
+  c.backward = [s, l, ints](const float* dout, const CPtrs& in, const CPtrs& saved,
+                            const Ptrs& g) { attention_bwd(g[0], dout, in[0], saved[1], l, s); };
+  return c;
+}
+
+void check_attention(const AttnRow& row, uint32_t seed) {
+  const CaseResult r = run_case(attention_case(row, seed), seed + 500);
+  SCOPED_TRACE(row.what);
+  const ops::AttentionShape& s = row.s;
+  const AttnLayout l = row.fused ? fused_layout(s, row.pad) : separate_layout(s, row.pad, row.kv_pad);
+  const bool has_len = !row.key_len.empty(), has_seg = !row.seg_start.empty();
+  const Vec& probs = r.outputs[1];
   for (int64_t b = 0; b < s.B; ++b)
     for (int64_t h = 0; h < s.H; ++h)
       for (int64_t i = 0; i < s.Tq; ++i) {
         double sum = 0.0;
         for (int64_t j = 0; j < s.Tk; ++j) {
           const float p = probs[sz(((b * s.H + h) * s.Tq + i) * s.Tk + j)];
-          if ((s.causal && j > i) || (s.key_len && j >= s.key_len[b]) ||
-              (s.seg_start && j < s.seg_start[b * s.Tq + i])) {
+          if ((s.causal && j > i) || (has_len && j >= row.key_len[sz(b)]) ||
+              (has_seg && j < row.seg_start[sz(b * s.Tq + i)])) {
             EXPECT_EQ(p, 0.0f) << "masked b=" << b << " h=" << h << " i=" << i << " j=" << j;
           }
           sum += p;
         }
         EXPECT_NEAR(sum, 1.0, 1e-6);
       }
-
-  const Vec pre = randn(rng, X.size());
-  Vec dX = pre;
-  attention_bwd(dX, R, X, probs, l, s);
-  expect_grad("dq|dk|dv", X, dX, pre,
-              [&](const DVec& v) { return dot(gqa_attention_ref(v, l, s), dR); });
   // Exactly nothing into masked keys' k and v.
-  for (int64_t b = 0; s.key_len && b < s.B; ++b)
-    for (int64_t j = s.key_len[b]; j < s.Tk; ++j)
-      for (int64_t c = 0; c < s.Hkv * s.hd; ++c)
+  const Vec &dX = r.grads[0], &pre = r.prefill[0];
+  for (int64_t b = 0; has_len && b < s.B; ++b)
+    for (int64_t j = row.key_len[sz(b)]; j < s.Tk; ++j)
+      for (int64_t col = 0; col < s.Hkv * s.hd; ++col)
         for (int64_t off : {l.koff, l.voff}) {
-          const size_t at = sz(off + (b * s.Tk + j) * l.ldkv + c);
+          const size_t at = sz(off + (b * s.Tk + j) * l.ldkv + col);
           EXPECT_EQ(dX[at], pre[at]) << "masked key b=" << b << " j=" << j;
         }
 }
@@ -943,32 +1038,26 @@ TEST(KernelsAttention, GeneralCausalMhaEqualsFusedWrapper) {
     }
 }
 
+
 TEST(KernelsAttention, GroupedQueryCausal) {
-  const ops::AttentionShape s{kB, kT, kT, 4, 2, 4, true};
-  check_attention("gqa causal", s, separate_layout(s), 45);
-  const ops::AttentionShape mqa{kB, 9, 9, 4, 1, 4, true};  // one kv head for all query heads
-  check_attention("mqa causal", mqa, separate_layout(mqa), 46);
+  check_attention({"gqa causal", {kB, kT, kT, 4, 2, 4, true}}, 45);
+  check_attention({"mqa causal", {kB, 9, 9, 4, 1, 4, true}}, 46);  // one kv head for all
 }
 
 TEST(KernelsAttention, Bidirectional) {
-  const ops::AttentionShape s{kB, 6, 6, 2, 2, 4, false};
-  check_attention("mha bidirectional", s, separate_layout(s), 47);
-  const ops::AttentionShape g{kB, 6, 6, 4, 2, 4, false};
-  check_attention("gqa bidirectional", g, separate_layout(g), 48);
+  check_attention({"mha bidirectional", {kB, 6, 6, 2, 2, 4, false}}, 47);
+  check_attention({"gqa bidirectional", {kB, 6, 6, 4, 2, 4, false}}, 48);
 }
 
 TEST(KernelsAttention, CrossAttention) {
-  const ops::AttentionShape s{kB, 4, 7, 4, 2, 4, false};  // Tq != Tk
-  check_attention("cross", s, separate_layout(s), 49);
+  check_attention({"cross", {kB, 4, 7, 4, 2, 4, false}}, 49);  // Tq != Tk
 }
 
 TEST(KernelsAttention, KeyLengthMasksPadding) {
-  const int32_t key_len[kB] = {3, 7};  // batch row 0 has 4 padding keys, row 1 none
-  const ops::AttentionShape cross{kB, 4, 7, 4, 2, 4, false, key_len};
-  check_attention("cross, key_len", cross, separate_layout(cross), 50);
-  const int32_t self_len[kB] = {4, 1};  // causal and padding together; row 1 sees key 0 only
-  const ops::AttentionShape causal{kB, 6, 6, 2, 1, 4, true, self_len};
-  check_attention("causal, key_len", causal, separate_layout(causal), 51);
+  // batch row 0 has 4 padding keys, row 1 none
+  check_attention({"cross, key_len", {kB, 4, 7, 4, 2, 4, false}, {3, 7}}, 50);
+  // causal and padding together; row 1 sees key 0 only
+  check_attention({"causal, key_len", {kB, 6, 6, 2, 1, 4, true}, {4, 1}}, 51);
 }
 
 // Document masks (issue 15): each query sees the keys of its own document only. Row 0 of the
@@ -981,21 +1070,32 @@ TEST(KernelsAttention, DocumentSegments) {
     seg[size_t(t)] = t < 3 ? 0 : t < 4 ? 3 : 4;  // documents [0,3), [3,4), [4,9)
     seg[size_t(T + t)] = t < 8 ? 0 : 8;          // [0,8), [8,9)
   }
-  ops::AttentionShape s{kB, T, T, 4, 2, 4, true};
-  s.seg_start = seg.data();
-  check_attention("gqa causal, documents", s, separate_layout(s), 56);
+  check_attention({"gqa causal, documents", {kB, T, T, 4, 2, 4, true}, {}, seg}, 56);
   const int64_t L = 72;
   std::vector<int32_t> seg2(size_t(kB * L));
   for (int64_t t = 0; t < L; ++t) {
     seg2[size_t(t)] = t < 3 ? 0 : t < 70 ? 3 : 70;
     seg2[size_t(L + t)] = t < 66 ? 0 : 66;
   }
-  ops::AttentionShape l{kB, L, L, 2, 1, 4, true};
-  l.seg_start = seg2.data();
-  check_attention("mqa causal, documents across query blocks", l, fused_layout(l, 1), 57);
+  check_attention({"mqa causal, documents across query blocks", {kB, L, L, 2, 1, 4, true}, {},
+                   seg2, true, 1},
+                  57);
 }
 
-// All-zero document starts (one document per row) give bitwise the plain causal result.
+TEST(KernelsAttention, StridedColumnSlices) {
+  check_attention({"fused q|k|v|pad", {kB, kT, kT, 4, 2, 4, true}, {}, {}, true, 3}, 52);
+  check_attention({"separate, padded rows", {kB, 4, 6, 2, 1, 4, false}, {}, {}, false, 5, 2}, 53);
+}
+
+// Odd sizes: one query, one key, one head of width 2; primes; head widths that are not a
+// multiple of the SIMD width; padding that leaves rows unaligned.
+TEST(KernelsAttention, OddShapes) {
+  check_attention({"single query", {1, 1, 1, 1, 1, 2, true}}, 59);
+  check_attention({"cross, odd", {2, 3, 5, 3, 1, 6, false}, {5, 2}, {}, false, 7, 1}, 60);
+  check_attention({"causal, long odd", {1, 17, 17, 2, 2, 2, true}, {}, {}, true, 1}, 61);
+  check_attention({"gqa, hd 18 (not a multiple of 16)", {1, 5, 5, 4, 2, 18, true}, {3}, {}, false, 1, 3}, 62);
+}
+
 TEST(KernelsAttention, OneDocumentEqualsNoSegments) {
   const int64_t B = 2, T = 70, H = 2, hd = 4, C = H * hd;
   std::mt19937 rng(58);
@@ -1017,12 +1117,6 @@ TEST(KernelsAttention, OneDocumentEqualsNoSegments) {
   EXPECT_EQ(d0, d1);
 }
 
-TEST(KernelsAttention, StridedColumnSlices) {
-  const ops::AttentionShape s{kB, kT, kT, 4, 2, 4, true};
-  check_attention("fused q|k|v|pad", s, fused_layout(s, 3), 52);
-  const ops::AttentionShape x{kB, 4, 6, 2, 1, 4, false};
-  check_attention("separate, padded rows", x, separate_layout(x, 5, 2), 53);
-}
 
 TEST(KernelsAttention, GroupedBackwardIndependentOfThreadCount) {
   // dk and dv of a kv head sum over its query heads; the order must not depend on threads.
@@ -1031,13 +1125,13 @@ TEST(KernelsAttention, GroupedBackwardIndependentOfThreadCount) {
   std::mt19937 rng(54);
   const Vec X = randn(rng, sz(layout_size(l, s))), dout = randn(rng, sz(s.B * s.Tq * s.H * s.hd));
   Vec out(dout.size()), probs(sz(s.B * s.H * s.Tq * s.Tk));
-  attention_fwd(out, probs, X, l, s);
+  attention_fwd(out.data(), probs.data(), X.data(), l, s);
   const int saved = omp_get_max_threads();
   std::vector<Vec> grads;
   for (int threads : {1, 2, 3}) {
     omp_set_num_threads(threads);
     Vec dX(X.size(), 0.5f);
-    attention_bwd(dX, dout, X, probs, l, s);
+    attention_bwd(dX.data(), dout.data(), X.data(), probs.data(), l, s);
     grads.push_back(dX);
   }
   omp_set_num_threads(saved);
@@ -1058,49 +1152,62 @@ TEST(KernelsAttention, BadShapesAreErrors) {
   }
 }
 
+
 // ---------------------------------------------------------------------------------------------
 // embedding
 
-void check_embedding(int64_t B, int64_t T, int64_t C, int64_t V, uint32_t seed) {
-  SCOPED_TRACE("embedding C=" + std::to_string(C));
+struct EmbeddingShape {
+  int64_t B, T, C, V;
+};
+
+OpCase embedding_case(const EmbeddingShape& s, uint32_t seed) {
   std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> tok(0, int32_t(V - 1));
-  std::vector<int32_t> tokens(sz(B * T));
+  std::uniform_int_distribution<int32_t> tok(0, int32_t(s.V - 1));
+  std::vector<int32_t> tokens(sz(s.B * s.T));
   for (auto& t : tokens) t = tok(rng);
-  tokens[0] = tokens[3] = tokens[B * T - 1] = 4;  // repeated tokens: scatter-adds collide
-  const Vec wte = randn(rng, sz(V * C)), wpe = randn(rng, sz(T * C));
-  const Vec R = randn(rng, sz(B * T * C));
-  const DVec dwte_ = to_d(wte), dwpe_ = to_d(wpe), dR = to_d(R);
-
-  // The whole table as one vocabulary slice, then positions: together GPT-2's embedding.
-  auto forward = [&](Vec& out, const Vec& te, const Vec& pe) {
-    ops::embedding_forward(out.data(), tokens.data(), te.data(), 0, V, B * T, C);
-    ops::position_forward(out.data(), pe.data(), 0, B * T, T, C);
+  if (s.B * s.T > 3 && s.V > 4)
+    tokens[0] = tokens[3] = tokens[sz(s.B * s.T - 1)] = 4;  // repeated: scatter-adds collide
+  OpCase c;
+  c.name = shape_name("embedding", {{"B", s.B}, {"T", s.T}, {"C", s.C}, {"V", s.V}});
+  c.ints.push_back(std::make_shared<GuardedI>(tokens));
+  const auto toks = c.ints[0];
+  c.inputs = {{"wte", randn(rng, sz(s.V * s.C))}, {"wpe", randn(rng, sz(s.T * s.C))}};
+  // The whole table as one vocabulary slice, then positions: together GPT-2's embedding. A float
+  // add of two floats is the correctly rounded double sum: exact comparison is fair.
+  c.outputs = {{"out", sz(s.B * s.T * s.C), true}};
+  c.forward = [s, toks](const CPtrs& in, const Ptrs& out) {
+    ops::embedding_forward(out[0], toks->data(), in[0], 0, s.V, s.B * s.T, s.C);
+    ops::position_forward(out[0], in[1], 0, s.B * s.T, s.T, s.C);
   };
-  Vec out(sz(B * T * C));
-  forward(out, wte, wpe);
-  // A float add of two floats is the correctly rounded double sum: exact comparison is fair.
-  const DVec ref = embedding_ref(tokens, dwte_, dwpe_, B, T, C);
-  for (size_t i = 0; i < out.size(); ++i) EXPECT_EQ(out[i], float(ref[i]));
-
-  const Vec pre_te = randn(rng, wte.size()), pre_pe = randn(rng, wpe.size());
-  Vec dwte = pre_te, dwpe = pre_pe;
-  ops::embedding_backward(dwte.data(), R.data(), tokens.data(), 0, V, B * T, C);
-  ops::position_backward(dwpe.data(), R.data(), 0, B * T, T, C);
-  expect_grad("dwte", wte, dwte, pre_te,
-              [&](const DVec& v) { return dot(embedding_ref(tokens, v, dwpe_, B, T, C), dR); });
-  expect_grad("dwpe", wpe, dwpe, pre_pe,
-              [&](const DVec& v) { return dot(embedding_ref(tokens, dwte_, v, B, T, C), dR); });
-  // Rows of tokens that never occur keep exactly their pre-filled gradient.
-  for (int64_t v = 0; v < V; ++v)
-    if (std::find(tokens.begin(), tokens.end(), int32_t(v)) == tokens.end()) {
-      for (int64_t c = 0; c < C; ++c) EXPECT_EQ(dwte[v * C + c], pre_te[v * C + c]);
-    }
+  c.reference = [s, tokens](const std::vector<DVec>& in) {
+    return std::vector<DVec>{embedding_ref(tokens, in[0], in[1], s.B, s.T, s.C)};
+  };
+  c.backward = [s, toks](const float* dout, const CPtrs&, const CPtrs&, const Ptrs& g) {
+    ops::embedding_backward(g[0], dout, toks->data(), 0, s.V, s.B * s.T, s.C);
+    ops::position_backward(g[1], dout, 0, s.B * s.T, s.T, s.C);
+  };
+  return c;
 }
 
+const EmbeddingShape kEmbeddingShapes[] = {
+    {kB, kT, kC, kV}, {kB, kT, 70, kV},  // C > 32: the backward splits channels in chunks
+    {1, 1, 1, 2},     {3, 7, 17, 13},    {2, 3, 33, 6}, {1, 11, 67, 5},
+};
+
 TEST(KernelsEmbedding, ForwardAndGradients) {
-  check_embedding(kB, kT, kC, kV, 51);
-  check_embedding(kB, kT, 70, kV, 52);  // C > 32: the backward splits channels in chunks
+  uint32_t seed = 51;
+  for (const EmbeddingShape& s : kEmbeddingShapes) {
+    const OpCase c = embedding_case(s, seed);
+    const CaseResult r = run_case(c, seed + 500);
+    ++seed;
+    // Rows of tokens that never occur keep exactly their pre-filled gradient.
+    const std::vector<int32_t> tokens = c.ints[0]->values();
+    for (int64_t v = 0; v < s.V; ++v)
+      if (std::find(tokens.begin(), tokens.end(), int32_t(v)) == tokens.end()) {
+        for (int64_t col = 0; col < s.C; ++col)
+          EXPECT_EQ(r.grads[0][sz(v * s.C + col)], r.prefill[0][sz(v * s.C + col)]);
+      }
+  }
 }
 
 TEST(KernelsEmbedding, VocabularySlicesSumToTheWholeLookup) {
@@ -1131,6 +1238,7 @@ TEST(KernelsEmbedding, VocabularySlicesSumToTheWholeLookup) {
     for (int64_t c = 0; c < C; ++c) EXPECT_EQ(pos[sz(i * C + c)], wpe[sz(((3 + i) % kT) * C + c)]);
 }
 
+
 // ---------------------------------------------------------------------------------------------
 // cross_entropy
 
@@ -1145,53 +1253,108 @@ CeData make_ce(int64_t BT, int64_t V, int64_t Vp, uint32_t seed, float stddev = 
   std::uniform_int_distribution<int32_t> tok(0, int32_t(V - 1));
   for (auto& t : d.targets) t = tok(rng);
   d.targets[0] = 0;
-  d.targets[1] = int32_t(V - 1);  // the last real column
+  if (BT > 1) d.targets[1] = int32_t(V - 1);  // the last real column
   return d;
 }
 
-TEST(KernelsCrossEntropy, LossesMatchDoubleLogSumExp) {
-  const int64_t BT = kB * kT, V = kV, Vp = kVp;
-  for (float stddev : {2.0f, 300.0f}) {  // large logits: must be max-shifted, never overflow
-    const CeData d = make_ce(BT, V, Vp, 61, stddev);
-    Vec logits = d.logits, losses(sz(BT));
-    const double total =
-        ops::cross_entropy(logits.data(), losses.data(), d.targets.data(), BT, V, Vp, 0, 0.0f);
-    const DVec ref = cross_entropy_ref(to_d(d.logits), d.targets, BT, V, Vp);
-    double ref_total = 0.0;
-    for (double l : ref) ref_total += l;
-    EXPECT_LE(rel_err(losses, ref), kFwdTol) << "stddev=" << stddev;
-    EXPECT_NEAR(total, ref_total, kFwdTol * std::abs(ref_total)) << "stddev=" << stddev;
-    for (float l : losses) EXPECT_GE(l, 0.0f);
-    // grad_scale == 0: logits are left untouched.
-    EXPECT_EQ(logits, d.logits);
-  }
-}
+// One row of the cross-entropy table: logits [BT, Vp] of which the first V columns are real,
+// label smoothing e (0: the plain loss), a padding row (target -1; none if < 0), and whether the
+// gradient is checked.
+struct CeRow {
+  int64_t BT, V, Vp;
+  float stddev;
+  float e;
+  int64_t pad_row;
+  bool grad;
+};
 
-TEST(KernelsCrossEntropy, GradientMatchesFiniteDifferences) {
-  const int64_t BT = kB * kT, V = kV, Vp = kVp;
-  const CeData d = make_ce(BT, V, Vp, 62);
-  const float grad_scale = 1.0f / float(BT);  // mean loss
-  Vec logits = d.logits, losses(sz(BT));
-  ops::cross_entropy(logits.data(), losses.data(), d.targets.data(), BT, V, Vp, 0, grad_scale);
-  // cross_entropy overwrites (documented), so no prefill here: compare directly. The loss is
-  // grad_scale * sum(losses); the padding columns do not enter it, so their numeric gradient is 0.
-  const Vec zero(logits.size(), 0.0f);
-  expect_grad("dlogits", d.logits, logits, zero, [&](const DVec& v) {
-    double s = 0.0;
-    for (double l : cross_entropy_ref(v, d.targets, BT, V, Vp)) s += l;
-    return double(grad_scale) * s;
-  });
+// Losses against the double reference, their returned sum, the logits left untouched by a call
+// with grad_scale 0; in gradient mode the gradient (grad_scale = 1 / real rows, the mean loss)
+// against finite differences of the reference, with zero on padding columns and rows.
+// cross_entropy overwrites its logits with the gradient (documented), so there is no prefill.
+void check_ce(const CeRow& row, uint32_t seed) {
+  const int64_t BT = row.BT, V = row.V, Vp = row.Vp;
+  const float e = row.e;
+  CeData d = make_ce(BT, V, Vp, seed, row.stddev);
+  if (row.pad_row >= 0) d.targets[sz(row.pad_row)] = -1;
+  const float grad_scale = 1.0f / float(BT - (row.pad_row >= 0 ? 1 : 0));
+  auto call = [BT, V, Vp, e](float* logits, float* losses, const int32_t* targets, float scale) {
+    if (e == 0.0f) return ops::cross_entropy(logits, losses, targets, BT, V, Vp, 0, scale);
+    return ops::cross_entropy(logits, losses, targets, BT, V, Vp, 0, scale, {}, e, V);
+  };
+  auto ref_of = [BT, V, Vp, e](const DVec& logits, const std::vector<int32_t>& targets) {
+    return e == 0.0f ? cross_entropy_ref(logits, targets, BT, V, Vp)
+                     : smoothed_ce_ref(logits, targets, BT, V, Vp, double(e));
+  };
+  OpCase c;
+  c.name = shape_name("cross_entropy", {{"BT", BT}, {"V", V}, {"Vp", Vp}}) +
+           " stddev=" + std::to_string(row.stddev) + " e=" + std::to_string(e);
+  c.ints.push_back(std::make_shared<GuardedI>(d.targets));
+  const auto targets = c.ints[0];
+  c.inputs = {{"logits", d.logits}};
+  c.outputs = {{"losses", sz(BT)}, {"logits after grad_scale 0", sz(BT * Vp), true}};
+  auto total = std::make_shared<double>(0.0);
+  c.forward = [=](const CPtrs& in, const Ptrs& out) {
+    std::memcpy(out[1], in[0], sz(BT * Vp) * sizeof(float));  // grad_scale 0: left untouched
+    *total = call(out[1], out[0], targets->data(), 0.0f);
+  };
+  c.reference = [=, t = d.targets](const std::vector<DVec>& in) {
+    return std::vector<DVec>{ref_of(in[0], t), in[0]};
+  };
+  if (row.grad) {
+    // L = sum(losses * dout) with dout = grad_scale: the mean loss the kernel differentiates.
+    c.dout = Vec(sz(BT), grad_scale);
+    c.accumulates = false;
+    c.backward = [=](const float* dout, const CPtrs& in, const CPtrs&, const Ptrs& g) {
+      std::memcpy(g[0], in[0], sz(BT * Vp) * sizeof(float));
+      Vec losses(sz(BT));
+      call(g[0], losses.data(), targets->data(), dout[0]);
+    };
+  }
+  const CaseResult r = run_case(c, seed + 500);
+  SCOPED_TRACE(c.name);
+  const Vec& losses = r.outputs[0];
+  const DVec ref = ref_of(to_d(d.logits), d.targets);
+  double ref_total = 0.0;
+  for (double l : ref) ref_total += l;
+  EXPECT_NEAR(*total, ref_total, kFwdTol * std::abs(ref_total));
+  for (float l : losses) EXPECT_GE(l, 0.0f);
+  if (row.pad_row >= 0) EXPECT_EQ(losses[sz(row.pad_row)], 0.0f);
+  if (e > 0.0f) {
+    // differs from the plain loss by far more than the tolerance (the test can fail)
+    auto plain_targets = d.targets;
+    if (row.pad_row >= 0) plain_targets[sz(row.pad_row)] = 0;
+    EXPECT_GT(rel_err(losses, cross_entropy_ref(to_d(d.logits), plain_targets, BT, V, Vp)), 1e-2);
+  }
+  if (!row.grad) return;
+  const Vec& g = r.grads[0];
   for (int64_t i = 0; i < BT; ++i) {
     double row_sum = 0.0;
     for (int64_t j = 0; j < Vp; ++j) {
-      const float g = logits[i * Vp + j];
-      if (j >= V) {
-        EXPECT_EQ(g, 0.0f) << "padding column " << j << " got a gradient";
-      }
-      row_sum += g;
+      const float gij = g[sz(i * Vp + j)];
+      if (j >= V || i == row.pad_row) EXPECT_EQ(gij, 0.0f) << "row " << i << " column " << j;
+      row_sum += gij;
     }
-    EXPECT_NEAR(row_sum, 0.0, 1e-7);  // softmax - onehot sums to zero
+    EXPECT_NEAR(row_sum, 0.0, 1e-7);  // softmax - (1 - e) onehot - e/V sums to zero
   }
+}
+
+TEST(KernelsCrossEntropy, LossesMatchDoubleLogSumExp) {
+  // large logits (stddev 300): must be max-shifted, never overflow
+  for (float stddev : {2.0f, 300.0f}) check_ce({kB * kT, kV, kVp, stddev, 0.0f, -1, false}, 61);
+}
+
+TEST(KernelsCrossEntropy, GradientMatchesFiniteDifferences) {
+  const CeRow rows[] = {
+      {kB * kT, kV, kVp, 2.0f, 0.0f, -1, true},
+      // odd sizes: one row of two classes, primes, vocabularies past the SIMD width
+      {1, 2, 2, 2.0f, 0.0f, -1, true},
+      {7, 17, 17, 2.0f, 0.0f, -1, true},
+      {3, 67, 80, 2.0f, 0.0f, -1, true},
+      {13, 31, 32, 2.0f, 0.0f, 4, true},
+  };
+  uint32_t seed = 62;
+  for (const CeRow& row : rows) check_ce(row, seed++);
 }
 
 TEST(KernelsCrossEntropy, PaddingColumnsNeverMatter) {
@@ -1222,49 +1385,16 @@ TEST(KernelsCrossEntropy, PaddingColumnsNeverMatter) {
   }
 }
 
+
 // Label smoothing: losses against the double reference, the gradient against finite differences
 // of it, padding columns and padding rows out of both, e = 0 bitwise the plain loss.
 TEST(KernelsCrossEntropy, LabelSmoothingMatchesReferenceAndFiniteDifferences) {
   const int64_t BT = kB * kT, V = kV, Vp = kVp;
+  for (float e : {0.1f, 0.35f}) check_ce({BT, V, Vp, 2.0f, e, 3, true}, 64);
+  check_ce({13, 31, 32, 2.0f, 0.2f, 5, true}, 66);  // odd sizes
+  check_ce({1, 2, 2, 2.0f, 0.5f, -1, true}, 67);
   CeData d = make_ce(BT, V, Vp, 64);
   d.targets[3] = -1;  // a padding row
-  for (double e : {0.1, 0.35}) {
-    const float grad_scale = 1.0f / float(BT - 1);
-    Vec logits = d.logits, losses(sz(BT));
-    const double total = ops::cross_entropy(logits.data(), losses.data(), d.targets.data(), BT, V,
-                                            Vp, 0, 0.0f, {}, float(e), V);
-    const DVec ref = smoothed_ce_ref(to_d(d.logits), d.targets, BT, V, Vp, double(float(e)));
-    double ref_total = 0.0;
-    for (double l : ref) ref_total += l;
-    EXPECT_LE(rel_err(losses, ref), kFwdTol) << "e=" << e;
-    EXPECT_NEAR(total, ref_total, kFwdTol * std::abs(ref_total)) << "e=" << e;
-    EXPECT_EQ(losses[3], 0.0f);
-    // differs from the plain loss by far more than the tolerance (the test can fail)
-    EXPECT_GT(rel_err(losses, cross_entropy_ref(to_d(d.logits), [&] {
-                        auto t = d.targets;
-                        t[3] = 0;
-                        return t;
-                      }(), BT, V, Vp)),
-              1e-2);
-
-    ops::cross_entropy(logits.data(), losses.data(), d.targets.data(), BT, V, Vp, 0, grad_scale,
-                       {}, float(e), V);
-    const Vec zero(logits.size(), 0.0f);
-    expect_grad("smoothed dlogits", d.logits, logits, zero, [&](const DVec& v) {
-      double s = 0.0;
-      for (double l : smoothed_ce_ref(v, d.targets, BT, V, Vp, double(float(e)))) s += l;
-      return double(grad_scale) * s;
-    });
-    for (int64_t i = 0; i < BT; ++i) {
-      double row_sum = 0.0;
-      for (int64_t j = 0; j < Vp; ++j) {
-        const float g = logits[i * Vp + j];
-        if (j >= V || i == 3) EXPECT_EQ(g, 0.0f) << "row " << i << " column " << j;
-        row_sum += g;
-      }
-      EXPECT_NEAR(row_sum, 0.0, 1e-7);  // softmax - (1 - e) onehot - e/V sums to zero
-    }
-  }
   // e = 0 is the plain loss, bit for bit.
   Vec a = d.logits, b = d.logits, la(sz(BT)), lb(sz(BT));
   const double ta =
@@ -1332,39 +1462,56 @@ TEST(KernelsCrossEntropy, LabelSmoothingUnderVocabularySplit) {
   EXPECT_LE(rel_err(joined, ref), 1e-6);
 }
 
+
 // ---------------------------------------------------------------------------------------------
 // accumulate / scale / add_bias / sum_squares
 
+// Each is a single correctly rounded float operation per element: exact comparison against the
+// same expression evaluated in a plain loop, on guarded buffers.
 TEST(KernelsPointwise, AccumulateScaleAddBias) {
   std::mt19937 rng(71);
-  const int64_t n = 1003;  // odd: SIMD tails
-  const Vec a = randn(rng, sz(n)), b = randn(rng, sz(n));
-  // Each is a single correctly rounded float operation per element: exact comparison against
-  // the same expression evaluated in a plain loop.
-  Vec y = a;
-  ops::accumulate(y.data(), b.data(), n);
-  for (int64_t i = 0; i < n; ++i) EXPECT_EQ(y[i], a[i] + b[i]);
-  ops::accumulate(y.data(), b.data(), n);
-  for (int64_t i = 0; i < n; ++i) EXPECT_EQ(y[i], (a[i] + b[i]) + b[i]);
+  for (int64_t n : {int64_t(1003) /* odd: SIMD tails */, int64_t(1), int64_t(15), int64_t(16),
+                    int64_t(17), int64_t(67)}) {
+    SCOPED_TRACE("n=" + std::to_string(n));
+    const Vec a = randn(rng, sz(n)), b = randn(rng, sz(n));
+    GuardedF y(a), x_in(b);
+    ops::accumulate(y.data(), x_in.data(), n);
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(y.data()[i], a[sz(i)] + b[sz(i)]);
+    ops::accumulate(y.data(), x_in.data(), n);
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(y.data()[i], (a[sz(i)] + b[sz(i)]) + b[sz(i)]);
+    y.intact("accumulate: y");
+    x_in.intact("accumulate: x");
+    EXPECT_TRUE(same_bits(x_in.values(), b)) << "accumulate wrote into x";
 
-  Vec x = a;
-  ops::scale(x.data(), -0.37f, n);
-  for (int64_t i = 0; i < n; ++i) EXPECT_EQ(x[i], a[i] * -0.37f);
-  ops::scale(x.data(), 0.0f, n);
-  for (int64_t i = 0; i < n; ++i) EXPECT_EQ(x[i], 0.0f);
+    GuardedF x(a);
+    ops::scale(x.data(), -0.37f, n);
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(x.data()[i], a[sz(i)] * -0.37f);
+    ops::scale(x.data(), 0.0f, n);
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(x.data()[i], 0.0f);
+    x.intact("scale");
+  }
 
   // add_bias: rows of a [rows, C] block get the bias (and a residual) added: y += bias + r.
-  const int64_t rows = 17, C = 59;
-  const Vec bias = randn(rng, sz(C)), r = randn(rng, sz(rows * C)), y0 = randn(rng, sz(rows * C));
-  Vec with_res = y0, no_res = y0;
-  ops::add_bias(with_res.data(), bias.data(), r.data(), rows, C);
-  ops::add_bias(no_res.data(), bias.data(), nullptr, rows, C);
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t c = 0; c < C; ++c) {
-      const size_t k = sz(i * C + c);
-      EXPECT_EQ(with_res[k], y0[k] + (bias[sz(c)] + r[k]));
-      EXPECT_EQ(no_res[k], y0[k] + (bias[sz(c)] + 0.0f));
-    }
+  for (const RowsCols& s : {RowsCols{17, 59}, RowsCols{1, 1}, RowsCols{3, 16}, RowsCols{2, 33}}) {
+    const int64_t rows = s.rows, C = s.C;
+    SCOPED_TRACE("add_bias rows=" + std::to_string(rows) + " C=" + std::to_string(C));
+    const Vec bias = randn(rng, sz(C)), r = randn(rng, sz(rows * C)), y0 = randn(rng, sz(rows * C));
+    GuardedF with_res(y0), no_res(y0), gbias(bias), gr(r);
+    ops::add_bias(with_res.data(), gbias.data(), gr.data(), rows, C);
+    ops::add_bias(no_res.data(), gbias.data(), nullptr, rows, C);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t c = 0; c < C; ++c) {
+        const size_t k = sz(i * C + c);
+        EXPECT_EQ(with_res.data()[k], y0[k] + (bias[sz(c)] + r[k]));
+        EXPECT_EQ(no_res.data()[k], y0[k] + (bias[sz(c)] + 0.0f));
+      }
+    with_res.intact("add_bias: out");
+    no_res.intact("add_bias: out (no residual)");
+    gbias.intact("add_bias: bias");
+    gr.intact("add_bias: residual");
+    EXPECT_TRUE(same_bits(gbias.values(), bias) && same_bits(gr.values(), r))
+        << "add_bias wrote into its bias or residual";
+  }
 
   // n = 0 is a no-op.
   ops::accumulate(nullptr, nullptr, 0);
@@ -1374,18 +1521,23 @@ TEST(KernelsPointwise, AccumulateScaleAddBias) {
 
 TEST(KernelsPointwise, SumSquaresInDouble) {
   std::mt19937 rng(72);
-  const int64_t n = 1003;
-  Vec x = randn(rng, sz(n));
-  x[0] = 1e20f;  // squares overflow float but not double
-  x[1] = 1e-3f;
-  double ref = 0.0;
-  for (float v : x) ref += double(v) * double(v);
-  // Float*float is exact in double; only the (reordered) double sum rounds: ~n * 1e-16.
-  EXPECT_NEAR(ops::sum_squares(x.data(), n), ref, 1e-12 * ref);
-  x[0] = 3.0f;
-  ref = 0.0;
-  for (float v : x) ref += double(v) * double(v);
-  EXPECT_NEAR(ops::sum_squares(x.data(), n), ref, 1e-12 * ref);
+  for (int64_t n : {int64_t(1003), int64_t(2), int64_t(17), int64_t(64)}) {
+    SCOPED_TRACE("n=" + std::to_string(n));
+    Vec v = randn(rng, sz(n));
+    v[0] = 1e20f;  // squares overflow float but not double
+    v[1] = 1e-3f;
+    GuardedF x(v);
+    double ref = 0.0;
+    for (float e : v) ref += double(e) * double(e);
+    // Float*float is exact in double; only the (reordered) double sum rounds: ~n * 1e-16.
+    EXPECT_NEAR(ops::sum_squares(x.data(), n), ref, 1e-12 * ref);
+    x.data()[0] = v[0] = 3.0f;
+    ref = 0.0;
+    for (float e : v) ref += double(e) * double(e);
+    EXPECT_NEAR(ops::sum_squares(x.data(), n), ref, 1e-12 * ref);
+    x.intact("sum_squares");
+    EXPECT_TRUE(same_bits(x.values(), v)) << "sum_squares wrote into its input";
+  }
   const float three[3] = {1.0f, -2.0f, 2.0f};
   EXPECT_EQ(ops::sum_squares(three, 3), 9.0);
 }
