@@ -30,10 +30,6 @@ DataParallelSync::DataParallelSync(Communicator& dp, int zero, const ParamLayout
   }
   build_units(layout);
   params_.commit(0, n_);  // until adopt_params: initialisation writes the whole model
-  hooks_.before_forward = [this](int l) { before_forward(l); };
-  hooks_.after_forward = [this](int l) { after_forward(l); };
-  hooks_.before_backward = [this](int l) { before_backward(l); };
-  hooks_.after_backward = [this](int l) { after_backward(l); };
 }
 
 DataParallelSync::~DataParallelSync() = default;

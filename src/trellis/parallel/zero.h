@@ -25,7 +25,7 @@
 #include "trellis/comm/communicator.h"
 #include "trellis/core/memory.h"
 #include "trellis/model/params.h"
-#include "trellis/model/transformer.h"
+#include "trellis/model/block_hooks.h"
 #include "trellis/parallel/data_parallel.h"
 
 namespace trellis {
@@ -48,7 +48,7 @@ struct ZeroFootprint {
 };
 ZeroFootprint zero_footprint(const ParamLayout& layout, int dp, int dp_rank, int zero);
 
-class DataParallelSync {
+class DataParallelSync : private BlockHooks {
  public:
   DataParallelSync(Communicator& dp, int zero, const ParamLayout& layout, size_t bucket_bytes);
   ~DataParallelSync();
@@ -69,7 +69,7 @@ class DataParallelSync {
   // Backward hook (replicated): gradients in [offset, n) are final.
   void ready_from(size_t offset);
   // The model's per-block hooks (ZeRO-2/3; null otherwise).
-  const BlockHooks* hooks() const { return zero_ >= 2 ? &hooks_ : nullptr; }
+  BlockHooks* hooks() { return zero_ >= 2 ? this : nullptr; }
 
   // Before a step's first backward: gradients start from zero.
   void begin_step();
@@ -111,10 +111,10 @@ class DataParallelSync {
   void finish_reductions();
   int unit_of(int layer) const;  // -1: not in this layout
   // Block hooks (ZeRO-2/3).
-  void before_forward(int layer);
-  void after_forward(int layer);
-  void before_backward(int layer);
-  void after_backward(int layer);
+  void before_forward(int layer) override;
+  void after_forward(int layer) override;
+  void before_backward(int layer) override;
+  void after_backward(int layer) override;
   void ensure_gathered(int u);
   void prefetch(int u);
 
@@ -146,7 +146,6 @@ class DataParallelSync {
   };
   std::unique_ptr<Gather> prefetch_;  // the next block's parameters (ZeRO-3)
   double hook_comm_s_ = 0.0;  // exposed seconds inside the hooks this step
-  BlockHooks hooks_;
 };
 
 }  // namespace trellis

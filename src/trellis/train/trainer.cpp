@@ -277,7 +277,7 @@ Trainer::Trainer(TrainConfig cfg, Communicator& world)
     models_.push_back(
         std::make_unique<Transformer>(*layout_, dp_sync_->params(), dp_sync_->grads(), *tp_, &c,
                                       compute_));
-    models_.back()->set_block_hooks(dp_sync_->hooks());
+    if (BlockHooks* hooks = dp_sync_->hooks()) models_.back()->add_block_hooks(*hooks);
     models_.back()->set_label_smoothing(float(cfg_.label_smoothing));
     chunk_models.push_back(models_.back().get());
   }
