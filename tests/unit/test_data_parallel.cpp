@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -183,6 +184,10 @@ struct Case {
   int dp;
 };
 
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << "zero " << int(c.stage) << ", dp " << c.dp;
+}
+
 std::string case_name(const testing::TestParamInfo<Case>& info) {
   return "zero" + std::to_string(int(info.param.stage)) + "_dp" + std::to_string(info.param.dp);
 }
@@ -250,7 +255,8 @@ TEST(DataParallelSync, ZeroThreeHoldsABlockOnlyWhileItComputes) {
   init_params(layout, kSeed, init.data());
   constexpr int dp = 2;
   // Per rank: blocks found gathered while they computed (forward and backward), blocks found
-  // released after adopt_params, the forward and the backward; and the bytes held.
+  // released after adopt_params, the forward, the backward and gather_parameters (which gathers
+  // the root only); and the bytes held.
   struct Seen {
     int present = 0, absent = 0;
     int64_t before = 0, after = 0;
@@ -284,12 +290,15 @@ TEST(DataParallelSync, ZeroThreeHoldsABlockOnlyWhileItComputes) {
     backward_pass(*sync, units, n_layer, true, [](size_t) { return 0.0f; }, count_present);
     count_absent();
     sync->reduce_gradients();
+    sync->gather_parameters();
+    count_absent();
   });
   for (int r = 0; r < dp; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
     const Seen& s = seen[size_t(r)];
     EXPECT_EQ(s.present, 2 * n_layer) << "blocks gathered for forward and backward";
-    EXPECT_EQ(s.absent, 3 * n_layer) << "blocks released after adopt, forward and backward";
+    EXPECT_EQ(s.absent, 4 * n_layer)
+        << "blocks released after adopt, forward, backward and the gather after the update";
     // Each block's pages come while it runs (with the next one's, prefetched) and go after.
     ASSERT_EQ(s.during.size(), size_t(n_layer));
     for (int64_t bytes : s.during) EXPECT_GT(bytes, s.before);
