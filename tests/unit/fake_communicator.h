@@ -81,10 +81,17 @@ class ThreadGroup {
   }
 
  private:
-  enum class Kind { AllReduce, ReduceScatter, AllGather, Broadcast, SumDoubles, MaxDoubles,
-                    Barrier };
+  enum class Kind {
+    AllReduce,
+    ReduceScatter,
+    AllGather,
+    Broadcast,
+    SumDoubles,
+    MaxDoubles,
+    Barrier
+  };
   static const char* name(Kind k) {
-    static const char* names[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast",
+    static const char* names[] = {"all_reduce",     "reduce_scatter", "all_gather", "broadcast",
                                   "all_reduce_sum", "all_reduce_max", "barrier"};
     return names[int(k)];
   }
@@ -157,8 +164,8 @@ class ThreadGroup {
    private:
     std::unique_ptr<Work> issue(Kind kind, size_t count, const float* in, size_t in_n, float* out,
                                 int root = 0) {
-      const uint64_t seq = g_.issue(rank(), next_++, kind, count, root,
-                                    std::vector<float>(in, in + in_n), {});
+      const uint64_t seq =
+          g_.issue(rank(), next_++, kind, count, root, std::vector<float>(in, in + in_n), {});
       return std::make_unique<Pending>(g_, rank(), seq, out, nullptr);
     }
     void doubles(Kind kind, double* buf, size_t n) {
@@ -184,8 +191,8 @@ class ThreadGroup {
     } else if (op.kind != kind || op.count != count || op.root != root) {
       throw std::logic_error("rank " + std::to_string(rank) + "'s collective " +
                              std::to_string(seq) + " is " + name(kind) + " of " +
-                             std::to_string(count) + ", another rank's " + name(op.kind) +
-                             " of " + std::to_string(op.count));
+                             std::to_string(count) + ", another rank's " + name(op.kind) + " of " +
+                             std::to_string(op.count));
     }
     op.in[size_t(rank)] = std::move(in);
     op.in_doubles[size_t(rank)] = std::move(in_doubles);

@@ -184,9 +184,7 @@ struct Case {
   int dp;
 };
 
-void PrintTo(const Case& c, std::ostream* os) {
-  *os << "zero " << int(c.stage) << ", dp " << c.dp;
-}
+void PrintTo(const Case& c, std::ostream* os) { *os << "zero " << int(c.stage) << ", dp " << c.dp; }
 
 std::string case_name(const testing::TestParamInfo<Case>& info) {
   return "zero" + std::to_string(int(info.param.stage)) + "_dp" + std::to_string(info.param.dp);
@@ -230,16 +228,19 @@ TEST_P(EveryStrategy, TakesOneRanksStepsOnTheSummedGradients) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    DataParallelSync, EveryStrategy,
-    testing::ValuesIn(std::vector<Case>{
-        {ZeroStage::Replicated, 2}, {ZeroStage::Replicated, 4},
-        {ZeroStage::ShardedOptimizer, 2}, {ZeroStage::ShardedOptimizer, 3},
-        {ZeroStage::ShardedOptimizer, 4}, {ZeroStage::ShardedGradients, 2},
-        {ZeroStage::ShardedGradients, 3}, {ZeroStage::ShardedGradients, 4},
-        {ZeroStage::ShardedParameters, 2}, {ZeroStage::ShardedParameters, 3},
-        {ZeroStage::ShardedParameters, 4}}),
-    case_name);
+INSTANTIATE_TEST_SUITE_P(DataParallelSync, EveryStrategy,
+                         testing::ValuesIn(std::vector<Case>{{ZeroStage::Replicated, 2},
+                                                             {ZeroStage::Replicated, 4},
+                                                             {ZeroStage::ShardedOptimizer, 2},
+                                                             {ZeroStage::ShardedOptimizer, 3},
+                                                             {ZeroStage::ShardedOptimizer, 4},
+                                                             {ZeroStage::ShardedGradients, 2},
+                                                             {ZeroStage::ShardedGradients, 3},
+                                                             {ZeroStage::ShardedGradients, 4},
+                                                             {ZeroStage::ShardedParameters, 2},
+                                                             {ZeroStage::ShardedParameters, 3},
+                                                             {ZeroStage::ShardedParameters, 4}}),
+                         case_name);
 
 bool all_zero(const float* p, const ZeroUnit& u) {
   for (size_t i = u.begin; i < u.end; ++i)
@@ -287,7 +288,8 @@ TEST(DataParallelSync, ZeroThreeHoldsABlockOnlyWhileItComputes) {
     });
     s.after = sync->resident_bytes();
     count_absent();
-    backward_pass(*sync, units, n_layer, true, [](size_t) { return 0.0f; }, count_present);
+    backward_pass(
+        *sync, units, n_layer, true, [](size_t) { return 0.0f; }, count_present);
     count_absent();
     sync->reduce_gradients();
     sync->gather_parameters();
@@ -330,9 +332,9 @@ TEST(DataParallelSync, StageParsedFromTheConfigsInteger) {
       zero_stage(bad);
       ADD_FAILURE() << "zero " << bad << " accepted";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("zero must be 0, 1, 2 or 3 (got " +
-                                           std::to_string(bad) + ")"),
-                std::string::npos)
+      EXPECT_NE(
+          std::string(e.what()).find("zero must be 0, 1, 2 or 3 (got " + std::to_string(bad) + ")"),
+          std::string::npos)
           << e.what();
     }
   }

@@ -60,9 +60,9 @@ ZeroFootprint ShardedGradientsSync::footprint(const ParamLayout& layout, int dp,
   f.grads = std::min(page_bytes(n), root + 2 * block);
   // Compact parameters and gradients; two reductions' outputs and padded rests in flight, and
   // their ring scratch.
-  f.shards = 2 * f.owned * int64_t(sizeof(float)) +
-             2 * ((1 + ring_scratch_blocks(dp)) * (largest_chunk + 1) + dp) *
-                 int64_t(sizeof(float));
+  f.shards =
+      2 * f.owned * int64_t(sizeof(float)) +
+      2 * ((1 + ring_scratch_blocks(dp)) * (largest_chunk + 1) + dp) * int64_t(sizeof(float));
   return f;
 }
 
