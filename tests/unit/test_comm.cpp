@@ -14,6 +14,7 @@
 #include "trellis/core/error.h"
 #include "trellis/parallel/data_parallel.h"
 #include "trellis/parallel/mesh.h"
+#include "trellis/parallel/zero.h"
 
 using namespace trellis;
 

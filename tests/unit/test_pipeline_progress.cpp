@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "fake_communicator.h"
 #include "trellis/comm/communicator.h"
 #include "trellis/model/config.h"
 #include "trellis/model/params.h"
@@ -21,15 +22,13 @@ namespace trellis {
 namespace {
 
 // One rank of a 2-stage pipeline whose receives complete at once and whose sends complete only
-// when waited on; it logs, per send, how often it was polled before the next send started.
-class PollLog final : public Communicator {
+// when waited on; it logs, per send, how often it was polled before the next send started. Any
+// other call (a collective) fails the test.
+class PollLog final : public fake::FakeCommunicator {
  public:
-  explicit PollLog(int rank) : rank_(rank) {}
+  explicit PollLog(int rank) : FakeCommunicator(rank, 2) {}
   std::vector<int> polls;  // per send, in the order sent
 
-  int rank() const override { return rank_; }
-  int size() const override { return 2; }
-  int world_rank() const override { return rank_; }
   std::string backend() const override { return "poll-log"; }
   std::unique_ptr<Work> send_async(const float*, size_t, int, int) override {
     polls.push_back(0);
@@ -38,22 +37,6 @@ class PollLog final : public Communicator {
   std::unique_ptr<Work> recv_async(float*, size_t, int, int) override {
     return std::make_unique<Received>();
   }
-  std::unique_ptr<Work> all_reduce_async(float*, size_t) override { return unused(); }
-  std::unique_ptr<Work> reduce_scatter_async(const float*, float*, size_t) override {
-    return unused();
-  }
-  std::unique_ptr<Work> all_gather_async(const float*, float*, size_t) override {
-    return unused();
-  }
-  std::unique_ptr<Work> broadcast_async(float*, size_t, int) override { return unused(); }
-  void all_reduce_sum(double*, size_t) override { unused(); }
-  void all_reduce_max(double*, size_t) override { unused(); }
-  void barrier() override { unused(); }
-  std::unique_ptr<Communicator> split(int, int) override {
-    unused();
-    return nullptr;
-  }
-  [[noreturn]] void abort(const std::string& msg, int) override { throw std::runtime_error(msg); }
 
  private:
   class Send final : public Work {
@@ -75,52 +58,108 @@ class PollLog final : public Communicator {
     void wait() override {}
     bool test() override { return true; }
   };
-  static std::unique_ptr<Work> unused() {
-    throw std::logic_error("a pipeline stage made a collective call");
-  }
-  int rank_;
 };
 
-TEST(PipelineProgress, SendsArePolledBetweenBlocksOfTheNextOperation) {
+// Logs each call as "<name> <event> <layer>" into a log shared by several hooks.
+class Recorder final : public BlockHooks {
+ public:
+  Recorder(std::string name, std::vector<std::string>& log) : name_(std::move(name)), log_(log) {}
+  void before_forward(int l) override { add("before_forward", l); }
+  void after_forward(int l) override { add("after_forward", l); }
+  void before_backward(int l) override { add("before_backward", l); }
+  void after_backward(int l) override { add("after_backward", l); }
+
+ private:
+  void add(const char* event, int l) {
+    log_.push_back(name_ + " " + event + " " + std::to_string(l));
+  }
+  std::string name_;
+  std::vector<std::string>& log_;
+};
+
+constexpr int64_t kB = 1, kT = 16;
+constexpr int kMicro = 4;
+
+ModelConfig four_blocks() {
   ModelConfig cfg = model_preset("tiny");
   cfg.n_layer = 4;  // two blocks per stage
   cfg.validate();
-  const int64_t B = 1, T = 16;
-  const int micro = 4;
+  return cfg;
+}
+
+// Runs GPipe on stage `rank` of 2 with `hooks` installed before the pipeline's own; returns the
+// polls of each send.
+std::vector<int> run_stage(int rank, const std::vector<BlockHooks*>& hooks = {}) {
+  const ModelConfig cfg = four_blocks();
+  StageSpec stage;
+  stage.layers = rank == 0 ? std::vector<int>{0, 1} : std::vector<int>{2, 3};
+  stage.embedding = rank == 0;
+  stage.head = rank == 1;
+  const ParamLayout layout(cfg, 1, 0, &stage);
+  std::vector<float> params(layout.size()), grads(layout.size(), 0.0f);
+  init_params(layout, 5, params.data());
+  TensorParallel no_tp(nullptr, false);
+  Transformer model(layout, params.data(), grads.data(), no_tp, &stage);
+  for (BlockHooks* h : hooks) model.add_block_hooks(*h);
+  PollLog comm(rank);
+  Pipeline pipe(comm, {&model}, kB, kT);
+  auto load = [&](int m, Context& ctx) {
+    for (size_t i = 0; i < ctx.tokens.size(); ++i) {
+      ctx.tokens[i] = int32_t((i * 7 + size_t(m)) % size_t(cfg.vocab_size));
+      ctx.targets[i] = int32_t((i * 3 + size_t(m)) % size_t(cfg.vocab_size));
+    }
+    for (Tensor* t : {&ctx.input, &ctx.doutput})
+      for (int64_t i = 0; i < t->numel(); ++i) t->f32()[i] = 0.01f * float(i % 13);
+    return kB;
+  };
+  pipe.run(build_schedule(ScheduleKind::GPipe, 2, rank, kMicro, 1), load,
+           1.0f / float(kMicro * kB * kT));
+  return comm.polls;
+}
+
+// Stage 0 sends activations after its forwards, stage 1 gradients after its backwards; in GPipe
+// each is followed by another op of the same kind but for the last. Returns the sends checked.
+int expect_polled_during_next_op(const std::vector<int>& polls) {
+  int checked = 0;
+  EXPECT_EQ(polls.size(), size_t(kMicro));
+  if (polls.size() != size_t(kMicro)) return 0;
+  for (int k = 0; k + 1 < kMicro; ++k) {
+    EXPECT_GE(polls[size_t(k)], 2) << "send " << k;  // once per block of the next op
+    ++checked;
+  }
+  return checked;
+}
+
+TEST(PipelineProgress, SendsArePolledBetweenBlocksOfTheNextOperation) {
   int checked = 0;
   for (int rank : {0, 1}) {
     SCOPED_TRACE("stage " + std::to_string(rank));
-    StageSpec stage;
-    stage.layers = rank == 0 ? std::vector<int>{0, 1} : std::vector<int>{2, 3};
-    stage.embedding = rank == 0;
-    stage.head = rank == 1;
-    const ParamLayout layout(cfg, 1, 0, &stage);
-    std::vector<float> params(layout.size()), grads(layout.size(), 0.0f);
-    init_params(layout, 5, params.data());
-    TensorParallel no_tp(nullptr, false);
-    Transformer model(layout, params.data(), grads.data(), no_tp, &stage);
-    PollLog comm(rank);
-    Pipeline pipe(comm, {&model}, B, T);
-    auto load = [&](int m, Context& ctx) {
-      for (size_t i = 0; i < ctx.tokens.size(); ++i) {
-        ctx.tokens[i] = int32_t((i * 7 + size_t(m)) % size_t(cfg.vocab_size));
-        ctx.targets[i] = int32_t((i * 3 + size_t(m)) % size_t(cfg.vocab_size));
-      }
-      for (Tensor* t : {&ctx.input, &ctx.doutput})
-        for (int64_t i = 0; i < t->numel(); ++i) t->f32()[i] = 0.01f * float(i % 13);
-      return B;
-    };
-    pipe.run(build_schedule(ScheduleKind::GPipe, 2, rank, micro, 1), load,
-             1.0f / float(micro * B * T));
-    // Stage 0 sends activations after its forwards, stage 1 gradients after its backwards; in
-    // GPipe each is followed by another op of the same kind but for the last.
-    ASSERT_EQ(comm.polls.size(), size_t(micro));
-    for (int k = 0; k + 1 < micro; ++k) {
-      EXPECT_GE(comm.polls[size_t(k)], 2) << "send " << k;  // once per block of the next op
-      ++checked;
-    }
+    checked += expect_polled_during_next_op(run_stage(rank));
   }
-  EXPECT_EQ(checked, 2 * (micro - 1));
+  EXPECT_EQ(checked, 2 * (kMicro - 1));
+}
+
+// Block hooks are a list: hooks installed before the pipeline (ZeRO's, in the trainer) run, in
+// the order installed, and the pipeline still polls its sends between blocks.
+TEST(PipelineProgress, OtherBlockHooksRunInOrderBesideThePolling) {
+  int checked = 0;
+  for (int rank : {0, 1}) {
+    SCOPED_TRACE("stage " + std::to_string(rank));
+    std::vector<std::string> log;
+    Recorder first("first", log), second("second", log);
+    checked += expect_polled_during_next_op(run_stage(rank, {&first, &second}));
+    // Two blocks per stage, forward and backward of every micro-batch.
+    int forwards = 0;
+    ASSERT_EQ(log.size() % 2, 0u);
+    for (size_t i = 0; i < log.size(); i += 2) {
+      const std::string event = log[i].substr(log[i].find(' '));
+      EXPECT_EQ(log[i], "first" + event);
+      EXPECT_EQ(log[i + 1], "second" + event);
+      if (event.rfind(" before_forward", 0) == 0) ++forwards;
+    }
+    EXPECT_EQ(forwards, 2 * kMicro);
+  }
+  EXPECT_EQ(checked, 2 * (kMicro - 1));
 }
 
 }  // namespace

@@ -480,12 +480,12 @@ void Transformer::blocks_forward(Context& ctx) {
       drop_rows(ctx, ctx.embedded.f32(), ctx.embedded.f32(), nullptr, d);
   }
   for (size_t i = 0; i < chunk_.layers.size(); ++i) {
-    if (hooks_) hooks_->before_forward(chunk_.layers[i]);
+    run_hooks(&BlockHooks::before_forward, chunk_.layers[i]);
     if (decoder_start_ && chunk_.layers[i] == cfg_.n_layer)
       decoder_start_forward(ctx, i > 0 ? ctx.blocks[i - 1].res_out.f32()
                                        : (chunk_.embedding ? ctx.embedded.f32() : ctx.input.f32()));
     block_forward(ctx, int(i), block_input(ctx, int(i)));
-    if (hooks_) hooks_->after_forward(chunk_.layers[i]);
+    run_hooks(&BlockHooks::after_forward, chunk_.layers[i]);
   }
 }
 
@@ -623,7 +623,7 @@ void Transformer::backward(Context& ctx, bool last_micro_step,
                 "backward on a model without gradient buffers");
   const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT), C = C_;
   const bool notify = last_micro_step && on_block_done;
-  if (hooks_) hooks_->before_backward(-1);
+  run_hooks(&BlockHooks::before_backward, -1);
   if (chunk_.head) {
     head_backward(ctx);
   } else {
@@ -638,7 +638,7 @@ void Transformer::backward(Context& ctx, bool last_micro_step,
   const int n = int(chunk_.layers.size());
   for (int i = n - 1; i >= 0; --i) {
     const Block& b = blocks_[size_t(i)];
-    if (hooks_) hooks_->before_backward(b.layer);
+    run_hooks(&BlockHooks::before_backward, b.layer);
     block_backward(ctx, i, block_input(ctx, i));
     if (decoder_start_ && b.layer == cfg_.n_layer) {
       // dres is d(decoder embedding): into the shared embedding and the decoder positions. Then
@@ -652,7 +652,7 @@ void Transformer::backward(Context& ctx, bool last_micro_step,
       enc_norm_.backward(dres_.f32(), denc_.f32(), x_enc, ctx.enc_mean.f32(), ctx.enc_rstd.f32(),
                          R);
     }
-    if (hooks_) hooks_->after_backward(b.layer);
+    run_hooks(&BlockHooks::after_backward, b.layer);
     if (notify) on_block_done(b.layer);
   }
   if (!chunk_.embedding) {
@@ -664,7 +664,7 @@ void Transformer::backward(Context& ctx, bool last_micro_step,
   if (const ops::Dropout d = dropout_of(ctx, cfg_.dropout, 0, kEmbedDrop); d.p > 0.0f)
     drop_rows(ctx, dres_.f32(), dres_.f32(), nullptr, d);
   embed_backward(src ? ctx.src_tokens.data() : ctx.tokens.data(), dpos_, ctx);
-  if (hooks_) hooks_->after_backward(-1);
+  run_hooks(&BlockHooks::after_backward, -1);
   if (notify) on_block_done(-1);
 }
 

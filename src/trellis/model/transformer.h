@@ -17,6 +17,7 @@
 
 #include "trellis/core/tensor.h"
 #include "trellis/kernels/backend.h"
+#include "trellis/model/block_hooks.h"
 #include "trellis/model/config.h"
 #include "trellis/model/kv_cache.h"
 #include "trellis/model/modules.h"
@@ -97,15 +98,6 @@ struct Context {
   int64_t activation_bytes() const;
 };
 
-// Called around each block's computation with its layer index, by the trainer's strategy for
-// sharded data parallelism (ZeRO-3 gathers a block's parameters before and frees them after;
-// ZeRO-2/3 reduce a block's gradients once its backward is done). The model itself holds no
-// communication. before_backward(-1) opens a micro-batch's backward (before the head),
-// after_backward(-1) closes it (after the embeddings).
-struct BlockHooks {
-  std::function<void(int layer)> before_forward, after_forward, before_backward, after_backward;
-};
-
 class Transformer {
  public:
   // params/grads: flat buffers laid out by `layout` (grads may be null for inference). tp: the
@@ -152,13 +144,13 @@ class Transformer {
   // row's whole sequence gives there, up to float summation order.
   const std::vector<float>& decode(KVCache& cache,
                                    const std::vector<std::span<const int32_t>>& tokens);
-  // Hooks run on every micro-batch from now on (null: none); they must outlive the model.
-  void set_block_hooks(const BlockHooks* hooks) { hooks_ = hooks; }
+  // Adds hooks run around every block of every micro-batch from now on, after those added
+  // before; they must outlive the model.
+  void add_block_hooks(BlockHooks& hooks) { hooks_.push_back(&hooks); }
   // Label smoothing e in [0, 1) of the loss (PyTorch's CrossEntropyLoss(label_smoothing = e)
   // over the true vocabulary, or the classes), applied in training forwards only
   // (grad_scale != 0): an evaluation forward reports the plain negative log-likelihood.
   void set_label_smoothing(float e);
-  const BlockHooks* block_hooks() const { return hooks_; }
   // Bytes of the scratch the model shares between its Contexts: backward's gradient buffers and
   // what recomputing Contexts do not keep (one block's worth); allocated by prepare and held.
   int64_t workspace_bytes() const;
@@ -236,7 +228,10 @@ class Transformer {
   // Encoder-decoder: the chunk receives / sends the encoder's output along with its activation.
   bool carry_in_ = false, carry_out_ = false, decoder_start_ = false, has_decoder_ = false;
   std::vector<Block> blocks_;
-  const BlockHooks* hooks_ = nullptr;
+  std::vector<BlockHooks*> hooks_;  // called in the order added
+  void run_hooks(void (BlockHooks::*hook)(int), int layer) {
+    for (BlockHooks* h : hooks_) (h->*hook)(layer);
+  }
   float label_smoothing_ = 0.0f;
   // Scratch shared by all micro-batches (one forward or backward runs at a time).
   Tensor full_, dres_, dln_, dfull_, dqkv_, datt_, dup_, dact_;

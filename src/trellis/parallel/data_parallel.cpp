@@ -48,15 +48,4 @@ void GradReducer::finish() {
   polled_s_ = 0.0;
 }
 
-ShardRange shard_range(size_t n, int dp, int rank) {
-  TRELLIS_CHECK(dp >= 1 && rank >= 0 && rank < dp, "shard of rank {} among {} ranks", rank, dp);
-  ShardRange s;
-  const size_t d = static_cast<size_t>(dp);
-  s.padded = (n + d - 1) / d * d;
-  s.shard = s.padded / d;
-  s.begin = std::min(n, static_cast<size_t>(rank) * s.shard);
-  s.end = std::min(n, s.begin + s.shard);
-  return s;
-}
-
 }  // namespace trellis

@@ -1,7 +1,8 @@
 #pragma once
-// Gradient reducer for data parallelism (PyTorch DDP's Reducer, simplified): the flat gradient
-// buffer is cut into buckets from its end (the order in which backward finishes gradients) and
-// each bucket's all-reduce is launched as soon as its gradients are final, overlapping backward.
+// Gradient reducer of replicated data parallelism (ZeRO-0 in parallel/zero.h; PyTorch DDP's
+// Reducer, simplified): the flat gradient buffer is cut into buckets from its end (the order in
+// which backward finishes gradients) and each bucket's all-reduce is launched as soon as its
+// gradients are final, overlapping backward.
 #include <cstddef>
 #include <memory>
 #include <vector>
@@ -37,12 +38,5 @@ class GradReducer {
   size_t next_ = 0;              // next bucket to launch
   double exposed_s_ = 0.0, polled_s_ = 0.0;
 };
-
-// ZeRO-1 partition of a flat buffer of n floats over dp ranks: padded to a multiple of dp, each
-// rank owns [rank*shard, (rank+1)*shard) clipped to n.
-struct ShardRange {
-  size_t padded = 0, shard = 0, begin = 0, end = 0;
-};
-ShardRange shard_range(size_t n, int dp, int rank);
 
 }  // namespace trellis

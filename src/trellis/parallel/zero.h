@@ -1,34 +1,49 @@
 #pragma once
-// How the data-parallel group shares gradients, optimizer state and parameters (chosen once from
-// the config, then called by the trainer at fixed points of a step and by the model's block
-// hooks):
+// How the data-parallel group shares gradients, optimizer state and parameters: one strategy per
+// ZeRO stage behind DataParallelSync, made once from the config (make_data_parallel_sync) and then
+// called by the trainer at fixed points of a step and, under ZeRO-2/3, by the model's block hooks:
 //   replicated (ZeRO-0): bucketed all-reduce that overlaps backward (GradReducer), every rank
-//                        updates all parameters;
+//                        updates all parameters (zero_replicated.cpp);
 //   ZeRO-1:              one reduce-scatter after backward, each rank updates its shard of the
-//                        parameters with its shard of the optimizer state, then all-gather;
+//                        parameters with its shard of the optimizer state, then all-gather
+//                        (zero_sharded_optimizer.cpp);
 //   ZeRO-2:              the buffer is cut into units (each block; the rest of the model is the
 //                        root unit) and each unit is split evenly over the ranks. A unit's
 //                        gradients are reduce-scattered as soon as backward finishes it (every
 //                        micro-batch), added to this rank's compact shard and their pages
-//                        returned; after the update every unit is all-gathered;
+//                        returned; after the update every unit is all-gathered
+//                        (zero_sharded_gradients.cpp);
 //   ZeRO-3 (FSDP):       as ZeRO-2, and a block's parameters are resident only while it runs:
 //                        all-gathered before its forward and again before its backward (the
 //                        next block prefetched meanwhile), released after. The root unit
 //                        (embeddings, final norm, head, which the first and last computations
-//                        share) stays gathered, like FSDP's root module.
+//                        share) stays gathered, like FSDP's root module
+//                        (zero_sharded_parameters.cpp).
 // Units split evenly: a unit of len floats gives each rank len / dp of them (one in-place
 // collective) and its last len % dp elements one each to the first ranks (a second, tiny one).
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
 #include "trellis/comm/communicator.h"
 #include "trellis/core/memory.h"
+#include "trellis/model/block_hooks.h"
 #include "trellis/model/params.h"
-#include "trellis/model/transformer.h"
-#include "trellis/parallel/data_parallel.h"
 
 namespace trellis {
+
+// The config's `zero` key (0, 1, 2, 3), parsed once: what the data-parallel group shards.
+enum class ZeroStage { Replicated, ShardedOptimizer, ShardedGradients, ShardedParameters };
+// Input error "zero must be 0, 1, 2 or 3 (got N)" for any other value.
+ZeroStage zero_stage(int zero);
+
+// ZeRO-1's partition of a flat buffer of n floats over dp ranks: padded to a multiple of dp, each
+// rank owns [rank*shard, (rank+1)*shard) clipped to n. (Every strategy's buffers are padded so.)
+struct ShardRange {
+  size_t padded = 0, shard = 0, begin = 0, end = 0;
+};
+ShardRange shard_range(size_t n, int dp, int rank);
 
 // ZeRO-2/3's units of a layout's buffer, in order: each block's tensors (layer >= 0) and the root
 // pieces around them (layer -1).
@@ -46,107 +61,68 @@ struct ZeroFootprint {
   int64_t params = 0, grads = 0, shards = 0;
   int64_t owned = 0;  // elements
 };
-ZeroFootprint zero_footprint(const ParamLayout& layout, int dp, int dp_rank, int zero);
+ZeroFootprint zero_footprint(const ParamLayout& layout, int dp, int dp_rank, ZeroStage stage);
 
 class DataParallelSync {
  public:
-  DataParallelSync(Communicator& dp, int zero, const ParamLayout& layout, size_t bucket_bytes);
-  ~DataParallelSync();
+  virtual ~DataParallelSync();
 
   // The flat buffers of the layout the model computes with (views into them stay valid).
   // ZeRO-3: only the root unit and the blocks being run hold parameters.
   float* params() { return params_.data(); }
   float* grads() { return grads_.data(); }
-  int zero() const { return zero_; }
   // What this rank updates and checkpoints: ranges of the layout's buffer, and the parameters and
   // reduced gradients of those ranges, compact (see FlatRange).
   const std::vector<FlatRange>& owned() const { return owned_; }
-  float* owned_params();
-  float* owned_grads();
+  // Whether owned() is this rank's shard of the group's state (ZeRO-1/2/3), so that a sum over it
+  // (the gradient norm) needs the group; else every rank owns everything, as a replica.
+  virtual bool sharded() const = 0;
+  // Whether the owned pieces live apart from the flat buffers (ZeRO-2/3), so that a checkpoint can
+  // be read into them alone; else they are the buffers' own range.
+  virtual bool owned_apart() const { return false; }
+  virtual float* owned_params() { return params_.data() + owned_[0].begin; }
+  virtual float* owned_grads() { return grads_.data() + owned_[0].begin; }
 
   // Whether backward should report finished gradients (ready_from) to overlap communication.
-  bool overlaps() const { return reducer_ != nullptr; }
+  virtual bool overlaps() const { return false; }
   // Backward hook (replicated): gradients in [offset, n) are final.
-  void ready_from(size_t offset);
-  // The model's per-block hooks (ZeRO-2/3; null otherwise).
-  const BlockHooks* hooks() const { return zero_ >= 2 ? &hooks_ : nullptr; }
+  virtual void ready_from(size_t /*offset*/) {}
+  // The hooks the model calls around each block (ZeRO-2/3; null otherwise).
+  virtual BlockHooks* hooks() { return nullptr; }
 
   // Before a step's first backward: gradients start from zero.
-  void begin_step();
+  virtual void begin_step() = 0;
   // After backward: the owned gradients hold the sum over the group. Returns the seconds spent
   // in communication not hidden behind backward (this step's block hooks included).
-  double reduce_gradients();
+  virtual double reduce_gradients() = 0;
   // After the optimizer step updated the owned parameters: every rank gets them (ZeRO-1, 2: all of
   // the buffer; ZeRO-3: the root unit). Returns seconds.
-  double gather_parameters();
+  virtual double gather_parameters() = 0;
 
   // The parameters have just been written: the whole buffer (initialisation), or under ZeRO-2/3
   // only the owned pieces, compact (a checkpoint, read without materialising the model). Keeps the
   // owned pieces or gathers the rest from them; under ZeRO-3 the blocks end up released.
-  void adopt_params(bool whole_buffer);
+  virtual void adopt_params(bool /*whole_buffer*/) {}
   // The owned pieces of a whole buffer, compact.
   void take_owned(const float* whole, float* compact) const;
   // Bytes of the buffers this object holds now (parameters, gradients, compact shards).
-  int64_t resident_bytes() const;
+  virtual int64_t resident_bytes() const;
 
- private:
-  struct Unit {
-    size_t begin, end;  // of the layout's buffer
-    size_t chunk;       // (end - begin) / dp: floats per rank in the even part
-    int layer;          // block index, -1: a piece of the root
-    size_t owned_at;    // compact offset of this rank's part
-  };
-  size_t main_end(const Unit& u) const { return u.begin + u.chunk * size_t(dp_size_); }
-  size_t rest(const Unit& u) const { return u.end - main_end(u); }
-  size_t owned_size(const Unit& u) const { return u.chunk + (size_t(dp_rank_) < rest(u) ? 1 : 0); }
-  void build_units(const ParamLayout& layout);
-  // ZeRO-2/3 collectives on one unit. A gather is started (its even share and its rest
-  // elements) and finished (waited for, the rest placed, the unit marked gathered).
-  struct Gather;
-  std::unique_ptr<Gather> start_gather(int u);
-  void finish_gather(Gather& g);
-  void gather_unit(int u);
-  void launch_reduce(int u);
-  void finish_oldest();
-  void finish_reductions();
-  int unit_of(int layer) const;  // -1: not in this layout
-  // Block hooks (ZeRO-2/3).
-  void before_forward(int layer);
-  void after_forward(int layer);
-  void before_backward(int layer);
-  void after_backward(int layer);
-  void ensure_gathered(int u);
-  void prefetch(int u);
+ protected:
+  // Maps the flat buffers (padded as ShardRange pads them), committing none of their pages.
+  DataParallelSync(Communicator& dp, const ParamLayout& layout);
 
   Communicator& dp_;
-  int zero_, dp_size_, dp_rank_;
-  size_t n_;
+  const int dp_size_, dp_rank_;
+  const size_t n_;  // floats of the layout's buffer
   PageBuffer params_, grads_;
   std::vector<FlatRange> owned_;
-  ShardRange shard_;  // ZeRO-1
-  std::unique_ptr<GradReducer> reducer_;
-  std::vector<float> staging_;  // ZeRO-1: one shard
-  // ZeRO-2/3
-  std::vector<Unit> units_;
-  std::vector<int> unit_of_layer_;  // by layer; -1: not in this layout
-  std::vector<float> owned_params_, owned_grads_;
-  std::vector<char> gathered_;  // per unit (ZeRO-3)
-  bool first_micro_ = true;     // the first backward of the step writes the shards
-  struct Reduction {
-    int unit = -1;
-    std::vector<float> out;      // this rank's reduced part (main chunk + rest element)
-    std::vector<float> rest_in;  // the padded rest: dp floats
-    std::unique_ptr<Work> main, tail;
-  };
-  std::vector<std::unique_ptr<Reduction>> in_flight_;  // oldest first
-  struct Gather {
-    int unit = -1;
-    std::unique_ptr<Work> main, tail;
-    std::vector<float> rest_in, rest_out;
-  };
-  std::unique_ptr<Gather> prefetch_;  // the next block's parameters (ZeRO-3)
-  double hook_comm_s_ = 0.0;  // exposed seconds inside the hooks this step
-  BlockHooks hooks_;
 };
+
+// The strategy of `stage` over this rank's layout; bucket_bytes: the replicated all-reduce's
+// bucket size.
+std::unique_ptr<DataParallelSync> make_data_parallel_sync(Communicator& dp, ZeroStage stage,
+                                                          const ParamLayout& layout,
+                                                          size_t bucket_bytes);
 
 }  // namespace trellis

@@ -41,7 +41,7 @@ RankMemory rank_memory(const RunShape& run, const StageSpec& stage,
   const ModelConfig& mc = run.model;
   const int64_t state_tensors = run.optimizer == "adamw" ? 2 : 1;
   const ParamLayout layout(mc, run.tp, tp_rank, &stage);
-  const ZeroFootprint z = zero_footprint(layout, run.dp, dp_rank, run.zero);
+  const ZeroFootprint z = zero_footprint(layout, run.dp, dp_rank, zero_stage(run.zero));
   RankMemory m;
   m.rank = (pp_rank * run.dp + dp_rank) * run.tp + tp_rank;
   m.dp_rank = dp_rank;

@@ -253,8 +253,8 @@ Trainer::Trainer(TrainConfig cfg, Communicator& world)
   // This rank's tensor-parallel slices of its pipeline stage.
   layout_ = std::make_unique<ParamLayout>(mc_, mesh_.tp(), mesh_.tp_rank(), &stage_);
   n_ = layout_->size();
-  dp_sync_ = std::make_unique<DataParallelSync>(mesh_.dp_comm(), cfg_.zero, *layout_,
-                                                size_t(cfg_.bucket_mb * 1024 * 1024));
+  dp_sync_ = make_data_parallel_sync(mesh_.dp_comm(), zero_stage(cfg_.zero), *layout_,
+                                     size_t(cfg_.bucket_mb * 1024 * 1024));
   optimizer_ = std::make_unique<Optimizer>(cfg_.optim, *layout_, dp_sync_->owned());
   load_or_init();
   check_replicas_agree();
@@ -277,7 +277,7 @@ Trainer::Trainer(TrainConfig cfg, Communicator& world)
     models_.push_back(
         std::make_unique<Transformer>(*layout_, dp_sync_->params(), dp_sync_->grads(), *tp_, &c,
                                       compute_));
-    models_.back()->set_block_hooks(dp_sync_->hooks());
+    if (BlockHooks* hooks = dp_sync_->hooks()) models_.back()->add_block_hooks(*hooks);
     models_.back()->set_label_smoothing(float(cfg_.label_smoothing));
     chunk_models.push_back(models_.back().get());
   }
@@ -478,7 +478,7 @@ void Trainer::load_or_init() {
                     "{}: the checkpoint's {} is {}, the configured model's {}", resumed_from_, key,
                     saved_cfg.contains(key) ? saved_cfg[key].dump() : "missing", value.dump());
   // ZeRO-2/3 read only their shard: no rank materialises its whole stage.
-  params_compact_ = cfg_.zero >= 2;
+  params_compact_ = dp_sync_->owned_apart();
   if (params_compact_)
     reader.read(*layout_, dp_sync_->owned(), "params", dp_sync_->owned_params());
   else
@@ -589,7 +589,7 @@ void Trainer::optimizer_step(int64_t step, StepStats& st) {
   double norm_sq = grad_sum_squares(*layout_, dp_sync_->owned(), dp_sync_->owned_grads());
   if (mesh_.tp() > 1) mesh_.tp_comm().all_reduce_sum(&norm_sq, 1);
   if (mesh_.pp() > 1) mesh_.pp_comm().all_reduce_sum(&norm_sq, 1);
-  if (dp_sync_->zero()) mesh_.dp_comm().all_reduce_sum(&norm_sq, 1);
+  if (dp_sync_->sharded()) mesh_.dp_comm().all_reduce_sum(&norm_sq, 1);
   st.grad_norm = std::sqrt(norm_sq);
   // Clipping rides along the optimizer's sweep instead of a pass of its own.
   const float clip = cfg_.optim.grad_clip;
@@ -788,7 +788,7 @@ OwnedArrays Trainer::owned_state() {
   OwnedArrays o;
   float* params = dp_sync_->owned_params();
   auto states = optimizer_->state();
-  if (cfg_.zero == 0 && mesh_.dp() > 1) {
+  if (!dp_sync_->sharded() && mesh_.dp() > 1) {
     // Replicas hold the same values (owned: the whole buffer): each writes 1/dp of them.
     const ShardRange r = shard_range(n_, mesh_.dp(), mesh_.dp_rank());
     o.ranges = {{r.begin, r.end}};

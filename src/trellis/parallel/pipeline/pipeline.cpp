@@ -31,13 +31,7 @@ Pipeline::Pipeline(Communicator& pp_comm, std::vector<Transformer*> chunks, int6
   // between operations left a last stage's gradients unsent until its backward phase ended
   // (GPipe's bubble measured 0.5 for 0.1 in theory), so the stage also polls between blocks.
   if (pp_ == 1) return;
-  progress_.before_forward = progress_.before_backward = [](int) {};
-  progress_.after_forward = progress_.after_backward = [this](int) { release_finished(false); };
-  for (Transformer* chunk : chunks_) {
-    TRELLIS_CHECK(chunk->block_hooks() == nullptr,
-                  "a pipeline chunk already has block hooks (ZeRO-2/3 does not run with --pp)");
-    chunk->set_block_hooks(&progress_);
-  }
+  for (Transformer* chunk : chunks_) chunk->add_block_hooks(send_polling_);
 }
 
 int64_t Pipeline::activation_bytes() const {

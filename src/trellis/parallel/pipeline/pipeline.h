@@ -74,7 +74,17 @@ class Pipeline {
     std::vector<float> copy;  // what it sends, when not a kept Context's tensor
   };
   std::vector<PendingSend> sends_;
-  BlockHooks progress_;  // polls sends_ between blocks (pipeline ranks without ZeRO-2/3 hooks)
+  // Polls sends_ after each block, so they move while the next operation computes.
+  class SendPolling final : public BlockHooks {
+   public:
+    explicit SendPolling(Pipeline& pipe) : pipe_(pipe) {}
+    void after_forward(int) override { pipe_.release_finished(false); }
+    void after_backward(int) override { pipe_.release_finished(false); }
+
+   private:
+    Pipeline& pipe_;
+  };
+  SendPolling send_polling_{*this};
   bool tracing_ = false;
   std::vector<TraceEvent> trace_;
   double trace_origin_ = -1.0;

@@ -1,0 +1,145 @@
+#pragma once
+// The four DataParallelSync strategies (parallel/zero.h says what each does); only
+// make_data_parallel_sync and zero_footprint name them.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "trellis/parallel/data_parallel.h"
+#include "trellis/parallel/zero.h"
+
+namespace trellis {
+
+// Bytes of the whole pages that hold `floats` floats.
+int64_t page_bytes(size_t floats);
+// Beyond 2 ranks the MPI backend's ring reduce-scatter holds a scratch block the size of its
+// output while it runs (comm/mpi_backend.cpp): 1, else 0.
+int64_t ring_scratch_blocks(int dp);
+
+// ZeRO-0: every rank holds and updates everything; gradients are all-reduced in buckets while
+// backward runs.
+class ReplicatedSync final : public DataParallelSync {
+ public:
+  ReplicatedSync(Communicator& dp, const ParamLayout& layout, size_t bucket_bytes);
+  static ZeroFootprint footprint(const ParamLayout& layout, int dp);
+
+  bool sharded() const override { return false; }
+  bool overlaps() const override { return reducer_ != nullptr; }
+  void ready_from(size_t offset) override;
+  void begin_step() override;
+  double reduce_gradients() override;
+  double gather_parameters() override { return 0.0; }
+
+ private:
+  std::unique_ptr<GradReducer> reducer_;  // null on one rank
+};
+
+// ZeRO-1: whole buffers on every rank; the optimizer state and update of one shard_range each.
+class ShardedOptimizerSync final : public DataParallelSync {
+ public:
+  ShardedOptimizerSync(Communicator& dp, const ParamLayout& layout);
+  static ZeroFootprint footprint(const ParamLayout& layout, int dp, int dp_rank);
+
+  bool sharded() const override { return true; }
+  void begin_step() override;
+  double reduce_gradients() override;
+  double gather_parameters() override;
+  int64_t resident_bytes() const override;
+
+ private:
+  ShardRange shard_;
+  std::vector<float> staging_;  // one shard: the reduce-scatter's output, the all-gather's input
+};
+
+// ZeRO-2: gradients reduce-scattered per unit as backward finishes it, into compact shards.
+// ZeRO-3 adds the parameters' residency on top (ShardedParametersSync).
+class ShardedGradientsSync : public DataParallelSync, public BlockHooks {
+ public:
+  ShardedGradientsSync(Communicator& dp, const ParamLayout& layout);
+  static ZeroFootprint footprint(const ParamLayout& layout, int dp, int dp_rank);
+
+  bool sharded() const override { return true; }
+  bool owned_apart() const override { return true; }
+  float* owned_params() override { return owned_params_.data(); }
+  float* owned_grads() override { return owned_grads_.data(); }
+  BlockHooks* hooks() override { return this; }
+  void begin_step() override;
+  double reduce_gradients() override;
+  double gather_parameters() override;
+  void adopt_params(bool whole_buffer) override;
+  int64_t resident_bytes() const override;
+
+  // Block hooks: a unit's gradient pages are committed before backward writes them and
+  // reduce-scattered (then returned) after.
+  void before_backward(int layer) override;
+  void after_backward(int layer) override;
+
+ protected:
+  struct Unit {
+    size_t begin, end;  // of the layout's buffer
+    size_t chunk;       // (end - begin) / dp: floats per rank in the even part
+    int layer;          // block index, -1: a piece of the root
+    size_t owned_at;    // compact offset of this rank's part
+  };
+  size_t main_end(const Unit& u) const { return u.begin + u.chunk * size_t(dp_size_); }
+  size_t rest(const Unit& u) const { return u.end - main_end(u); }
+  size_t owned_size(const Unit& u) const { return u.chunk + (size_t(dp_rank_) < rest(u) ? 1 : 0); }
+  int unit_of(int layer) const;  // -1: not in this layout
+
+  // A unit's all-gather, started (its even share and its rest elements) and finished (waited
+  // for, the rest placed).
+  struct Gather {
+    int unit = -1;
+    std::unique_ptr<Work> main, tail;
+    std::vector<float> rest_in, rest_out;
+  };
+  std::unique_ptr<Gather> start_gather(int u);
+  void finish_gather(Gather& g);
+  void gather_unit(int u);
+
+  std::vector<Unit> units_;
+  std::vector<float> owned_params_, owned_grads_;
+  double hook_comm_s_ = 0.0;  // exposed seconds inside the hooks this step
+
+ private:
+  void build_units(const ParamLayout& layout);
+  void launch_reduce(int u);
+  void finish_oldest();
+  void finish_reductions();
+
+  std::vector<int> unit_of_layer_;  // by layer; -1: not in this layout
+  bool first_micro_ = true;         // the first backward of the step writes the shards
+  struct Reduction {
+    int unit = -1;
+    std::vector<float> out;      // this rank's reduced part (main chunk + rest element)
+    std::vector<float> rest_in;  // the padded rest: dp floats
+    std::unique_ptr<Work> main, tail;
+  };
+  std::vector<std::unique_ptr<Reduction>> in_flight_;  // oldest first
+};
+
+// ZeRO-3: ZeRO-2, and each block's parameters gathered around its forward and its backward.
+class ShardedParametersSync final : public ShardedGradientsSync {
+ public:
+  ShardedParametersSync(Communicator& dp, const ParamLayout& layout);
+  static ZeroFootprint footprint(const ParamLayout& layout, int dp, int dp_rank);
+
+  double gather_parameters() override;
+  void adopt_params(bool whole_buffer) override;
+
+  void before_forward(int layer) override;
+  void after_forward(int layer) override;
+  void before_backward(int layer) override;
+  void after_backward(int layer) override;
+
+ private:
+  void ensure_gathered(int u);
+  void prefetch(int u);
+  void release_params(int u);
+
+  std::vector<char> gathered_;        // per unit
+  std::unique_ptr<Gather> prefetch_;  // the next block's parameters
+};
+
+}  // namespace trellis
