@@ -17,7 +17,7 @@ namespace {
 
 // One string per line, as sacreBLEU reads a file: split at '\n' only, trailing whitespace
 // stripped (so "\r\n" endings and trailing blanks do not count), no line after a final newline.
-std::vector<std::string> read_lines(const std::string& path) {
+std::vector<std::string> read_sacrebleu_lines(const std::string& path) {
   const std::string text = read_file(path);
   std::vector<std::string> lines;
   size_t start = 0;
@@ -53,10 +53,10 @@ Command add_bleu_command(CLI::App& app) {
       ->required();
   sub->add_option("--hyp", args->hyp, "hypothesis file, one sentence a line")->required();
   return {sub, [args](Communicator& world) {
-            const std::vector<std::string> hyps = read_lines(args->hyp);
+            const std::vector<std::string> hyps = read_sacrebleu_lines(args->hyp);
             ReferenceSets refs;
             for (const std::string& path : args->refs) {
-              refs.push_back(read_lines(path));
+              refs.push_back(read_sacrebleu_lines(path));
               TRELLIS_REQUIRE(refs.back().size() == hyps.size(),
                               "{} has {} lines but {} has {}: every reference file needs one "
                               "line per hypothesis",

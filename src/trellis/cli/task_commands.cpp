@@ -28,7 +28,7 @@ struct TaskArgs {
 };
 
 // The input's lines (a final newline ends the last one; \r\n is accepted).
-std::vector<std::string> read_lines(const std::string& path) {
+std::vector<std::string> read_input_lines(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   TRELLIS_REQUIRE(in.good(), "{}: cannot open", path);
   std::vector<std::string> lines;
@@ -83,7 +83,7 @@ void add_common_options(CLI::App* sub, TaskArgs& a) {
 
 int run_classify(const TaskArgs& a) {
   TaskModel m = load_task_model(a, "classify");
-  const std::vector<std::string> lines = read_lines(a.input);
+  const std::vector<std::string> lines = read_input_lines(a.input);
   const std::vector<std::string> classes = m.ck.task.at("classes");
   LocalModel local(m.ck);
   Transformer& model = local.model;
@@ -120,7 +120,7 @@ int run_classify(const TaskArgs& a) {
 
 int run_translate(const TaskArgs& a) {
   TaskModel m = load_task_model(a, "translate");
-  const std::vector<std::string> lines = read_lines(a.input);
+  const std::vector<std::string> lines = read_input_lines(a.input);
   LocalModel local(m.ck);
   Transformer& model = local.model;
   const DecodeOptions opt{a.beam, a.max_len, 0.6, m.format.special, m.format.T, !a.no_cache};
