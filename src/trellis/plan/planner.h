@@ -10,7 +10,7 @@
 
 #include "trellis/plan/cost_model.h"
 #include "trellis/plan/machine.h"
-#include "trellis/train/memory_plan.h"
+#include "trellis/plan/memory_plan.h"
 
 namespace trellis {
 

@@ -35,12 +35,12 @@
 #include "trellis/parallel/tensor_parallel.h"
 #include "trellis/parallel/tied.h"
 #include "trellis/parallel/zero.h"
+#include "trellis/plan/memory_plan.h"
 #include "trellis/train/auto_layout.h"
 #include "trellis/train/batches.h"
 #include "trellis/train/best.h"
 #include "trellis/train/checkpointing.h"
 #include "trellis/train/fault.h"
-#include "trellis/train/memory_plan.h"
 #include "trellis/train/metrics.h"
 #include "trellis/train/trace.h"
 
