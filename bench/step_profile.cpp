@@ -26,7 +26,7 @@
 #include "trellis/model/params.h"
 #include "trellis/model/transformer.h"
 #include "trellis/optim/optimizer.h"
-#include "trellis/parallel/tensor_parallel.h"
+#include "trellis/tensor_parallel/operators.h"
 
 using namespace trellis;
 using Clock = std::chrono::steady_clock;

@@ -5,8 +5,8 @@
 set(TRELLIS_FUZZ_SOURCES
     src/trellis/core/error.cpp
     src/trellis/core/philox.cpp
-    src/trellis/io/atomic_file.cpp
-    src/trellis/io/mapped_file.cpp
+    src/trellis/core/atomic_file.cpp
+    src/trellis/core/mapped_file.cpp
     src/trellis/io/safetensors.cpp
     src/trellis/io/checkpoint.cpp
     src/trellis/io/sharded_checkpoint.cpp

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "trellis/core/atomic_file.h"
 #include "trellis/core/error.h"
-#include "trellis/io/atomic_file.h"
 #include "trellis/io/plot.h"
 #include "trellis/io/safetensors.h"
 #include "trellis/io/tfevents.h"

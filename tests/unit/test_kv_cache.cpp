@@ -14,7 +14,7 @@
 #include "trellis/model/config.h"
 #include "trellis/model/params.h"
 #include "trellis/model/transformer.h"
-#include "trellis/parallel/tensor_parallel.h"
+#include "trellis/tensor_parallel/operators.h"
 
 namespace trellis {
 namespace {

@@ -16,7 +16,7 @@
 #include "trellis/model/transformer.h"
 #include "trellis/parallel/pipeline/pipeline.h"
 #include "trellis/parallel/pipeline/schedule.h"
-#include "trellis/parallel/tensor_parallel.h"
+#include "trellis/tensor_parallel/operators.h"
 
 namespace trellis {
 namespace {

@@ -9,11 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "trellis/core/atomic_file.h"
 #include "trellis/core/error.h"
 #include "trellis/data/examples.h"
 #include "trellis/data/prepare_task.h"
 #include "trellis/data/task_readers.h"
-#include "trellis/io/atomic_file.h"
 
 namespace fs = std::filesystem;
 

@@ -7,9 +7,9 @@
 
 #include "trellis/cli/commands.h"
 #include "trellis/comm/communicator.h"
+#include "trellis/core/atomic_file.h"
 #include "trellis/core/error.h"
 #include "trellis/eval/bleu.h"
-#include "trellis/io/atomic_file.h"
 
 namespace trellis {
 

@@ -8,6 +8,7 @@
 
 #include "trellis/cli/commands.h"
 #include "trellis/cli/local_model.h"
+#include "trellis/core/atomic_file.h"
 #include "trellis/core/error.h"
 #include "trellis/data/loader.h"
 #include "trellis/data/sentencepiece.h"
@@ -15,7 +16,6 @@
 #include "trellis/data/tokenizer.h"
 #include "trellis/eval/bleu.h"
 #include "trellis/eval/classification.h"
-#include "trellis/io/atomic_file.h"
 #include "trellis/io/checkpoint.h"
 #include "trellis/io/safetensors.h"
 #include "trellis/kernels/isa.h"

@@ -4,10 +4,10 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "trellis/core/atomic_file.h"
 #include "trellis/core/error.h"
 #include "trellis/data/shard.h"
 #include "trellis/data/tokenizer.h"
-#include "trellis/io/atomic_file.h"
 
 namespace trellis {
 

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "trellis/core/atomic_file.h"
 #include "trellis/core/error.h"
-#include "trellis/io/atomic_file.h"
 
 namespace trellis {
 

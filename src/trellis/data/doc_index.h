@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "trellis/io/mapped_file.h"
+#include "trellis/core/mapped_file.h"
 
 namespace trellis {
 

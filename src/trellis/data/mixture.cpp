@@ -6,10 +6,10 @@
 #include <filesystem>
 #include <numeric>
 
+#include "trellis/core/atomic_file.h"
 #include "trellis/core/error.h"
 #include "trellis/core/philox.h"
 #include "trellis/data/sentencepiece.h"
-#include "trellis/io/atomic_file.h"
 
 namespace trellis {
 

@@ -14,11 +14,11 @@
 #include <span>
 #include <thread>
 
+#include "trellis/core/atomic_file.h"
 #include "trellis/core/error.h"
 #include "trellis/data/doc_index.h"
 #include "trellis/data/shard.h"
 #include "trellis/data/tokenizer.h"
-#include "trellis/io/atomic_file.h"
 
 namespace trellis {
 

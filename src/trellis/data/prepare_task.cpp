@@ -8,11 +8,11 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "trellis/core/atomic_file.h"
 #include "trellis/core/error.h"
 #include "trellis/core/philox.h"
 #include "trellis/data/task_readers.h"
 #include "trellis/data/tokenizer.h"
-#include "trellis/io/atomic_file.h"
 
 namespace trellis {
 

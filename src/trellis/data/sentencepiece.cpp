@@ -10,8 +10,8 @@
 #include <thread>
 #include <unordered_map>
 
+#include "trellis/core/atomic_file.h"
 #include "trellis/core/error.h"
-#include "trellis/io/atomic_file.h"
 #include "trellis/model/config.h"
 
 namespace trellis {

@@ -5,8 +5,8 @@
 #include <cstring>
 #include <limits>
 
+#include "trellis/core/atomic_file.h"
 #include "trellis/core/error.h"
-#include "trellis/io/atomic_file.h"
 
 namespace trellis {
 

@@ -4,7 +4,7 @@
 //   version 1: uint16 tokens (llm.c's format; vocabularies of at most 65,536).
 //   version 2: uint32 tokens (larger vocabularies, e.g. LLaMA-3's 128k); header[3] = 4, the
 //              bytes per token, so a reader that knows only version 1 refuses it by the version.
-// A Shard maps its file (io/mapped_file): opening one reads the header only, tokens are read
+// A Shard maps its file (core/mapped_file): opening one reads the header only, tokens are read
 // where a window needs them.
 #include <cstdint>
 #include <memory>
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "trellis/io/mapped_file.h"
+#include "trellis/core/mapped_file.h"
 
 namespace trellis {
 

@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "trellis/core/atomic_file.h"
 #include "trellis/core/error.h"
-#include "trellis/io/atomic_file.h"
 
 namespace trellis {
 

@@ -12,9 +12,9 @@
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 
+#include "trellis/core/atomic_file.h"
 #include "trellis/core/error.h"
 #include "trellis/data/sentencepiece.h"
-#include "trellis/io/atomic_file.h"
 
 namespace trellis {
 

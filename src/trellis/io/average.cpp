@@ -11,8 +11,8 @@
 #include <memory>
 
 #include "nlohmann/json.hpp"
+#include "trellis/core/atomic_file.h"
 #include "trellis/core/error.h"
-#include "trellis/io/atomic_file.h"
 #include "trellis/io/checkpoint.h"
 #include "trellis/io/sharded_checkpoint.h"
 #include "trellis/model/params.h"

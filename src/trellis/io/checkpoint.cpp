@@ -7,10 +7,10 @@
 #include <limits>
 #include <type_traits>
 
+#include "trellis/core/atomic_file.h"
 #include "trellis/core/error.h"
 #include "trellis/data/sentencepiece.h"
 #include "trellis/data/tokenizer.h"
-#include "trellis/io/atomic_file.h"
 #include "trellis/io/safetensors.h"
 #include "trellis/io/sharded_checkpoint.h"
 #include "trellis/model/family.h"

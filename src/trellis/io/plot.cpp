@@ -7,8 +7,8 @@
 #include <sstream>
 #include <vector>
 
+#include "trellis/core/atomic_file.h"
 #include "trellis/core/error.h"
-#include "trellis/io/atomic_file.h"
 
 namespace trellis {
 

@@ -9,8 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 
+#include "trellis/core/atomic_file.h"
 #include "trellis/core/error.h"
-#include "trellis/io/atomic_file.h"
 #include "trellis/io/checkpoint.h"
 #include "trellis/io/safetensors.h"
 #include "trellis/io/sharded_checkpoint.h"

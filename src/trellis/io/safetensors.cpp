@@ -6,8 +6,8 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "trellis/core/atomic_file.h"
 #include "trellis/core/error.h"
-#include "trellis/io/atomic_file.h"
 
 namespace trellis {
 

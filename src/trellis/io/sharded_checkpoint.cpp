@@ -11,11 +11,11 @@
 #include <filesystem>
 #include <thread>
 
+#include "trellis/core/atomic_file.h"
 #include "trellis/core/error.h"
+#include "trellis/core/mapped_file.h"
 #include "trellis/data/sentencepiece.h"
-#include "trellis/io/atomic_file.h"
 #include "trellis/io/checkpoint.h"
-#include "trellis/io/mapped_file.h"
 #include "trellis/io/safetensors.h"
 
 namespace fs = std::filesystem;

@@ -22,7 +22,7 @@
 #include "trellis/model/kv_cache.h"
 #include "trellis/model/modules.h"
 #include "trellis/model/params.h"
-#include "trellis/parallel/tensor_parallel.h"
+#include "trellis/tensor_parallel/operators.h"
 
 namespace trellis {
 
@@ -124,7 +124,7 @@ class Transformer {
   // from ctx.doutput, after the first stage leaving d(input) in ctx.dinput); accumulates into the
   // gradient buffer. On the last micro-step, on_block_done(l) fires as block l's gradients become
   // final (last .. first; -1 = embeddings). Under sequence parallelism the gradients of replicated
-  // parameters are this rank's rows' share (TensorParallel::reduce_replicated_grads sums them).
+  // parameters are this rank's rows' share (reduce_replicated_grads sums them).
   void backward(Context& ctx, bool last_micro_step,
                 const std::function<void(int)>& on_block_done = {});
   // Vocabulary logits (true vocabulary only) at rows b*T + t of the batch, [rows.size(), vocab],

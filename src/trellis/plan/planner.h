@@ -2,7 +2,7 @@
 // `trellis plan`: every valid layout of a run on a described machine (dp, tp dividing the heads,
 // pp dividing the blocks, virtual stages, schedule, ZeRO stage where trellis allows it,
 // recompute, sequence parallelism, micro-batch dividing the per-rank batch), each with its
-// predicted memory (train/memory_plan: trellis's own allocations, fp32 activations) and step
+// predicted memory (plan/memory_plan: trellis's own allocations, fp32 activations) and step
 // time (plan/cost_model), those that fit the device ranked by tokens/s.
 #include <cstdint>
 #include <string>
@@ -10,7 +10,7 @@
 
 #include "trellis/plan/cost_model.h"
 #include "trellis/plan/machine.h"
-#include "trellis/train/memory_plan.h"
+#include "trellis/plan/memory_plan.h"
 
 namespace trellis {
 

@@ -6,9 +6,9 @@
 #include <filesystem>
 
 #include "trellis/comm/communicator.h"
+#include "trellis/core/atomic_file.h"
 #include "trellis/core/clock.h"
 #include "trellis/core/error.h"
-#include "trellis/io/atomic_file.h"
 #include "trellis/io/checkpoint.h"
 
 namespace fs = std::filesystem;

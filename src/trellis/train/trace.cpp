@@ -3,7 +3,7 @@
 #include <fmt/format.h>
 
 #include "nlohmann/json.hpp"
-#include "trellis/io/atomic_file.h"
+#include "trellis/core/atomic_file.h"
 
 namespace trellis {
 

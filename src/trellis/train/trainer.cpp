@@ -13,14 +13,15 @@
 #include <thread>
 
 #include "trellis/comm/communicator.h"
+#include "trellis/core/atomic_file.h"
 #include "trellis/core/clock.h"
 #include "trellis/core/error.h"
 #include "trellis/core/memory.h"
+#include "trellis/core/threads.h"
 #include "trellis/data/corpus.h"
 #include "trellis/data/mixture.h"
 #include "trellis/data/sentencepiece.h"
 #include "trellis/eval/classification.h"
-#include "trellis/io/atomic_file.h"
 #include "trellis/io/checkpoint.h"
 #include "trellis/io/pretrained.h"
 #include "trellis/kernels/isa.h"
@@ -31,16 +32,16 @@
 #include "trellis/parallel/global_view.h"
 #include "trellis/parallel/mesh.h"
 #include "trellis/parallel/pipeline/pipeline.h"
-#include "trellis/parallel/tensor_parallel.h"
+#include "trellis/parallel/replicated_grads.h"
 #include "trellis/parallel/tied.h"
 #include "trellis/parallel/zero.h"
-#include "trellis/core/threads.h"
+#include "trellis/plan/memory_plan.h"
+#include "trellis/tensor_parallel/operators.h"
 #include "trellis/train/auto_layout.h"
 #include "trellis/train/batches.h"
 #include "trellis/train/best.h"
 #include "trellis/train/checkpointing.h"
 #include "trellis/train/fault.h"
-#include "trellis/train/memory_plan.h"
 #include "trellis/train/metrics.h"
 #include "trellis/train/trace.h"
 
@@ -568,7 +569,7 @@ StepStats Trainer::forward_backward_step(int64_t step) {
   tied_->reduce(dp_sync_->grads());
   st.comm_exposed = dp_sync_->reduce_gradients();
   // After the data-parallel sync, which may still be writing buckets until it returns.
-  tp_->reduce_replicated_grads(*layout_, dp_sync_->owned(), dp_sync_->owned_grads());
+  reduce_replicated_grads(*tp_, *layout_, dp_sync_->owned(), dp_sync_->owned_grads());
   // The loss is known on the last stage only; the bubble is averaged over the stages.
   double pp_stats[2] = {ps.loss_sum, 1.0 - ps.compute_s / ps.total_s};
   st.peak_micro = ps.peak_contexts;  // activations alive at once, largest stage

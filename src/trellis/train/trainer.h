@@ -9,7 +9,7 @@ class Communicator;
 
 // Runs `cfg` on this rank. Returns 0 on success.
 int run_training(TrainConfig cfg, Communicator& world);
-// `train --dry-run`: prints the predicted memory of every rank of cfg's layout (train/memory_plan;
+// `train --dry-run`: prints the predicted memory of every rank of cfg's layout (plan/memory_plan;
 // JSON with json) without training. One process, any layout.
 int dry_run(const TrainConfig& cfg, bool json);
 

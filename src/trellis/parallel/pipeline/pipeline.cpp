@@ -70,7 +70,7 @@ void Pipeline::release_finished(bool wait_all) {
 }
 
 // Sends a copy, so the Context goes back to the pool now: the pool then holds exactly the
-// Contexts the schedule keeps alive (what train/memory_plan predicts), however late the send ends.
+// Contexts the schedule keeps alive (what plan/memory_plan predicts), however late the send ends.
 void Pipeline::send_copy(const Tensor& t, int dst, int tag) {
   std::vector<float> copy(t.f32(), t.f32() + t.numel());
   std::unique_ptr<Work> work = comm_.send_async(copy.data(), copy.size(), dst, tag);

@@ -1,4 +1,4 @@
-#include "trellis/parallel/tensor_parallel.h"
+#include "trellis/tensor_parallel/operators.h"
 
 #include <algorithm>
 #include <chrono>
@@ -60,30 +60,17 @@ const float* TensorParallel::leave_backward(const float* dlocal, float* dfull, i
   return enter(dlocal, dfull, rows, C);
 }
 
-void TensorParallel::reduce_replicated_grads(const ParamLayout& layout,
-                                             const std::vector<FlatRange>& owned, float* grads) {
-  if (!sp_ || size_ == 1) return;
+void TensorParallel::all_reduce_pieces(const std::vector<std::span<float>>& pieces) {
+  if (!comm_) return;
   CommTimer timer(comm_s_);
-  // Each replicated tensor's part inside each owned range, in a fixed order on every rank.
-  auto for_each_piece = [&](auto&& fn) {
-    size_t at = 0;
-    for (const FlatRange& r : owned) {
-      for (const auto& s : layout.specs()) {
-        if (s.split_dim >= 0) continue;
-        const size_t lo = std::max(r.begin, s.offset), hi = std::min(r.end, s.offset + s.numel());
-        if (lo < hi) fn(grads + at + (lo - r.begin), hi - lo);
-      }
-      at += r.size();
-    }
-  };
   packed_.clear();
-  for_each_piece([&](float* g, size_t n) { packed_.insert(packed_.end(), g, g + n); });
+  for (std::span<float> piece : pieces) packed_.insert(packed_.end(), piece.begin(), piece.end());
   comm_->all_reduce(packed_.data(), packed_.size());
   const float* p = packed_.data();
-  for_each_piece([&](float* g, size_t n) {
-    std::copy_n(p, n, g);
-    p += n;
-  });
+  for (std::span<float> piece : pieces) {
+    std::copy_n(p, piece.size(), piece.data());
+    p += piece.size();
+  }
 }
 
 ops::RowCombine TensorParallel::row_combine() {

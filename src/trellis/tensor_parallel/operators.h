@@ -5,11 +5,12 @@
 // backward (Megatron's f), leaving is an all-reduce forward and the identity backward (g). With
 // sequence parallelism the outside regions hold a slice of the rows instead: entering all-gathers
 // (its backward reduce-scatters) and leaving reduce-scatters (its backward all-gathers).
+#include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "trellis/kernels/ops.h"
-#include "trellis/model/params.h"
 
 namespace trellis {
 
@@ -39,13 +40,10 @@ class TensorParallel {
   // Backward of leave: returns the full [rows, C] gradient (`dfull` is storage under SP only).
   const float* leave_backward(const float* dlocal, float* dfull, int64_t rows, int64_t C);
 
-  // Under sequence parallelism each rank computed the gradients of the parameters replicated
-  // across the group (norms, row-parallel biases, positions) from its own rows only: sums them
-  // over the group, packed into one all-reduce. Without it they are complete already.
-  // owned: the ranges of the layout's gradients this rank holds reduced over data parallelism,
-  // given compact in grads (the same ranges on every tensor-parallel rank: slices share offsets).
-  void reduce_replicated_grads(const ParamLayout& layout, const std::vector<FlatRange>& owned,
-                               float* grads);
+  // Sums every piece over the group in place, packed into one all-reduce; the same pieces in the
+  // same order on every rank. (parallel/replicated_grads picks the pieces: which parameters are
+  // replicated is the model's layout, which sits above these operators.)
+  void all_reduce_pieces(const std::vector<std::span<float>>& pieces);
   // Row statistics combine for the vocabulary-parallel cross-entropy.
   ops::RowCombine row_combine();
   // Seconds spent in tensor-parallel communication since the last call (for the step breakdown).

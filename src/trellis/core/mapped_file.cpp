@@ -1,4 +1,4 @@
-#include "trellis/io/mapped_file.h"
+#include "trellis/core/mapped_file.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

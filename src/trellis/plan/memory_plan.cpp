@@ -1,4 +1,4 @@
-#include "trellis/train/memory_plan.h"
+#include "trellis/plan/memory_plan.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "trellis/io/atomic_file.h"
+#include "trellis/core/atomic_file.h"
 
 #include <fcntl.h>
 #include <unistd.h>
