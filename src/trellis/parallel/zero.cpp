@@ -88,9 +88,8 @@ void DataParallelSync::build_units(const ParamLayout& layout) {
 }
 
 ZeroFootprint zero_footprint(const ParamLayout& layout, int dp, int dp_rank, int zero) {
-  // Beyond 2 ranks the MPI backend's ring reduce-scatter holds a scratch block the size of its
-  // output while it runs (comm/mpi_backend.cpp).
-  const int64_t ring_scratch = dp > 2 ? 1 : 0;
+  // Scratch a reduce-scatter holds per float of its output while it runs (the backend says).
+  const int64_t ring_scratch = int64_t(reduce_scatter_scratch_floats(dp, 1));
   ZeroFootprint f;
   const size_t n = layout.size();
   const int64_t page = int64_t(sysconf(_SC_PAGESIZE));
