@@ -36,6 +36,16 @@ struct RankMemory {
   int64_t total() const { return params + grads + optimizer + shards + activations + workspace; }
 };
 
+// The model chunks of pipeline rank pp_rank (local chunk v is global chunk v * pp + pp_rank, as
+// the interleaved schedule places them; the first holds the embedding, the last the head) and
+// their union, the rank's stage. The trainer builds its chunks from this too.
+struct RankChunks {
+  StageSpec stage;
+  std::vector<StageSpec> chunks;
+};
+RankChunks rank_chunks(const ModelConfig& model, int pp, int virtual_stages,
+                       const std::vector<int>& layer_split, int pp_rank);
+
 // Every rank of the layout (world = dp * tp * pp), in world-rank order (TP fastest, then DP,
 // then PP, as parallel/mesh).
 std::vector<RankMemory> predict_memory(const RunShape& run);
