@@ -22,10 +22,10 @@ int64_t kept_bytes(const std::vector<BlockTensor>& block, Recompute recompute) {
 
 ActivationDims activation_dims(const ModelConfig& cfg, int64_t B, int64_t T, int tp,
                                bool sequence_parallel) {
-  TRELLIS_REQUIRE(tp >= 1 && cfg.n_head % tp == 0 && cfg.kv_heads() % tp == 0 &&
-                      cfg.ffn() % tp == 0,
-                  "tp={} does not divide the heads ({}, {} key/value) and MLP width ({})", tp,
-                  cfg.n_head, cfg.kv_heads(), cfg.ffn());
+  TRELLIS_REQUIRE(
+      tp >= 1 && cfg.n_head % tp == 0 && cfg.kv_heads() % tp == 0 && cfg.ffn() % tp == 0,
+      "tp={} does not divide the heads ({}, {} key/value) and MLP width ({})", tp, cfg.n_head,
+      cfg.kv_heads(), cfg.ffn());
   const bool seq_par = sequence_parallel && tp > 1;
   ActivationDims d;
   d.B = B;

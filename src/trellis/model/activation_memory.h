@@ -23,12 +23,12 @@ struct ActivationDims {
   int64_t full = 0;   // rows of the gathered copies sequence parallelism keeps (0 without it)
   int64_t stats = 0;  // rows of a norm's mean (LayerNorm; RMSNorm keeps none)
   int64_t C = 0;
-  int64_t Hl = 0;    // local attention heads
-  int64_t qkv = 0;   // q|k|v width
-  int64_t att = 0;   // attention output width
-  int64_t kv2 = 0;   // cross-attention's keys|values width
-  int64_t up = 0;    // the MLP's up projection width (gate|up for SwiGLU; 0 without an MLP)
-  int64_t act = 0;   // the MLP activation's width
+  int64_t Hl = 0;          // local attention heads
+  int64_t qkv = 0;         // q|k|v width
+  int64_t att = 0;         // attention output width
+  int64_t kv2 = 0;         // cross-attention's keys|values width
+  int64_t up = 0;          // the MLP's up projection width (gate|up for SwiGLU; 0 without an MLP)
+  int64_t act = 0;         // the MLP activation's width
   int64_t vocab_rows = 0;  // this rank's slice of the padded vocabulary (ParamLayout::vocab_local)
 };
 // For tensor-parallel size tp; sequence parallelism applies only when tp > 1.
