@@ -158,6 +158,54 @@ TEST(ActivationMemory, EqualsWhatTheModelAllocates) {
   EXPECT_GT(checked, 100);
 }
 
+// One place for each size: a change to one block's activation layout reaches both what the model
+// allocates and what the prediction sums, with no second edit. Block 1 here saves its attention's
+// residual sum twice as wide (as a block that kept a second tensor would); a prediction that
+// restated the sizes instead of summing the table would miss it, and so would a model that sized
+// its Context on its own.
+TEST(ActivationMemory, AChangedBlockLayoutChangesTheModelAndThePredictionAlike) {
+  ModelConfig cfg = model_preset("tiny");
+  cfg.vocab_size = 70;
+  cfg.validate();
+  const StageSpec whole = StageSpec::whole(cfg);
+  const int64_t B = 2, T = 8, wider = B * T * cfg.n_embd * int64_t(sizeof(float));
+  const ParamLayout layout(cfg, 1, 0, &whole);
+  std::vector<float> params(layout.size()), grads(layout.size(), 0.0f);
+  init_params(layout, 5, params.data());
+  TensorParallel group(nullptr, false);
+  for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+    SCOPED_TRACE(recompute_name(rc));
+    ActivationLayout changed = activation_layout(cfg, whole, B, T, 1, false);
+    const ActivationMemory before = activation_memory(changed, rc);
+    int widened = 0;
+    for (std::vector<BlockTensor>* block : {&changed.blocks[1], &changed.workspace_block})
+      for (BlockTensor& t : *block)
+        if (t.member == &Context::BlockActs::res_mid) t.shape[1] *= 2, ++widened;
+    ASSERT_EQ(widened, 2);
+    const ActivationMemory want = activation_memory(changed, rc);
+    // The prediction followed: the residual sum is kept by the Context unless full recompute
+    // rebuilds it in the workspace.
+    if (rc == Recompute::Full) {
+      EXPECT_EQ(want.context, before.context);
+      EXPECT_EQ(want.workspace, before.workspace + wider);
+    } else {
+      EXPECT_EQ(want.context, before.context + wider);
+      EXPECT_EQ(want.workspace, before.workspace);
+    }
+    // ... and so did the model, through a training step on the changed buffers.
+    Transformer model(layout, params.data(), grads.data(), group, &whole);
+    Context ctx;
+    ctx.recompute = rc;
+    model.prepare(ctx, changed);
+    fill_inputs(cfg, ctx);
+    EXPECT_EQ(ctx.blocks[1].res_mid.numel(), rc == Recompute::Full ? 0 : 2 * B * T * cfg.n_embd);
+    model.forward(ctx, 1.0f / float(B * T));
+    model.backward(ctx, true);
+    EXPECT_EQ(ctx.activation_bytes(), want.context);
+    EXPECT_EQ(model.workspace_bytes(), want.workspace);
+  }
+}
+
 // Recomputing keeps less: full keeps only each block's output; selective keeps everything but
 // the attention probabilities and the MLP's up projection and activation.
 TEST(ActivationMemory, RecomputeKeepsLessAndTheWorkspaceHoldsTheRest) {

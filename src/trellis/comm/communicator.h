@@ -61,6 +61,14 @@ class Communicator {
   std::string name_ = "world";
 };
 
+// Floats a reduce-scatter of `count` floats per rank over `ranks` ranks holds beyond its output
+// while it runs: the MPI backend's ring receives every other round into a scratch block of the
+// output's size, needed from 3 ranks on (the local backend, one rank, holds none). ZeRO's memory
+// prediction asks this instead of restating the backend.
+inline size_t reduce_scatter_scratch_floats(int ranks, size_t count) {
+  return ranks > 2 ? count : 0;
+}
+
 // World communicator: MPI when the process was started by mpirun/srun (and MPI support is built),
 // otherwise the local single-rank backend.
 std::unique_ptr<Communicator> make_world_communicator(int* argc, char*** argv);

@@ -340,8 +340,8 @@ class MpiCommunicator final : public Communicator {
     // Round k receives into `out` when p - 2 - k is even (the last round always), else into a
     // scratch block, and sends what the round before received: at 2 ranks no scratch at all.
     float* scratch = nullptr;
-    if (p > 2) {
-      w.staging_in.resize(count);
+    if (const size_t n = reduce_scatter_scratch_floats(p, count); n > 0) {
+      w.staging_in.resize(n);
       scratch = w.staging_in.data();
     }
     const auto target = [out, scratch, p](int k) { return (p - 2 - k) % 2 == 0 ? out : scratch; };

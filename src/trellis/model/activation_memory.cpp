@@ -5,118 +5,199 @@
 namespace trellis {
 
 namespace {
-
-// The widths Transformer takes from its layout, for one tensor-parallel rank.
-struct Widths {
-  int64_t BT, R, full, stats, C, Hl, qkv, att, kv2, up, act, vocab_rows;
-};
-
-Widths widths(const ModelConfig& cfg, int64_t B, int64_t T, int tp, bool sp) {
-  TRELLIS_REQUIRE(tp >= 1 && cfg.n_head % tp == 0 && cfg.kv_heads() % tp == 0 &&
-                      cfg.ffn() % tp == 0,
-                  "tp={} does not divide the heads ({}, {} key/value) and MLP width ({})", tp,
-                  cfg.n_head, cfg.kv_heads(), cfg.ffn());
-  const bool seq_par = sp && tp > 1;
-  Widths w{};
-  w.BT = B * T;
-  w.R = seq_par ? w.BT / tp : w.BT;  // rows outside tensor-parallel regions
-  w.full = seq_par ? w.BT : 0;       // the gathered copies sequence parallelism keeps
-  w.stats = cfg.norm == NormKind::LayerNorm ? w.R : 0;  // RMSNorm keeps no mean
-  w.C = cfg.n_embd;
-  const int64_t hd = cfg.head_size(), Hkvl = cfg.kv_heads() / tp;
-  w.Hl = cfg.n_head / tp;
-  w.qkv = (w.Hl + 2 * Hkvl) * hd;
-  w.att = w.Hl * hd;
-  w.kv2 = 2 * Hkvl * hd;
-  const int64_t mlp = cfg.mlp == MlpKind::None ? 0 : 1, Fl = cfg.ffn() / tp;
-  w.up = (cfg.mlp == MlpKind::SwiGLU ? 2 : 1) * Fl * mlp;
-  w.act = Fl * mlp;
-  // ParamLayout's vocabulary slice: rows padded to vocab_multiple * tp, split over tp.
-  const int64_t multiple = int64_t(cfg.vocab_multiple) * tp;
-  w.vocab_rows = (cfg.vocab_size + multiple - 1) / multiple * multiple / tp;
-  return w;
+int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
 }
 
-// Floats of one block's attention probabilities (cross-attention's too in a decoder block).
-int64_t probability_floats(const Widths& w, int64_t B, int64_t T, bool decoder) {
-  return (decoder ? 2 : 1) * B * w.Hl * T * T;
+// Bytes of a block's tensors that a Context keeps under `recompute`.
+int64_t kept_bytes(const std::vector<BlockTensor>& block, Recompute recompute) {
+  int64_t floats = 0;
+  for (const BlockTensor& t : block)
+    if (context_keeps(recompute, t.group)) floats += numel(t.shape);
+  return int64_t(sizeof(float)) * floats;
 }
-
-// Floats of one block's tensors in prepare's three groups: `inner` (all that full recompute drops
-// but the four of `rec`), `rec` (attention probabilities, the MLP's up projection and
-// activation: what selective recompute drops) and `out` (the block's output).
-int64_t block_floats(const ModelConfig& cfg, const Widths& w, int64_t B, int64_t T, bool decoder,
-                     int64_t inner, int64_t rec, int64_t out) {
-  const int64_t mlp = cfg.mlp == MlpKind::None ? 0 : 1, x = decoder ? 1 : 0;
-  // ln1 (+ stats, + gathered copy), q|k|v, attention output, attention's residual sum
-  int64_t self = w.R * w.C + w.stats + w.R + w.full * w.C + w.BT * w.qkv + w.BT * w.att +
-                 w.R * w.C;
-  // ln2 (+ stats, + gathered copy)
-  int64_t norm2 = mlp * (w.R * w.C + w.stats + w.R + w.full * w.C);
-  // lnx (+ stats, + gathered copy), queries, the gathered encoder output, keys|values, output,
-  // the residual sum
-  int64_t cross = x * (w.R * w.C + w.stats + w.R + w.full * w.C + w.BT * w.att + w.full * w.C +
-                       w.BT * w.kv2 + w.BT * w.att + w.R * w.C);
-  const int64_t recomputable = probability_floats(w, B, T, decoder) + w.BT * w.up + w.BT * w.act;
-  return inner * (self + norm2 + cross) + rec * recomputable + out * w.R * w.C;
-}
-
 }  // namespace
 
-int64_t block_activation_bytes(const ModelConfig& cfg, bool decoder, int64_t B, int64_t T, int tp,
-                               bool sequence_parallel, Recompute recompute) {
-  const Widths w = widths(cfg, B, T, tp, sequence_parallel);
-  const int64_t inner = recompute == Recompute::Full ? 0 : 1;
-  const int64_t rec = recompute == Recompute::None ? 1 : 0;
-  return int64_t(sizeof(float)) * block_floats(cfg, w, B, T, decoder, inner, rec, 1);
+ActivationDims activation_dims(const ModelConfig& cfg, int64_t B, int64_t T, int tp,
+                               bool sequence_parallel) {
+  TRELLIS_REQUIRE(
+      tp >= 1 && cfg.n_head % tp == 0 && cfg.kv_heads() % tp == 0 && cfg.ffn() % tp == 0,
+      "tp={} does not divide the heads ({}, {} key/value) and MLP width ({})", tp, cfg.n_head,
+      cfg.kv_heads(), cfg.ffn());
+  const bool seq_par = sequence_parallel && tp > 1;
+  ActivationDims d;
+  d.B = B;
+  d.T = T;
+  d.BT = B * T;
+  d.R = seq_par ? d.BT / tp : d.BT;
+  d.full = seq_par ? d.BT : 0;
+  d.stats = cfg.norm == NormKind::LayerNorm ? d.R : 0;
+  d.C = cfg.n_embd;
+  const int64_t hd = cfg.head_size(), Hkvl = cfg.kv_heads() / tp;
+  d.Hl = cfg.n_head / tp;
+  d.qkv = (d.Hl + 2 * Hkvl) * hd;
+  d.att = d.Hl * hd;
+  d.kv2 = 2 * Hkvl * hd;
+  const int64_t mlp = cfg.mlp == MlpKind::None ? 0 : 1, Fl = cfg.ffn() / tp;
+  d.up = (cfg.mlp == MlpKind::SwiGLU ? 2 : 1) * Fl * mlp;
+  d.act = Fl * mlp;
+  d.vocab_rows = cfg.padded_vocab(tp) / tp;
+  return d;
 }
 
-int64_t block_probability_bytes(const ModelConfig& cfg, bool decoder, int64_t B, int64_t T,
-                                int tp) {
-  return int64_t(sizeof(float)) * probability_floats(widths(cfg, B, T, tp, false), B, T, decoder);
+ChunkRole chunk_role(const ModelConfig& cfg, const StageSpec& chunk) {
+  TRELLIS_REQUIRE(!chunk.layers.empty(), "a model chunk needs at least one block");
+  ChunkRole r;
+  r.embedding = chunk.embedding;
+  r.head = chunk.head;
+  if (cfg.encoder_decoder()) {
+    const int first = chunk.layers.front(), last = chunk.layers.back(), dec = cfg.n_layer;
+    r.decoder_start = first <= dec && dec <= last;
+    r.has_decoder = last >= dec;
+    r.carry_in = first > dec;
+    r.carry_out = last >= dec && !chunk.head;
+  }
+  return r;
+}
+
+bool context_keeps(Recompute policy, ActGroup group) {
+  switch (group) {
+    case ActGroup::Inner:
+      return policy != Recompute::Full;
+    case ActGroup::Recomputable:
+      return policy == Recompute::None;
+    case ActGroup::Output:
+      return true;
+  }
+  return true;
+}
+
+int64_t GradScratch::floats() const {
+  return full + dres + dln + dfull + dqkv + datt + dup + dact + denc + denc_full + dxq + dxkv;
+}
+
+std::vector<BlockTensor> block_tensors(const ModelConfig& cfg, const ActivationDims& d,
+                                       bool decoder) {
+  using A = Context::BlockActs;
+  constexpr ActGroup in = ActGroup::Inner, rec = ActGroup::Recomputable;
+  const int64_t m = cfg.mlp == MlpKind::None ? 0 : 1, x = decoder ? 1 : 0;
+  const int64_t B = d.B, T = d.T, BT = d.BT, R = d.R, C = d.C, full = d.full, st = d.stats;
+  return {
+      // ln1 (+ stats, + gathered copy), q|k|v, attention, attention's residual sum
+      {&A::ln1, in, {R, C}},
+      {&A::ln1_mean, in, {st}},
+      {&A::ln1_rstd, in, {R}},
+      {&A::ln1_full, in, {full, C}},
+      {&A::qkv, in, {BT, d.qkv}},
+      {&A::probs, rec, {B, d.Hl, T, T}},
+      {&A::att, in, {BT, d.att}},
+      {&A::res_mid, in, {R, C}},
+      // ln2 (+ stats, + gathered copy), the MLP's up projection and activation, the output
+      {&A::ln2, in, {m * R, C}},
+      {&A::ln2_mean, in, {m * st}},
+      {&A::ln2_rstd, in, {m * R}},
+      {&A::ln2_full, in, {m * full, C}},
+      {&A::up, rec, {BT, d.up}},
+      {&A::act, rec, {BT, d.act}},
+      {&A::res_out, ActGroup::Output, {R, C}},
+      // cross-attention: lnx (+ stats, + gathered copy), queries, the gathered encoder output,
+      // keys|values, probabilities, output, the residual sum
+      {&A::lnx, in, {x * R, C}},
+      {&A::lnx_mean, in, {x * st}},
+      {&A::lnx_rstd, in, {x * R}},
+      {&A::lnx_full, in, {x * full, C}},
+      {&A::xq, in, {x * BT, d.att}},
+      {&A::enc_full, in, {x * full, C}},
+      {&A::xkv, in, {x * BT, d.kv2}},
+      {&A::xprobs, rec, {x * B, d.Hl, T, T}},
+      {&A::xatt, in, {x * BT, d.att}},
+      {&A::res_x, in, {x * R, C}},
+  };
+}
+
+ActivationLayout activation_layout(const ModelConfig& cfg, const StageSpec& chunk, int64_t B,
+                                   int64_t T, int tp, bool sequence_parallel) {
+  ActivationLayout L;
+  L.dims = activation_dims(cfg, B, T, tp, sequence_parallel);
+  L.role = chunk_role(cfg, chunk);
+  const ActivationDims& d = L.dims;
+  const ChunkRole& r = L.role;
+  for (int l : chunk.layers)
+    L.blocks.push_back(block_tensors(cfg, d, cfg.encoder_decoder() && l >= cfg.n_layer));
+  L.workspace_block = block_tensors(cfg, d, r.has_decoder);
+
+  const int64_t BT = d.BT, R = d.R, C = d.C;
+  const int64_t head = r.head ? 1 : 0, embedding = r.embedding ? 1 : 0;
+  const int64_t start = r.decoder_start ? 1 : 0;
+  const int64_t lm = cfg.lm_head() ? head : 0, cls = head - lm;
+  const int64_t in_rows = (1 - embedding) * (r.carry_in ? 2 : 1) * R;
+  L.context = {
+      // at the first decoder block: the encoder's output (+ stats) and the decoder's input
+      {&Context::enc, {start * R, C}},
+      {&Context::enc_mean, {start * d.stats}},
+      {&Context::enc_rstd, {start * R}},
+      {&Context::dec_embedded, {start * R, C}},
+      // the final norm (+ stats, + gathered copy)
+      {&Context::lnf, {head * R, C}},
+      {&Context::lnf_mean, {head * d.stats}},
+      {&Context::lnf_rstd, {head * R}},
+      {&Context::lnf_full, {head * d.full, C}},
+      {&Context::logits, {lm * BT, d.vocab_rows}},  // then their gradient
+      {&Context::losses, {BT}},
+      {&Context::pooled, {cls * B, C}},
+      {&Context::class_logits, {cls * B, cfg.num_classes}},
+      {&Context::embedded, {embedding * R, C}},
+      {&Context::input, {in_rows, C}},  // received input and its gradient
+      {&Context::dinput, {in_rows, C}},
+      {&Context::doutput, {(1 - head) * (r.carry_out ? 2 : 1) * R, C}},  // received gradient
+      {&Context::carry, {(r.carry_out ? 2 : 0) * R, C}},  // [hidden; encoder output] sent on
+  };
+
+  GradScratch& s = L.scratch;
+  s.full = BT * C, s.dres = R * C, s.dln = BT * C, s.dfull = BT * C;
+  s.dqkv = BT * d.qkv, s.datt = BT * d.att, s.dup = BT * d.up, s.dact = BT * d.act;
+  if (r.has_decoder) s.denc = R * C, s.denc_full = BT * C, s.dxq = BT * d.att, s.dxkv = BT * d.kv2;
+  return L;
+}
+
+ActivationMemory activation_memory(const ActivationLayout& layout, Recompute recompute) {
+  const int64_t f = int64_t(sizeof(float));
+  ActivationMemory m;
+  for (const std::vector<BlockTensor>& block : layout.blocks)
+    m.blocks += kept_bytes(block, recompute);
+  int64_t outside = 0;
+  for (const ContextTensor& t : layout.context) outside += numel(t.shape);
+  m.context = m.blocks + f * outside;
+  // The workspace: backward's scratch, and the groups of one block the Context does not keep.
+  int64_t rebuilt = 0;
+  for (const BlockTensor& t : layout.workspace_block)
+    if (t.group != ActGroup::Output && !context_keeps(recompute, t.group))
+      rebuilt += numel(t.shape);
+  m.workspace = f * (layout.scratch.floats() + rebuilt);
+  return m;
 }
 
 ActivationMemory activation_memory(const ModelConfig& cfg, const StageSpec& chunk, int64_t B,
                                    int64_t T, int tp, bool sequence_parallel, Recompute recompute,
                                    DType /*compute: activations stay fp32*/) {
-  TRELLIS_REQUIRE(!chunk.layers.empty(), "a model chunk needs at least one block");
-  const Widths w = widths(cfg, B, T, tp, sequence_parallel);
-  const int64_t BT = w.BT, R = w.R, C = w.C, f = int64_t(sizeof(float));
-  // The encoder-decoder's flags, as Transformer's constructor derives them from the chunk.
-  bool decoder_start = false, has_decoder = false, carry_in = false, carry_out = false;
-  if (cfg.encoder_decoder()) {
-    const int first = chunk.layers.front(), last = chunk.layers.back(), dec = cfg.n_layer;
-    decoder_start = first <= dec && dec <= last;
-    has_decoder = last >= dec;
-    carry_in = first > dec;
-    carry_out = last >= dec && !chunk.head;
-  }
-  ActivationMemory m;
-  for (int l : chunk.layers)
-    m.blocks += block_activation_bytes(cfg, cfg.encoder_decoder() && l >= cfg.n_layer, B, T, tp,
-                                       sequence_parallel, recompute);
-  const int64_t head = chunk.head ? 1 : 0, embedding = chunk.embedding ? 1 : 0;
-  const int64_t start = decoder_start ? 1 : 0;
-  const int64_t lm = cfg.lm_head() ? head : 0, cls = head - lm, K = cfg.num_classes;
-  int64_t floats = 0;
-  floats += start * (R * C + w.stats + R + R * C);        // encoder output (+ stats), decoder input
-  floats += head * (R * C + w.stats + R + w.full * C);    // final norm (+ stats, + gathered copy)
-  floats += lm * BT * w.vocab_rows + BT;                  // logits (then their gradient), losses
-  floats += cls * (B * C + B * K);                        // pooled states, class logits
-  floats += embedding * R * C;                            // the embeddings' output
-  floats += 2 * (1 - embedding) * (carry_in ? 2 : 1) * R * C;  // received input and its gradient
-  floats += (1 - head) * (carry_out ? 2 : 1) * R * C;          // received output gradient
-  floats += (carry_out ? 2 : 0) * R * C;                       // [hidden; encoder output] sent on
-  m.context = m.blocks + f * floats;
+  return activation_memory(activation_layout(cfg, chunk, B, T, tp, sequence_parallel), recompute);
+}
 
-  // Workspace: backward's scratch, and the groups of one block the Context does not keep.
-  int64_t ws = BT * C + R * C + BT * C + BT * C + BT * w.qkv + BT * w.att + BT * w.up + BT * w.act;
-  if (has_decoder) ws += R * C + BT * C + BT * w.att + BT * w.kv2;
-  const int64_t inner = recompute == Recompute::Full ? 1 : 0;
-  const int64_t rec = recompute == Recompute::None ? 0 : 1;
-  ws += block_floats(cfg, w, B, T, has_decoder, inner, rec, 0);
-  m.workspace = f * ws;
-  return m;
+int64_t block_activation_bytes(const ModelConfig& cfg, bool decoder, int64_t B, int64_t T, int tp,
+                               bool sequence_parallel, Recompute recompute) {
+  return kept_bytes(block_tensors(cfg, activation_dims(cfg, B, T, tp, sequence_parallel), decoder),
+                    recompute);
+}
+
+int64_t block_probability_bytes(const ModelConfig& cfg, bool decoder, int64_t B, int64_t T,
+                                int tp) {
+  int64_t floats = 0;
+  for (const BlockTensor& t : block_tensors(cfg, activation_dims(cfg, B, T, tp, false), decoder))
+    if (t.member == &Context::BlockActs::probs || t.member == &Context::BlockActs::xprobs)
+      floats += numel(t.shape);
+  return int64_t(sizeof(float)) * floats;
 }
 
 }  // namespace trellis

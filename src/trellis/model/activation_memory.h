@@ -1,10 +1,13 @@
 #pragma once
-// The analytic model of activation memory: from the sizes alone, the bytes Transformer::prepare
-// allocates for one micro-batch's Context and for the model's workspace, under each recompute
-// policy. It restates what the code allocates, tensor by tensor (test_activation_memory checks it
-// against Context::activation_bytes and Transformer::workspace_bytes exactly); docs/design.md
-// compares it with Korthikanti et al. 2022's per-layer formula.
+// The activation layout of a model chunk, from the sizes alone: the shape of every tensor
+// Transformer::prepare allocates for one micro-batch's Context and for the model's workspace,
+// under each recompute policy. Transformer::prepare allocates from this table and
+// activation_memory sums it, so a tensor added or resized here changes both (the only place a
+// size is written down); test_activation_memory checks the sums against Context::activation_bytes
+// and Transformer::workspace_bytes, and docs/design.md compares them with Korthikanti et al.
+// 2022's per-layer formula.
 #include <cstdint>
+#include <vector>
 
 #include "trellis/core/tensor.h"
 #include "trellis/model/config.h"
@@ -12,6 +15,76 @@
 #include "trellis/model/transformer.h"
 
 namespace trellis {
+
+// The widths one tensor-parallel rank of a model works with, for micro-batches of B x T.
+struct ActivationDims {
+  int64_t B = 0, T = 0, BT = 0;
+  int64_t R = 0;      // rows this rank holds outside tensor-parallel regions (BT / tp under SP)
+  int64_t full = 0;   // rows of the gathered copies sequence parallelism keeps (0 without it)
+  int64_t stats = 0;  // rows of a norm's mean (LayerNorm; RMSNorm keeps none)
+  int64_t C = 0;
+  int64_t Hl = 0;          // local attention heads
+  int64_t qkv = 0;         // q|k|v width
+  int64_t att = 0;         // attention output width
+  int64_t kv2 = 0;         // cross-attention's keys|values width
+  int64_t up = 0;          // the MLP's up projection width (gate|up for SwiGLU; 0 without an MLP)
+  int64_t act = 0;         // the MLP activation's width
+  int64_t vocab_rows = 0;  // this rank's slice of the padded vocabulary (ParamLayout::vocab_local)
+};
+// For tensor-parallel size tp; sequence parallelism applies only when tp > 1.
+ActivationDims activation_dims(const ModelConfig& cfg, int64_t B, int64_t T, int tp,
+                               bool sequence_parallel);
+
+// What a chunk of the model contains, and for an encoder-decoder where it sits around the
+// encoder/decoder boundary.
+struct ChunkRole {
+  bool embedding = false, head = false;
+  bool decoder_start = false;  // holds the first decoder block (the encoder's final norm too)
+  bool has_decoder = false;    // holds a decoder block
+  bool carry_in = false;       // receives [hidden; encoder output] from the stage before
+  bool carry_out = false;      // sends [hidden; encoder output] to the stage after
+};
+ChunkRole chunk_role(const ModelConfig& cfg, const StageSpec& chunk);
+
+// A block's tensors fall in three groups: `Inner` (all that full recompute does not keep but the
+// Recomputable ones), `Recomputable` (attention probabilities, the MLP's up projection and
+// activation: what selective recompute does not keep) and `Output` (the block's output, always
+// kept). The workspace holds, for one block, the groups a Context does not.
+enum class ActGroup : uint8_t { Inner, Recomputable, Output };
+bool context_keeps(Recompute policy, ActGroup group);
+
+struct BlockTensor {
+  Tensor Context::BlockActs::*member;
+  ActGroup group;
+  std::vector<int64_t> shape;  // when kept; a leading 0: the block has no such tensor
+};
+struct ContextTensor {
+  Tensor Context::*member;
+  std::vector<int64_t> shape;  // a leading 0: this chunk has no such tensor
+};
+// Backward's gradient scratch of a chunk (floats of Transformer's private buffers).
+struct GradScratch {
+  int64_t full = 0, dres = 0, dln = 0, dfull = 0, dqkv = 0, datt = 0, dup = 0, dact = 0;
+  int64_t denc = 0, denc_full = 0, dxq = 0, dxkv = 0;  // cross-attention
+  int64_t floats() const;
+};
+
+// The tensors of one block (decoder: with cross-attention).
+std::vector<BlockTensor> block_tensors(const ModelConfig& cfg, const ActivationDims& d,
+                                       bool decoder);
+
+struct ActivationLayout {
+  ActivationDims dims;
+  ChunkRole role;
+  std::vector<std::vector<BlockTensor>> blocks;  // per block of the chunk, in order
+  // The block whose groups the workspace holds (a decoder block if the chunk has one: the
+  // largest).
+  std::vector<BlockTensor> workspace_block;
+  std::vector<ContextTensor> context;  // the chunk's tensors outside its blocks
+  GradScratch scratch;
+};
+ActivationLayout activation_layout(const ModelConfig& cfg, const StageSpec& chunk, int64_t B,
+                                   int64_t T, int tp, bool sequence_parallel);
 
 struct ActivationMemory {
   // One Context after a training forward: everything it keeps for its backward
@@ -25,6 +98,9 @@ struct ActivationMemory {
   // runs; kernels' own temporaries (see docs/design.md) come on top.
   int64_t workspace = 0;
 };
+
+// The bytes of a layout under a recompute policy (every activation is fp32).
+ActivationMemory activation_memory(const ActivationLayout& layout, Recompute recompute);
 
 // For micro-batches of B sequences of T tokens on the chunk `chunk` of the model, at
 // tensor-parallel size tp (with or without sequence parallelism). Activations are fp32 whatever

@@ -64,8 +64,11 @@ struct ModelConfig {
   // classifier's pooled vector. Not stored in checkpoints (run settings, like the optimizer's).
   float dropout = 0.0f, attn_dropout = 0.0f, classifier_dropout = 0.0f;
 
-  int padded_vocab() const {
-    return (vocab_size + vocab_multiple - 1) / vocab_multiple * vocab_multiple;
+  // Rows of the token embedding (and vocabulary head): the vocabulary padded to a multiple of
+  // vocab_multiple * tp, so that each of tp vocabulary-parallel ranks holds the same number.
+  int64_t padded_vocab(int tp = 1) const {
+    const int64_t multiple = int64_t(vocab_multiple) * tp;
+    return (vocab_size + multiple - 1) / multiple * multiple;
   }
   int head_size() const { return n_embd / n_head; }
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }

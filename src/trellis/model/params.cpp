@@ -57,9 +57,7 @@ ParamLayout::ParamLayout(const ModelConfig& cfg, int tp, int tp_rank, const Stag
   TRELLIS_REQUIRE(cfg.kv_heads() % tp == 0,
                   "tp={} does not divide the number of key/value heads {}", tp, cfg.kv_heads());
   TRELLIS_REQUIRE(cfg.ffn() % tp == 0, "tp={} does not divide the MLP width {}", tp, cfg.ffn());
-  // The vocabulary is padded so that every tensor-parallel rank holds the same number of rows.
-  const int64_t multiple = int64_t(cfg.vocab_multiple) * tp;
-  vocab_local_ = (cfg.vocab_size + multiple - 1) / multiple * multiple / tp;
+  vocab_local_ = cfg.padded_vocab(tp) / tp;
   const Family& fam = family_of(cfg.arch);
   TRELLIS_REQUIRE(!cfg.encoder_decoder() || fam.encoder_decoder,
                   "model: n_dec_layer={} is for encoder-decoder models (encdec), not {}",

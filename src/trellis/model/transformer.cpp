@@ -4,6 +4,7 @@
 
 #include "trellis/core/error.h"
 #include "trellis/core/philox.h"
+#include "trellis/model/activation_memory.h"
 
 namespace trellis {
 
@@ -99,13 +100,11 @@ Transformer::Transformer(const ParamLayout& layout, float* params, float* grads,
   vocab_rows_ = layout.vocab_local();
   vocab_start_ = layout.vocab_start();
   vocab_valid_ = std::clamp<int64_t>(cfg_.vocab_size - vocab_start_, 0, vocab_rows_);
-  if (cfg_.encoder_decoder()) {
-    const int first = chunk_.layers.front(), last = chunk_.layers.back(), dec = cfg_.n_layer;
-    decoder_start_ = first <= dec && dec <= last;
-    has_decoder_ = last >= dec;
-    carry_in_ = first > dec;
-    carry_out_ = last >= dec && !chunk_.head;
-  }
+  const ChunkRole role = chunk_role(cfg_, chunk_);
+  decoder_start_ = role.decoder_start;
+  has_decoder_ = role.has_decoder;
+  carry_in_ = role.carry_in;
+  carry_out_ = role.carry_out;
   auto bind = [&](const ParamSpec* s, const float*& p, float*& g) {
     TRELLIS_CHECK(s, "the parameter layout lacks a tensor this chunk needs");
     p = params + s->offset;
@@ -225,71 +224,47 @@ static const int32_t* doc_positions(const Context& ctx) {
 }
 
 void Transformer::prepare(Context& ctx, int64_t B, int64_t T) {
-  const int64_t BT = B * T, R = tp_.local_rows(BT), C = C_;
-  TRELLIS_REQUIRE(!tp_.sequence_parallel() || BT % tp_.size() == 0,
-                  "sequence parallelism needs batch x sequence rows ({}) divisible by tp={}", BT,
+  TRELLIS_REQUIRE(!tp_.sequence_parallel() || B * T % tp_.size() == 0,
+                  "sequence parallelism needs batch x sequence rows ({}) divisible by tp={}", B * T,
                   tp_.size());
-  const int64_t full = tp_.sequence_parallel() ? BT : 0;           // gathered copies (SP only)
-  const int64_t stats = cfg_.norm == NormKind::LayerNorm ? R : 0;  // RMSNorm keeps no mean
-  const int64_t qkv = (Hl_ + 2 * Hkvl_) * hd_, att = Hl_ * hd_;
-  const int64_t mlp = cfg_.mlp == MlpKind::None ? 0 : 1;
-  const int64_t up = (cfg_.mlp == MlpKind::SwiGLU ? 2 : 1) * Fl_ * mlp, act = Fl_ * mlp;
-  ctx.B = B;
-  ctx.T = T;
-  ctx.tokens.resize(size_t(BT));
-  ctx.targets.resize(size_t(BT));
-  // A block's tensors in three groups: `inner` (all that full recompute does not keep but the
-  // four below), `rec` (attention probabilities, the MLP's up projection and activation: what
-  // selective recompute does not keep) and `out` (the block's output, always kept). The
-  // workspace holds the groups the Context does not, for one block.
-  auto size_block = [&](Context::BlockActs& a, bool decoder, int64_t inner, int64_t rec,
-                        int64_t out, auto&& sz) {
-    const int64_t i = inner, m = mlp * inner, x = decoder ? 1 : 0;
-    sz(a.ln1, {i * R, C}), sz(a.ln1_mean, {i * stats}), sz(a.ln1_rstd, {i * R});
-    sz(a.ln1_full, {i * full, C}), sz(a.qkv, {i * BT, qkv}), sz(a.probs, {rec * B, Hl_, T, T});
-    sz(a.att, {i * BT, att}), sz(a.res_mid, {i * R, C});
-    sz(a.ln2, {m * R, C}), sz(a.ln2_mean, {m * stats}), sz(a.ln2_rstd, {m * R});
-    sz(a.ln2_full, {m * full, C}), sz(a.up, {rec * BT, up}), sz(a.act, {rec * BT, act});
-    sz(a.res_out, {out * R, C});
-    sz(a.lnx, {x * i * R, C}), sz(a.lnx_mean, {x * i * stats}), sz(a.lnx_rstd, {x * i * R});
-    sz(a.lnx_full, {x * i * full, C}), sz(a.xq, {x * i * BT, att});
-    sz(a.enc_full, {x * i * full, C}), sz(a.xkv, {x * i * BT, 2 * Hkvl_ * hd_});
-    sz(a.xprobs, {x * rec * B, Hl_, T, T}), sz(a.xatt, {x * i * BT, att});
-    sz(a.res_x, {x * i * R, C});
+  prepare(ctx, activation_layout(cfg_, chunk_, B, T, tp_.size(), tp_.sequence_parallel()));
+}
+
+void Transformer::prepare(Context& ctx, const ActivationLayout& layout) {
+  const ActivationDims& d = layout.dims;
+  TRELLIS_CHECK(layout.blocks.size() == blocks_.size() && d.R == tp_.local_rows(d.BT) &&
+                    d.vocab_rows == vocab_rows_,
+                "an activation layout for another chunk or tensor-parallel slice");
+  ctx.B = d.B;
+  ctx.T = d.T;
+  ctx.tokens.resize(size_t(d.BT));
+  ctx.targets.resize(size_t(d.BT));
+  // A Context keeps the groups its policy says; the workspace (grown, never shrunk: it serves
+  // every Context of this model) holds the others, for one block.
+  auto kept = [](const std::vector<int64_t>& shape, bool keep) {
+    std::vector<int64_t> s = shape;
+    if (!keep) s[0] = 0;
+    return s;
   };
-  const int64_t inner = ctx.recompute == Recompute::Full ? 0 : 1;
-  const int64_t rec = ctx.recompute == Recompute::None ? 1 : 0;
-  ctx.blocks.resize(chunk_.layers.size());
+  ctx.blocks.resize(blocks_.size());
   for (size_t i = 0; i < ctx.blocks.size(); ++i)
-    size_block(ctx.blocks[i], blocks_[i].decoder, inner, rec, 1,
-               [](Tensor& t, std::vector<int64_t> shape) { fit(t, std::move(shape)); });
-  // Grown, never shrunk: it serves every Context of this model.
-  size_block(work_, has_decoder_, 1 - inner, 1 - rec, 0, [](Tensor& t, std::vector<int64_t> shape) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    if (!t.owned() || t.numel() < n) t = Tensor::zeros({n});
-  });
-  const int64_t head = chunk_.head ? 1 : 0, embedding = chunk_.embedding ? 1 : 0;
-  const int64_t start = decoder_start_ ? 1 : 0;
-  fit(ctx.enc, {start * R, C}), fit(ctx.enc_mean, {start * stats}), fit(ctx.enc_rstd, {start * R});
-  fit(ctx.dec_embedded, {start * R, C});
-  fit(ctx.lnf, {head * R, C}), fit(ctx.lnf_mean, {head * stats}), fit(ctx.lnf_rstd, {head * R});
-  fit(ctx.lnf_full, {head * full, C});
-  const int64_t lm = cfg_.lm_head() ? head : 0, K = cfg_.num_classes;
-  fit(ctx.logits, {lm * BT, vocab_rows_}), fit(ctx.losses, {BT});
-  fit(ctx.pooled, {(head - lm) * B, C}), fit(ctx.class_logits, {(head - lm) * B, K});
-  ctx.predictions.assign(size_t((head - lm) * B), -1);
-  if (cfg_.input_features > 0) ctx.features.resize(size_t(embedding * BT * cfg_.input_features));
-  fit(ctx.embedded, {embedding * R, C});
-  const int64_t in_rows = (1 - embedding) * (carry_in_ ? 2 : 1) * R;
-  fit(ctx.input, {in_rows, C}), fit(ctx.dinput, {in_rows, C});
-  fit(ctx.doutput, {(1 - head) * (carry_out_ ? 2 : 1) * R, C});
-  fit(ctx.carry, {(carry_out_ ? 2 : 0) * R, C});
-  grow(full_, BT * C), grow(dres_, R * C), grow(dln_, BT * C), grow(dfull_, BT * C);
-  grow(dqkv_, BT * qkv), grow(datt_, BT * att), grow(dup_, BT * up), grow(dact_, BT * act);
-  if (has_decoder_)
-    grow(denc_, R * C), grow(denc_full_, BT * C), grow(dxq_, BT * att),
-        grow(dxkv_, BT * 2 * Hkvl_ * hd_);
+    for (const BlockTensor& t : layout.blocks[i])
+      fit(ctx.blocks[i].*t.member, kept(t.shape, context_keeps(ctx.recompute, t.group)));
+  for (const BlockTensor& t : layout.workspace_block) {
+    Tensor& w = work_.*t.member;
+    int64_t n = t.group != ActGroup::Output && !context_keeps(ctx.recompute, t.group);
+    for (int64_t dim : t.shape) n *= dim;
+    if (!w.owned() || w.numel() < n) w = Tensor::zeros({n});
+  }
+  for (const ContextTensor& t : layout.context) fit(ctx.*t.member, t.shape);
+  const int64_t classified = chunk_.head && !cfg_.lm_head() ? d.B : 0;
+  ctx.predictions.assign(size_t(classified), -1);
+  if (cfg_.input_features > 0)
+    ctx.features.resize(size_t(chunk_.embedding ? d.BT * cfg_.input_features : 0));
+  const GradScratch& s = layout.scratch;
+  grow(full_, s.full), grow(dres_, s.dres), grow(dln_, s.dln), grow(dfull_, s.dfull);
+  grow(dqkv_, s.dqkv), grow(datt_, s.datt), grow(dup_, s.dup), grow(dact_, s.dact);
+  grow(denc_, s.denc), grow(denc_full_, s.denc_full), grow(dxq_, s.dxq), grow(dxkv_, s.dxkv);
 }
 
 Tensor& Transformer::output(Context& ctx) const {

@@ -38,6 +38,7 @@ namespace trellis {
 // same under every policy. Whatever a Context does not keep lives in the model's workspace,
 // shared by all Contexts (one forward or backward runs at a time).
 enum class Recompute : uint8_t { None, Selective, Full };
+struct ActivationLayout;  // model/activation_memory.h
 Recompute parse_recompute(const std::string& name);  // none | selective | full
 const char* recompute_name(Recompute r);
 
@@ -108,8 +109,12 @@ class Transformer {
               const StageSpec* chunk = nullptr, DType compute = DType::F32);
 
   const ModelConfig& config() const { return cfg_; }
-  // Sizes ctx's buffers for micro-batches of B sequences of T tokens.
+  // Sizes ctx's buffers for micro-batches of B sequences of T tokens: allocates
+  // activation_layout(config, chunk, B, T, tp, sequence parallel) (model/activation_memory).
   void prepare(Context& ctx, int64_t B, int64_t T);
+  // ... as `layout` says: that one, or in tests a changed one, to show that what the model
+  // allocates follows the table the predictions sum.
+  void prepare(Context& ctx, const ActivationLayout& layout);
 
   // Forward over ctx.tokens (or ctx.features, or ctx.input after the first stage) and, on the
   // last stage, ctx.targets (a classifier: ctx.labels): returns the summed loss of all B*T

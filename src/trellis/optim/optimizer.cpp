@@ -73,8 +73,10 @@ Optimizer::Optimizer(const OptimConfig& cfg, const ParamLayout& layout,
     i = j;
   }
   m_.assign(n, 0.0f);
-  if (cfg.name == "adamw") v_.assign(n, 0.0f);
+  if (state_tensors(cfg.name) == 2) v_.assign(n, 0.0f);
 }
+
+int Optimizer::state_tensors(const std::string& name) { return name == "adamw" ? 2 : 1; }
 
 namespace {
 

@@ -60,6 +60,9 @@ class Optimizer {
   size_t begin() const { return owned_.front().begin; }
   size_t end() const { return owned_.back().end; }
   size_t state_bytes() const;
+  // Float tensors of state an optimizer of this name keeps per owned parameter (adamw 2: exp_avg
+  // and exp_avg_sq; sgd 1: momentum_buffer); the memory plan asks this too.
+  static int state_tensors(const std::string& name);
 
  private:
   OptimConfig cfg_;

@@ -110,6 +110,7 @@ int64_t page_bytes(size_t floats) {
   return (int64_t(floats * sizeof(float)) + page - 1) / page * page;
 }
 
-int64_t ring_scratch_blocks(int dp) { return dp > 2 ? 1 : 0; }
+// Scratch a reduce-scatter holds per float of its output while it runs (the backend says).
+int64_t ring_scratch_blocks(int dp) { return int64_t(reduce_scatter_scratch_floats(dp, 1)); }
 
 }  // namespace trellis

@@ -4,6 +4,7 @@
 
 #include "trellis/model/activation_memory.h"
 #include "trellis/model/params.h"
+#include "trellis/optim/optimizer.h"
 #include "trellis/parallel/zero.h"
 
 namespace trellis {
@@ -18,28 +19,27 @@ std::vector<int> peak_contexts(const std::vector<PipeOp>& ops, int virtual_stage
   return peak;
 }
 
-namespace {
-// The chunks of pipeline rank pp_rank (local v: global chunk v * pp + pp_rank) and its stage.
-StageSpec rank_chunks(const RunShape& run, int pp_rank, std::vector<StageSpec>& chunks) {
-  const int pp = run.pp, V = run.virtual_stages;
-  const auto chunk_layers = partition_layers(run.model.total_layers(), pp * V, run.layer_split);
-  StageSpec stage;
-  stage.embedding = pp_rank == 0;
-  stage.head = pp_rank == pp - 1;
+RankChunks rank_chunks(const ModelConfig& model, int pp, int virtual_stages,
+                       const std::vector<int>& layer_split, int pp_rank) {
+  const int V = virtual_stages;
+  const auto chunk_layers = partition_layers(model.total_layers(), pp * V, layer_split);
+  RankChunks r;
+  r.stage.embedding = pp_rank == 0;
+  r.stage.head = pp_rank == pp - 1;
   for (int v = 0; v < V; ++v) {
     const int g = v * pp + pp_rank;
-    chunks.push_back({chunk_layers[size_t(g)], g == 0, g == pp * V - 1});
-    stage.layers.insert(stage.layers.end(), chunk_layers[size_t(g)].begin(),
-                        chunk_layers[size_t(g)].end());
+    r.chunks.push_back({chunk_layers[size_t(g)], g == 0, g == pp * V - 1});
+    r.stage.layers.insert(r.stage.layers.end(), chunk_layers[size_t(g)].begin(),
+                          chunk_layers[size_t(g)].end());
   }
-  return stage;
+  return r;
 }
 
+namespace {
 RankMemory rank_memory(const RunShape& run, const StageSpec& stage,
                        const std::vector<StageSpec>& chunks, const std::vector<int>& contexts,
                        int pp_rank, int dp_rank, int tp_rank) {
   const ModelConfig& mc = run.model;
-  const int64_t state_tensors = run.optimizer == "adamw" ? 2 : 1;
   const ParamLayout layout(mc, run.tp, tp_rank, &stage);
   const ZeroFootprint z = zero_footprint(layout, run.dp, dp_rank, zero_stage(run.zero));
   RankMemory m;
@@ -50,7 +50,7 @@ RankMemory rank_memory(const RunShape& run, const StageSpec& stage,
   m.params = z.params;
   m.grads = z.grads;
   m.shards = z.shards;
-  m.optimizer = state_tensors * z.owned * int64_t(sizeof(float));
+  m.optimizer = Optimizer::state_tensors(run.optimizer) * z.owned * int64_t(sizeof(float));
   for (int v = 0; v < run.virtual_stages; ++v) {
     const ActivationMemory a =
         activation_memory(mc, chunks[size_t(v)], run.micro_batch, run.seq_len, run.tp,
@@ -64,25 +64,25 @@ RankMemory rank_memory(const RunShape& run, const StageSpec& stage,
 }  // namespace
 
 RankMemory predict_rank_memory(const RunShape& run, int pp_rank, int dp_rank, int tp_rank) {
-  std::vector<StageSpec> chunks;
-  const StageSpec stage = rank_chunks(run, pp_rank, chunks);
+  const RankChunks r =
+      rank_chunks(run.model, run.pp, run.virtual_stages, run.layer_split, pp_rank);
   const std::vector<int> contexts = peak_contexts(
       build_schedule(run.schedule, run.pp, pp_rank, int(run.accum), run.virtual_stages),
       run.virtual_stages);
-  return rank_memory(run, stage, chunks, contexts, pp_rank, dp_rank, tp_rank);
+  return rank_memory(run, r.stage, r.chunks, contexts, pp_rank, dp_rank, tp_rank);
 }
 
 std::vector<RankMemory> predict_memory(const RunShape& run) {
   std::vector<RankMemory> out;
   for (int pp_rank = 0; pp_rank < run.pp; ++pp_rank) {
-    std::vector<StageSpec> chunks;
-    const StageSpec stage = rank_chunks(run, pp_rank, chunks);
+    const RankChunks r =
+        rank_chunks(run.model, run.pp, run.virtual_stages, run.layer_split, pp_rank);
     const std::vector<int> contexts = peak_contexts(
         build_schedule(run.schedule, run.pp, pp_rank, int(run.accum), run.virtual_stages),
         run.virtual_stages);
     for (int dp_rank = 0; dp_rank < run.dp; ++dp_rank)
       for (int tp_rank = 0; tp_rank < run.tp; ++tp_rank)
-        out.push_back(rank_memory(run, stage, chunks, contexts, pp_rank, dp_rank, tp_rank));
+        out.push_back(rank_memory(run, r.stage, r.chunks, contexts, pp_rank, dp_rank, tp_rank));
   }
   std::sort(out.begin(), out.end(),
             [](const RankMemory& a, const RankMemory& b) { return a.rank < b.rank; });

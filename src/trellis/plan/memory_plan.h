@@ -2,8 +2,9 @@
 // The analytic memory of a training run, per rank, from its sizes alone (`trellis train
 // --dry-run`; the planner's memory model): parameters, gradients, optimizer state, ZeRO's compact
 // shards and staging, and activations (model/activation_memory: the Contexts a rank's schedule
-// keeps alive at once, plus each model chunk's workspace). It restates what the trainer
-// allocates; the metrics' allocator high-water mark (alloc_peak_bytes) is checked against it.
+// keeps alive at once, plus each model chunk's workspace). It sums the sizing functions the
+// runtime allocates by (rank_chunks, activation_layout, zero_footprint, Optimizer::state_tensors);
+// the metrics' allocator high-water mark (alloc_peak_bytes) is checked against it.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -35,6 +36,16 @@ struct RankMemory {
   int contexts = 0;         // that peak
   int64_t total() const { return params + grads + optimizer + shards + activations + workspace; }
 };
+
+// The model chunks of pipeline rank pp_rank (local chunk v is global chunk v * pp + pp_rank, as
+// the interleaved schedule places them; the first holds the embedding, the last the head) and
+// their union, the rank's stage. The trainer builds its chunks from this too.
+struct RankChunks {
+  StageSpec stage;
+  std::vector<StageSpec> chunks;
+};
+RankChunks rank_chunks(const ModelConfig& model, int pp, int virtual_stages,
+                       const std::vector<int>& layer_split, int pp_rank);
 
 // Every rank of the layout (world = dp * tp * pp), in world-rank order (TP fastest, then DP,
 // then PP, as parallel/mesh).

@@ -120,6 +120,30 @@ struct StepStats {
   double start = 0.0;  // seconds from the process's start to the step's start
 };
 
+// The run as the memory plan sees it, for dp data-parallel ranks and the GEMM precision compute
+// (batch_size and micro_batch_size already checked against dp).
+RunShape run_shape(const TrainConfig& cfg, const ModelConfig& model, int64_t T, int dp,
+                   DType compute) {
+  RunShape run;
+  run.model = model;
+  run.tp = cfg.tp;
+  run.pp = cfg.pp;
+  run.dp = dp;
+  run.virtual_stages = cfg.virtual_stages;
+  run.zero = cfg.zero;
+  run.sequence_parallel = cfg.sequence_parallel && cfg.tp > 1;
+  run.recompute = parse_recompute(cfg.recompute);
+  run.schedule = parse_schedule(cfg.schedule);
+  run.layer_split = parse_layer_split(cfg.layer_split);
+  run.seq_len = T;
+  const int64_t per_rank = cfg.batch_size / dp;
+  run.micro_batch = cfg.micro_batch_size > 0 ? cfg.micro_batch_size : per_rank;
+  run.accum = per_rank / run.micro_batch;
+  run.optimizer = cfg.optim.name;
+  run.compute = compute;
+  return run;
+}
+
 // One rank's part of a training run: the model chunks of its pipeline stage (its tensor-parallel
 // slices), the optimizer over its data-parallel shard, and the strategies that tie them together.
 // Each step is forward_backward_step, then optimizer_step; evaluate and save run between steps.
@@ -132,6 +156,7 @@ class Trainer {
   // The data (token corpus or task examples), the model config it implies, and T.
   void load_data();
   void build_pipeline_chunks();
+  void check_memory_plan() const;
   void load_or_init();
   void check_replicas_agree();
   void print_header() const;
@@ -257,6 +282,7 @@ Trainer::Trainer(TrainConfig cfg, Communicator& world)
   dp_sync_ = make_data_parallel_sync(mesh_.dp_comm(), zero_stage(cfg_.zero), *layout_,
                                      size_t(cfg_.bucket_mb * 1024 * 1024));
   optimizer_ = std::make_unique<Optimizer>(cfg_.optim, *layout_, dp_sync_->owned());
+  check_memory_plan();
   load_or_init();
   check_replicas_agree();
   checkpointer_ = std::make_unique<Checkpointer>(world_, cfg_.out, cfg_.async_save);
@@ -405,17 +431,21 @@ void Trainer::load_data() {
 // impossible combinations are refused before any work.
 void Trainer::build_pipeline_chunks() {
   const int pp = mesh_.pp(), pp_rank = mesh_.pp_rank();
-  const auto chunk_layers =
-      partition_layers(mc_.total_layers(), pp * V_, parse_layer_split(cfg_.layer_split));
+  RankChunks mine = rank_chunks(mc_, pp, V_, parse_layer_split(cfg_.layer_split), pp_rank);
   step_ops_ = build_schedule(schedule_, pp, pp_rank, int(accum_), V_);
-  stage_.embedding = pp_rank == 0;
-  stage_.head = pp_rank == pp - 1;
-  for (int v = 0; v < V_; ++v) {
-    const int g = v * pp + pp_rank;
-    chunks_.push_back({chunk_layers[size_t(g)], g == 0, g == pp * V_ - 1});
-    stage_.layers.insert(stage_.layers.end(), chunk_layers[size_t(g)].begin(),
-                         chunk_layers[size_t(g)].end());
-  }
+  stage_ = std::move(mine.stage);
+  chunks_ = std::move(mine.chunks);
+}
+
+// --dry-run and the planner size this rank from the sizes alone (train/memory_plan); the
+// optimizer state they count follows ZeRO's shard arithmetic, which must be what this rank owns.
+void Trainer::check_memory_plan() const {
+  const RankMemory plan = predict_rank_memory(run_shape(cfg_, mc_, T_, mesh_.dp(), compute_),
+                                              mesh_.pp_rank(), mesh_.dp_rank(), mesh_.tp_rank());
+  TRELLIS_CHECK(int64_t(optimizer_->state_bytes()) == plan.optimizer,
+                "the memory plan counts {} bytes of optimizer state on this rank, the optimizer "
+                "holds {}",
+                plan.optimizer, optimizer_->state_bytes());
 }
 
 void Trainer::load_or_init() {
@@ -924,31 +954,23 @@ int dry_run(const TrainConfig& cfg, bool json) {
                   "--dry-run predicts the layout given; for layout auto, `trellis plan` shows "
                   "every layout and which one auto takes");
   const RunData data = load_run_data(cfg);
-  RunShape run;
-  run.model = data.model;
-  run.tp = cfg.tp;
-  run.pp = cfg.pp;
-  run.dp = cfg.dp > 0 ? cfg.dp : 1;
-  run.virtual_stages = cfg.virtual_stages;
-  run.zero = cfg.zero;
-  TRELLIS_REQUIRE(run.zero >= 0 && run.zero <= 3, "zero must be 0, 1, 2 or 3 (got {})", run.zero);
-  TRELLIS_REQUIRE(run.zero <= 1 || run.pp == 1,
-                  "zero {} with pipeline parallelism (pp {}) is not supported", run.zero, run.pp);
-  run.sequence_parallel = cfg.sequence_parallel && cfg.tp > 1;
-  run.recompute = parse_recompute(cfg.recompute);
-  run.schedule = parse_schedule(cfg.schedule);
-  run.layer_split = parse_layer_split(cfg.layer_split);
-  run.seq_len = data.T;
-  TRELLIS_REQUIRE(cfg.batch_size >= 1 && cfg.batch_size % run.dp == 0,
-                  "batch_size {} is not a positive multiple of dp={}", cfg.batch_size, run.dp);
-  const int64_t per_rank = cfg.batch_size / run.dp;
-  run.micro_batch = cfg.micro_batch_size > 0 ? cfg.micro_batch_size : per_rank;
-  TRELLIS_REQUIRE(per_rank % run.micro_batch == 0,
-                  "micro_batch_size {} does not divide the per-rank batch {}", run.micro_batch,
+  const int dp = cfg.dp > 0 ? cfg.dp : 1;
+  TRELLIS_REQUIRE(cfg.zero >= 0 && cfg.zero <= 3, "zero must be 0, 1, 2 or 3 (got {})", cfg.zero);
+  TRELLIS_REQUIRE(cfg.zero <= 1 || cfg.pp == 1,
+                  "zero {} with pipeline parallelism (pp {}) is not supported", cfg.zero, cfg.pp);
+  // Parsed here so that a bad name is refused before the batch checks, as it always was.
+  parse_recompute(cfg.recompute);
+  parse_schedule(cfg.schedule);
+  parse_layer_split(cfg.layer_split);
+  TRELLIS_REQUIRE(cfg.batch_size >= 1 && cfg.batch_size % dp == 0,
+                  "batch_size {} is not a positive multiple of dp={}", cfg.batch_size, dp);
+  const int64_t per_rank = cfg.batch_size / dp;
+  const int64_t micro_batch = cfg.micro_batch_size > 0 ? cfg.micro_batch_size : per_rank;
+  TRELLIS_REQUIRE(per_rank % micro_batch == 0,
+                  "micro_batch_size {} does not divide the per-rank batch {}", micro_batch,
                   per_rank);
-  run.accum = per_rank / run.micro_batch;
-  run.optimizer = cfg.optim.name;
-  run.compute = choose_precision(cfg.precision).compute;
+  const RunShape run =
+      run_shape(cfg, data.model, data.T, dp, choose_precision(cfg.precision).compute);
   const std::vector<RankMemory> ranks = predict_memory(run);
   if (json) {
     nlohmann::json out = nlohmann::json::array();
