@@ -319,9 +319,8 @@ std::map<std::string, int> CheckpointReader::open_index_files(const json& index,
   return file_index;
 }
 
-CheckpointReader::Tensor CheckpointReader::index_tensor(const json& t,
-                                                        const std::map<std::string, int>& file_index,
-                                                        const std::string& where) const {
+CheckpointReader::Tensor CheckpointReader::index_tensor(
+    const json& t, const std::map<std::string, int>& file_index, const std::string& where) const {
   Tensor tensor;
   tensor.shape = get<std::vector<int64_t>>(t, "shape", where);
   TRELLIS_REQUIRE(!tensor.shape.empty() && tensor.shape.size() <= 8, "{}: bad shape", where);

@@ -375,7 +375,8 @@ void add_head(ChunkCost& c, const StepSetting& x) {
   c.bwd_comm += x.tp_coll;  // the head's input gradient
 }
 
-std::vector<ChunkCost> chunk_costs(const StepSetting& x, const std::vector<std::vector<int>>& chunks) {
+std::vector<ChunkCost> chunk_costs(const StepSetting& x,
+                                   const std::vector<std::vector<int>>& chunks) {
   std::vector<ChunkCost> cost(static_cast<size_t>(x.G), ChunkCost{});
   for (int g = 0; g < x.G; ++g) {
     ChunkCost& c = cost[size_t(g)];

@@ -197,7 +197,8 @@ void Pipeline::run_backward(const PipeOp& op, size_t i, RunState& rs) {
   const double tc = now_s();
   model.backward(*ctx, i == rs.last_backward[size_t(op.chunk)], rs.on_block_done);
   rs.st.compute_s += now_s() - tc;
-  if (g > 0) send_copy(ctx->dinput, (g - 1) % pp_, message_tag(op.micro, g - 1, false, global_chunks_));
+  if (g > 0)
+    send_copy(ctx->dinput, (g - 1) % pp_, message_tag(op.micro, g - 1, false, global_chunks_));
   release(op.chunk, ctx);
   --rs.n_alive;
 }
