@@ -166,7 +166,8 @@ std::vector<std::string> job_argv(const LaunchArgs& a, const std::string& self, 
   return argv;
 }
 
-int run_launch(const LaunchArgs& a) {
+// The smallest world to shrink to (--min-np, default --np), once the options are checked.
+int check_launch_args(const LaunchArgs& a) {
   TRELLIS_REQUIRE(!a.command.empty() && a.command[0] == "train",
                   "launch runs `train`: trellis launch [options] -- train [train options]");
   TRELLIS_REQUIRE(a.np >= 1, "--np must be >= 1 (got {})", a.np);
@@ -178,17 +179,86 @@ int run_launch(const LaunchArgs& a) {
                       a.launcher == "none",
                   "--launcher must be auto, mpirun, srun or none (got {})", a.launcher);
   TRELLIS_REQUIRE(a.launcher != "none" || a.np == 1, "--launcher none runs one process (--np 1)");
+  return min_np;
+}
+
+// What a failed attempt lost: the steps after the newest checkpoint, and the time since it was
+// written (or since the attempt started, if it is older).
+struct Loss {
+  std::string latest;  // the newest complete checkpoint ("": none)
+  int64_t reached = 0, saved = 0;
+  double seconds = 0;
+};
+
+Loss work_lost(const std::string& out, Clock::time_point started, Clock::time_point failed_at) {
+  Loss l;
+  l.latest = find_latest_checkpoint(out);
+  l.reached = last_logged_step(out);
+  l.saved = checkpoint_step(l.latest);
+  auto since = started;
+  if (!l.latest.empty()) {
+    const auto written = std::chrono::file_clock::to_sys(fs::last_write_time(l.latest));
+    since = std::max(since, std::chrono::time_point_cast<Clock::duration>(written));
+  }
+  l.seconds = seconds_between(since, failed_at);
+  return l;
+}
+
+// The world of the next attempt: ranks that fail twice in a row before a new checkpoint are
+// taken as lost, and the data-parallel size shrinks (as far as min_np allows).
+struct World {
+  int np = 1, dp = 0, stalled = 0;
+};
+
+void shrink_if_stalled(World& w, const RunSettings& s, int min_np) {
+  if (w.stalled >= 2 && w.np > min_np) {
+    const int new_dp = shrink_dp(s, w.np - 1, min_np);
+    if (new_dp > 0) {
+      w.dp = new_dp;
+      w.np = new_dp * s.tp * s.pp;
+      w.stalled = 0;
+    }
+  }
+}
+
+// One row of OUT/restarts.jsonl and the line on stderr for a relaunch.
+void report_restart(const LaunchArgs& a, const RunSettings& s, int restart, int status,
+                    const Loss& l, const World& w, int old_np) {
+  nlohmann::json row = {
+      {"restart", restart + 1},
+      {"cause", cause(status)},
+      {"exit_code", exit_code(status)},
+      {"step_reached", l.reached},
+      {"resume_from", l.latest.empty() ? nlohmann::json() : nlohmann::json(l.latest)},
+      {"resume_step", l.saved},
+      {"steps_lost", std::max<int64_t>(0, l.reached - l.saved)},
+      {"time_lost_s", l.seconds},
+      {"world", w.np}};
+  if (w.np != old_np) row["world_before"] = old_np;
+  fs::create_directories(s.out);
+  std::ofstream(s.out + "/restarts.jsonl", std::ios::app) << row.dump() << "\n";
+  fmt::print(stderr,
+             "trellis launch: the job failed ({}) at step {}; restart {}/{} from {} ({} steps, "
+             "{:.1f} s lost){} in {:g} s\n",
+             cause(status), l.reached, restart + 1, a.max_restarts,
+             l.latest.empty() ? "the start" : l.latest, std::max<int64_t>(0, l.reached - l.saved),
+             l.seconds,
+             w.np != old_np ? fmt::format(", world {} -> {} (dp {})", old_np, w.np, w.dp) : "",
+             a.backoff);
+}
+
+int run_launch(const LaunchArgs& a) {
+  const int min_np = check_launch_args(a);
   const std::string self = fs::read_symlink("/proc/self/exe").string();
   const RunSettings s = read_settings(self, a.command);
-  const std::string log_path = s.out + "/restarts.jsonl";
   signal(SIGINT, on_signal);
   signal(SIGTERM, on_signal);
 
-  int np = a.np, dp = 0, stalled = 0;
+  World w{a.np, 0, 0};
   std::string resumed_from;  // the checkpoint the current attempt started from
   for (int restart = 0;; ++restart) {
     const auto started = Clock::now();
-    const Child c = spawn(job_argv(a, self, np, a.command, restart > 0, dp), restart, false);
+    const Child c = spawn(job_argv(a, self, w.np, a.command, restart > 0, w.dp), restart, false);
     const auto failed_at = Clock::now();
     const int code = exit_code(c.status);
     if (code == kExitOk) {
@@ -200,56 +270,20 @@ int run_launch(const LaunchArgs& a) {
       fmt::print(stderr, "trellis launch: the job refused its input (exit code 2): not retried\n");
       return kExitBadInput;
     }
-    // What was lost: the steps after the newest checkpoint, and the time since it was written
-    // (or since this attempt started, if it is older).
-    const std::string latest = find_latest_checkpoint(s.out);
-    const int64_t reached = last_logged_step(s.out), saved = checkpoint_step(latest);
-    auto since = started;
-    if (!latest.empty()) {
-      const auto written = std::chrono::file_clock::to_sys(fs::last_write_time(latest));
-      since = std::max(since, std::chrono::time_point_cast<Clock::duration>(written));
-    }
-    const bool progress = latest != resumed_from;
-    stalled = progress ? 0 : stalled + 1;
-    resumed_from = latest;
+    const Loss lost = work_lost(s.out, started, failed_at);
+    w.stalled = lost.latest != resumed_from ? 0 : w.stalled + 1;
+    resumed_from = lost.latest;
     if (restart == a.max_restarts) {
       fmt::print(stderr,
                  "trellis launch: error: the job failed ({}) at step {} and {} restart(s) are "
                  "used up; newest checkpoint: {}\n",
-                 cause(c.status), reached, a.max_restarts, latest.empty() ? "none" : latest);
+                 cause(c.status), lost.reached, a.max_restarts,
+                 lost.latest.empty() ? "none" : lost.latest);
       return kExitGaveUp;
     }
-    // Ranks that fail twice in a row before a new checkpoint are taken as lost: shrink the world.
-    const int old_np = np;
-    if (stalled >= 2 && np > min_np) {
-      const int new_dp = shrink_dp(s, np - 1, min_np);
-      if (new_dp > 0) {
-        dp = new_dp;
-        np = new_dp * s.tp * s.pp;
-        stalled = 0;
-      }
-    }
-    nlohmann::json row = {
-        {"restart", restart + 1},
-        {"cause", cause(c.status)},
-        {"exit_code", code},
-        {"step_reached", reached},
-        {"resume_from", latest.empty() ? nlohmann::json() : nlohmann::json(latest)},
-        {"resume_step", saved},
-        {"steps_lost", std::max<int64_t>(0, reached - saved)},
-        {"time_lost_s", seconds_between(since, failed_at)},
-        {"world", np}};
-    if (np != old_np) row["world_before"] = old_np;
-    fs::create_directories(s.out);
-    std::ofstream(log_path, std::ios::app) << row.dump() << "\n";
-    fmt::print(stderr,
-               "trellis launch: the job failed ({}) at step {}; restart {}/{} from {} ({} steps, "
-               "{:.1f} s lost){} in {:g} s\n",
-               cause(c.status), reached, restart + 1, a.max_restarts,
-               latest.empty() ? "the start" : latest, std::max<int64_t>(0, reached - saved),
-               seconds_between(since, failed_at),
-               np != old_np ? fmt::format(", world {} -> {} (dp {})", old_np, np, dp) : "",
-               a.backoff);
+    const int old_np = w.np;
+    shrink_if_stalled(w, s, min_np);
+    report_restart(a, s, restart, c.status, lost, w, old_np);
     std::this_thread::sleep_for(std::chrono::duration<double>(a.backoff));
     if (g_interrupted) return kExitInterrupted;
   }

@@ -263,14 +263,25 @@ size_t char_cut(const std::string& text, size_t n) {
   return n > 0 ? n : text.size();
 }
 
-struct Piece {
-  std::string text;
-  bool opens_doc = false;  // the first piece of a document
-};
+// Appends up to n bytes of fd to buf and returns how many came: fewer only at the end of the file.
+// Reads a signal interrupts are retried and short reads continued, so where a chunk ends depends
+// on the file alone, never on how the kernel split the reads; a read error throws.
+size_t read_up_to(int fd, std::string& buf, size_t n, const std::string& path) {
+  const size_t old = buf.size();
+  buf.resize(old + n);
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::read(fd, buf.data() + old + got, n - got);
+    if (r < 0 && errno == EINTR) continue;
+    TRELLIS_REQUIRE(r >= 0, "{}: read failed: {}", path, std::strerror(errno));
+    if (r == 0) break;
+    got += size_t(r);
+  }
+  buf.resize(old + got);
+  return got;
+}
 
-}  // namespace
-
-PrepareResult prepare_dataset(const PrepareOptions& opt) {
+void check_options(const PrepareOptions& opt) {
   TRELLIS_REQUIRE(!opt.out_dir.empty(), "prepare: no output directory given");
   TRELLIS_REQUIRE(opt.val_fraction > 0.0 && opt.val_fraction < 1.0,
                   "prepare: val_fraction must be in (0, 1), got {}", opt.val_fraction);
@@ -279,190 +290,213 @@ PrepareResult prepare_dataset(const PrepareOptions& opt) {
   TRELLIS_REQUIRE(opt.threads >= 1 && opt.threads <= 256, "prepare: threads must be >= 1, got {}",
                   opt.threads);
   TRELLIS_REQUIRE(opt.chunk_bytes >= 1, "prepare: chunk_bytes must be >= 1");
-  const auto files = collect_input_files(opt.inputs);
+}
+
+// One tokenizer per thread, and the SentencePiece model they were made from (else empty).
+struct Tokenizers {
+  std::vector<std::unique_ptr<Tokenizer>> per_thread;
+  std::string sp_model;
+  bool sentencepiece = false;
+  // The byte tokenizer is a copy: chunks could be cut anywhere and one thread is plenty.
+  bool bpe() const { return per_thread[0]->kind() != "byte"; }
+  const Tokenizer& first() const { return *per_thread[0]; }
+};
+
+Tokenizers make_tokenizers(const PrepareOptions& opt, const std::vector<std::string>& files) {
   // SentencePiece: the model first (trained on the input, a first pass over it), then every
   // thread's tokenizer from its bytes.
-  const bool sentencepiece = opt.tokenizer == "sentencepiece";
-  std::string sp_model;
-  if (sentencepiece) {
+  Tokenizers t;
+  t.sentencepiece = opt.tokenizer == "sentencepiece";
+  if (t.sentencepiece) {
     const auto lines = lines_of_files(files);
-    sp_model = prepare_sentencepiece_model(
+    t.sp_model = prepare_sentencepiece_model(
         opt.tokenizer_model, opt.sp, *lines,
         opt.inputs.size() == 1 ? opt.inputs[0] : fmt::format("{} inputs", opt.inputs.size()));
   }
   auto make = [&] {
-    return sentencepiece ? make_sentencepiece_tokenizer(sp_model, kSentencePieceFile)
-                         : make_tokenizer(opt.tokenizer, opt.tokenizer_dir);
+    return t.sentencepiece ? make_sentencepiece_tokenizer(t.sp_model, kSentencePieceFile)
+                           : make_tokenizer(opt.tokenizer, opt.tokenizer_dir);
   };
-  std::vector<std::unique_ptr<Tokenizer>> toks;
-  toks.push_back(make());
-  const Tokenizer& tok = *toks[0];
-  // The byte tokenizer is a copy: chunks could be cut anywhere and one thread is plenty.
-  const bool bpe = tok.kind() != "byte";
-  const int threads = bpe ? opt.threads : 1;
-  while (int(toks.size()) < threads) toks.push_back(make());
-  // uint16 shards (llm.c's version 1) where the vocabulary fits, uint32 (version 2) beyond.
-  const int32_t version = shard_version_for_vocab(tok.vocab_size());
-  const auto S = int64_t(opt.shard_tokens);
+  t.per_thread.push_back(make());
+  const int threads = t.bpe() ? opt.threads : 1;
+  while (int(t.per_thread.size()) < threads) t.per_thread.push_back(make());
+  return t;
+}
 
-  uint64_t total_bytes = 0;
+uint64_t total_file_bytes(const std::vector<std::string>& files) {
+  uint64_t total = 0;
   for (const auto& f : files) {
     std::error_code ec;
     const auto n = fs::file_size(f, ec);
-    if (!ec) total_bytes += n;
+    if (!ec) total += n;
+  }
+  return total;
+}
+
+// The staging directory inside out_dir. Until publish, out_dir keeps what it had: destroying the
+// stage removes it (and an output directory this run created).
+class Stage {
+ public:
+  explicit Stage(const std::string& out_dir) : out_(out_dir) {
+    std::error_code ec;
+    created_ = !fs::exists(out_dir, ec);
+    fs::create_directories(out_dir, ec);
+    TRELLIS_REQUIRE(!ec, "{}: cannot create output directory: {}", out_dir, ec.message());
+    dir_ = (fs::path(out_dir) / fmt::format(".prepare-{}.tmp", ::getpid())).string();
+    fs::remove_all(dir_, ec);
+    fs::create_directory(dir_, ec);
+    TRELLIS_REQUIRE(!ec, "{}: cannot create: {}", dir_, ec.message());
+  }
+  ~Stage() {
+    std::error_code e;
+    fs::remove_all(dir_, e);
+    if (!published_ && created_) fs::remove(out_, e);
+  }
+  Stage(const Stage&) = delete;
+  Stage& operator=(const Stage&) = delete;
+
+  const std::string& dir() const { return dir_; }
+  std::string path(const std::string& name) const { return (fs::path(dir_) / name).string(); }
+  // The named files into out_dir (each rename atomic); from here on out_dir is this run's.
+  void publish(const std::vector<std::string>& names) {
+    std::error_code ec;
+    for (const auto& name : names) {
+      fs::rename(fs::path(dir_) / name, fs::path(out_) / name, ec);
+      TRELLIS_REQUIRE(!ec, "{}: cannot move into place: {}", (fs::path(out_) / name).string(),
+                      ec.message());
+    }
+    published_ = true;
   }
 
-  std::error_code ec;
-  const bool created = !fs::exists(opt.out_dir, ec);
-  fs::create_directories(opt.out_dir, ec);
-  TRELLIS_REQUIRE(!ec, "{}: cannot create output directory: {}", opt.out_dir, ec.message());
-  const std::string stage =
-      (fs::path(opt.out_dir) / fmt::format(".prepare-{}.tmp", ::getpid())).string();
-  fs::remove_all(stage, ec);
-  fs::create_directory(stage, ec);
-  TRELLIS_REQUIRE(!ec, "{}: cannot create: {}", stage, ec.message());
-  // Until the end, out_dir keeps what it had: a failure removes the staging directory (and an
-  // output directory this run created).
-  struct Cleanup {
-    std::string stage, out;
-    bool created, armed = true;
-    ~Cleanup() {
-      std::error_code e;
-      fs::remove_all(stage, e);
-      if (armed && created) fs::remove(out, e);
-    }
-  } cleanup{stage, opt.out_dir, created};
+ private:
+  std::string out_, dir_;
+  bool created_ = false, published_ = false;
+};
 
-  Spool spool(stage, S, version);
-  std::vector<int64_t> doc_starts;  // stream positions (one per document: per input file)
-  Progress progress(opt.progress, total_bytes);
-  uint64_t bytes_done = 0;
+struct Piece {
+  std::string text;
+  bool opens_doc = false;  // the first piece of a document
+};
 
-  std::vector<Piece> batch;
-  std::vector<std::vector<int>> encoded(static_cast<size_t>(threads));
-  auto emit = [&](const Piece& p, const std::vector<int>& ids) {
-    if (p.opens_doc) {
-      doc_starts.push_back(spool.total());
-      if (doc_starts.size() > 1 && tok.eot_token() >= 0) {
-        // A separator between documents tells the model where one text ends and the next begins.
-        const auto eot = uint32_t(tok.eot_token());
-        spool.push(&eot, 1);
-      }
-    }
-    static_assert(sizeof(int) == sizeof(uint32_t));  // ids are >= 0: the same bits
-    spool.push(reinterpret_cast<const uint32_t*>(ids.data()), ids.size());
-  };
-  auto run_batch = [&] {
-    if (batch.size() == 1) {
-      encoded[0] = toks[0]->encode(batch[0].text);
+// Pieces of text tokenised a batch at a time, one piece per thread, and spooled in input order
+// (so the output does not depend on the thread count), with a separator between documents.
+class PieceEncoder {
+ public:
+  PieceEncoder(const Tokenizers& toks, Spool& spool)
+      : toks_(toks), spool_(spool), encoded_(toks.per_thread.size()) {}
+  void add(std::string text, bool opens_doc) {
+    batch_.push_back({std::move(text), opens_doc});
+    if (batch_.size() == toks_.per_thread.size()) run_batch();
+  }
+  void finish() {
+    if (!batch_.empty()) run_batch();
+  }
+  const std::vector<int64_t>& doc_starts() const { return doc_starts_; }
+
+ private:
+  void run_batch() {
+    if (batch_.size() == 1) {
+      encoded_[0] = toks_.per_thread[0]->encode(batch_[0].text);
     } else {
       std::vector<std::thread> pool;
       std::exception_ptr err;
       std::mutex m;
-      for (size_t i = 1; i < batch.size(); ++i)
+      for (size_t i = 1; i < batch_.size(); ++i)
         pool.emplace_back([&, i] {
           try {
-            encoded[i] = toks[i]->encode(batch[i].text);
+            encoded_[i] = toks_.per_thread[i]->encode(batch_[i].text);
           } catch (...) {
             std::lock_guard<std::mutex> g(m);
             if (!err) err = std::current_exception();
           }
         });
-      encoded[0] = toks[0]->encode(batch[0].text);
+      encoded_[0] = toks_.per_thread[0]->encode(batch_[0].text);
       for (auto& t : pool) t.join();
       if (err) std::rethrow_exception(err);
     }
-    for (size_t i = 0; i < batch.size(); ++i) emit(batch[i], encoded[i]);
-    batch.clear();
-  };
-  auto add_piece = [&](std::string text, bool opens_doc) {
-    batch.push_back({std::move(text), opens_doc});
-    if (int(batch.size()) == threads) run_batch();
-    progress.update(bytes_done, spool.total());
-  };
+    for (size_t i = 0; i < batch_.size(); ++i) emit(batch_[i], encoded_[i]);
+    batch_.clear();
+  }
+  void emit(const Piece& p, const std::vector<int>& ids) {
+    if (p.opens_doc) {
+      doc_starts_.push_back(spool_.total());
+      if (doc_starts_.size() > 1 && toks_.first().eot_token() >= 0) {
+        // A separator between documents tells the model where one text ends and the next begins.
+        const auto eot = uint32_t(toks_.first().eot_token());
+        spool_.push(&eot, 1);
+      }
+    }
+    static_assert(sizeof(int) == sizeof(uint32_t));  // ids are >= 0: the same bits
+    spool_.push(reinterpret_cast<const uint32_t*>(ids.data()), ids.size());
+  }
+  const Tokenizers& toks_;
+  Spool& spool_;
+  std::vector<Piece> batch_;
+  std::vector<std::vector<int>> encoded_;
+  std::vector<int64_t> doc_starts_;  // stream positions (one per document: per input file)
+};
 
+// Reads one input file in chunks, each cut where the tokenizer would cut anyway, and hands every
+// piece to `add` (its first piece opens a document). bytes_done counts what was read.
+template <class AddPiece>
+void read_in_pieces(const std::string& f, const PrepareOptions& opt, const Tokenizers& toks,
+                    uint64_t& bytes_done, AddPiece&& add) {
+  const int fd = ::open(f.c_str(), O_RDONLY | O_CLOEXEC);
+  TRELLIS_REQUIRE(fd >= 0, "{}: cannot read: {}", f, std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  const bool bpe = toks.bpe();
+  // A chunk, a little past it for GPT-2, to find a cut.
+  const size_t want = opt.chunk_bytes + (bpe ? 1 : 0);
+  // Reads n more bytes (fewer: the end of the file).
+  auto read_more = [&](std::string& buf, size_t n) {
+    const size_t got = read_up_to(fd, buf, n, f);
+    bytes_done += got;
+    return got == n;
+  };
   std::string buf;
-  for (const auto& f : files) {
-    const int fd = ::open(f.c_str(), O_RDONLY | O_CLOEXEC);
-    TRELLIS_REQUIRE(fd >= 0, "{}: cannot read: {}", f, std::strerror(errno));
-    struct Closer {
-      int fd;
-      ~Closer() { ::close(fd); }
-    } closer{fd};
-    bool first = true, eof = false;
-    buf.clear();
-    while (!eof || !buf.empty()) {
-      // Fill the buffer to a chunk (a little past it, for GPT-2, to find a cut).
-      const size_t want = opt.chunk_bytes + (bpe ? 1 : 0);
-      while (buf.size() < want) {
-        const size_t old = buf.size();
-        buf.resize(std::max(want, old + 1));
-        const ssize_t r = ::read(fd, buf.data() + old, buf.size() - old);
-        if (r < 0 && errno == EINTR) {
-          buf.resize(old);
+  bool first = true, eof = false;
+  while (!eof || !buf.empty()) {
+    if (!eof && buf.size() < want) eof = !read_more(buf, want - buf.size());
+    if (buf.empty()) break;
+    size_t cut = buf.size();
+    if (!eof && bpe) {
+      cut = toks.sentencepiece ? line_cut(buf) : safe_cut(buf);
+      if (cut == 0) {
+        // No safe cut yet: read on, up to 4 chunks; then cut at a character boundary (this one
+        // place may tokenise differently from whole-file encoding: text without spaces).
+        if (buf.size() < 4 * opt.chunk_bytes) {
+          eof = !read_more(buf, opt.chunk_bytes);
           continue;
         }
-        TRELLIS_REQUIRE(r >= 0, "{}: read failed: {}", f, std::strerror(errno));
-        buf.resize(old + size_t(r));
-        bytes_done += uint64_t(r);
-        if (r == 0) {
-          eof = true;
-          break;
-        }
+        cut = char_cut(buf, opt.chunk_bytes);
       }
-      if (buf.empty()) break;
-      size_t cut = buf.size();
-      if (!eof && bpe) {
-        cut = sentencepiece ? line_cut(buf) : safe_cut(buf);
-        if (cut == 0) {
-          // No safe cut yet: read on, up to 4 chunks; then cut at a character boundary (this one
-          // place may tokenise differently from whole-file encoding: text without spaces).
-          if (buf.size() < 4 * opt.chunk_bytes) {
-            const size_t old = buf.size();
-            buf.resize(old + opt.chunk_bytes);
-            const ssize_t r = ::read(fd, buf.data() + old, opt.chunk_bytes);
-            TRELLIS_REQUIRE(r >= 0, "{}: read failed: {}", f, std::strerror(errno));
-            buf.resize(old + size_t(r));
-            bytes_done += uint64_t(r);
-            if (r == 0) eof = true;
-            continue;
-          }
-          cut = char_cut(buf, opt.chunk_bytes);
-        }
-      }
-      add_piece(buf.substr(0, cut), first);
-      buf.erase(0, cut);
-      first = false;
     }
+    add(buf.substr(0, cut), first);
+    buf.erase(0, cut);
+    first = false;
   }
-  if (!batch.empty()) run_batch();
-  spool.finish();
-  progress.update(bytes_done, spool.total(), true);
+}
 
-  const int64_t total = spool.total();
-  TRELLIS_REQUIRE(total > 0, "prepare: empty corpus: the {} input file(s) hold no text",
-                  files.size());
-  TRELLIS_REQUIRE(total >= 2,
-                  "prepare: corpus too small: {} token; need at least 2 (one for training, one "
-                  "for validation)",
-                  total);
-  auto n_val = static_cast<int64_t>(std::llround(double(total) * opt.val_fraction));
-  n_val = std::clamp<int64_t>(n_val, 1, total - 1);
-  const int64_t n_train = total - n_val;
-
-  // The shards, with their document indexes, in the staging directory under their final names.
+// The spooled stream [0, n_train) as train shards and the rest as val shards, each with its
+// document index, into the stage under their final names; returns those names.
+std::vector<std::string> write_split(const Stage& stage, const Spool& spool,
+                                     const std::vector<int64_t>& doc_starts, int64_t n_train,
+                                     int64_t S, int32_t version) {
   std::vector<std::string> written;
   auto index = [&](const std::string& name, int64_t b, int64_t e) {
     std::vector<uint32_t> rel;
     auto it = std::lower_bound(doc_starts.begin(), doc_starts.end(), b);
     for (; it != doc_starts.end() && *it < e; ++it) rel.push_back(uint32_t(*it - b));
     const std::string idx = name.substr(0, name.size() - 4) + ".idx";
-    write_doc_index((fs::path(stage) / idx).string(), rel, e - b);
+    write_doc_index(stage.path(idx), rel, e - b);
     written.push_back(idx);
   };
   std::vector<uint32_t> block;
   auto copy = [&](const std::string& name, int64_t b, int64_t e) {
-    ShardWriter w((fs::path(stage) / name).string(), version);
+    ShardWriter w(stage.path(name), version);
     for (int64_t pos = b; pos < e;) {
       const int64_t n = std::min<int64_t>(e - pos, int64_t(kIoBytes / 4));
       block.resize(size_t(n));
@@ -476,12 +510,13 @@ PrepareResult prepare_dataset(const PrepareOptions& opt) {
     const int64_t e = std::min(n_train, b + S);
     const std::string name = fmt::format("train_{:06d}.bin", k);
     if (e - b == S)  // a whole spool file
-      fs::rename(spool.path(size_t(k)), fs::path(stage) / name);
+      fs::rename(spool.path(size_t(k)), stage.path(name));
     else
       copy(name, b, e);
     written.push_back(name);
     index(name, b, e);
   }
+  const int64_t total = spool.total();
   for (int64_t k = 0, b = n_train; b < total; ++k, b += S) {
     const int64_t e = std::min(total, b + S);
     const std::string name = fmt::format("val_{:06d}.bin", k);
@@ -489,9 +524,63 @@ PrepareResult prepare_dataset(const PrepareOptions& opt) {
     written.push_back(name);
     index(name, b, e);
   }
+  return written;
+}
 
-  if (sentencepiece) {
-    write_file_atomic((fs::path(stage) / kSentencePieceFile).string(), sp_model);
+// Shards left over from an earlier, larger prepare into the same directory would be picked up
+// by load_corpus_dir and silently mix two corpora; remove exactly those we did not rewrite.
+// So is an earlier prepare's tokenizer.model, which would disagree with this one's tokenizer.
+void remove_stale_outputs(const std::string& out_dir, const std::vector<std::string>& written) {
+  static const std::regex shard_name(R"((train|val)_\d{6}\.(bin|idx)|tokenizer\.model)");
+  for (const auto& e : fs::directory_iterator(out_dir)) {
+    const std::string name = e.path().filename().string();
+    if (e.is_regular_file() && std::regex_match(name, shard_name) &&
+        std::find(written.begin(), written.end(), name) == written.end())
+      fs::remove(e.path());
+  }
+}
+
+}  // namespace
+
+PrepareResult prepare_dataset(const PrepareOptions& opt) {
+  check_options(opt);
+  const auto files = collect_input_files(opt.inputs);
+  const Tokenizers toks = make_tokenizers(opt, files);
+  const Tokenizer& tok = toks.first();
+  // uint16 shards (llm.c's version 1) where the vocabulary fits, uint32 (version 2) beyond.
+  const int32_t version = shard_version_for_vocab(tok.vocab_size());
+  const auto S = int64_t(opt.shard_tokens);
+  const uint64_t total_bytes = total_file_bytes(files);
+
+  Stage stage(opt.out_dir);
+  Spool spool(stage.dir(), S, version);
+  PieceEncoder encoder(toks, spool);
+  Progress progress(opt.progress, total_bytes);
+  uint64_t bytes_done = 0;
+  for (const auto& f : files)
+    read_in_pieces(f, opt, toks, bytes_done, [&](std::string text, bool opens_doc) {
+      encoder.add(std::move(text), opens_doc);
+      progress.update(bytes_done, spool.total());
+    });
+  encoder.finish();
+  spool.finish();
+  progress.update(bytes_done, spool.total(), true);
+  const std::vector<int64_t>& doc_starts = encoder.doc_starts();
+
+  const int64_t total = spool.total();
+  TRELLIS_REQUIRE(total > 0, "prepare: empty corpus: the {} input file(s) hold no text",
+                  files.size());
+  TRELLIS_REQUIRE(total >= 2,
+                  "prepare: corpus too small: {} token; need at least 2 (one for training, one "
+                  "for validation)",
+                  total);
+  auto n_val = static_cast<int64_t>(std::llround(double(total) * opt.val_fraction));
+  n_val = std::clamp<int64_t>(n_val, 1, total - 1);
+  const int64_t n_train = total - n_val;
+
+  std::vector<std::string> written = write_split(stage, spool, doc_starts, n_train, S, version);
+  if (toks.sentencepiece) {
+    write_file_atomic(stage.path(kSentencePieceFile), toks.sp_model);
     written.push_back(kSentencePieceFile);
   }
 
@@ -499,7 +588,7 @@ PrepareResult prepare_dataset(const PrepareOptions& opt) {
   meta["tokenizer"] = tok.kind();
   // Absolute, so the data directory stays usable from any working directory.
   // (SentencePiece's model is in the directory itself: none.)
-  meta["tokenizer_dir"] = opt.tokenizer_dir.empty() || sentencepiece
+  meta["tokenizer_dir"] = opt.tokenizer_dir.empty() || toks.sentencepiece
                               ? std::string()
                               : fs::absolute(opt.tokenizer_dir).string();
   meta["vocab_size"] = tok.vocab_size();
@@ -507,25 +596,10 @@ PrepareResult prepare_dataset(const PrepareOptions& opt) {
   meta["val_tokens"] = n_val;
   meta["documents"] = doc_starts.size();
 
-  // Into place: the shards and indexes (each rename atomic), then meta.json.
-  for (const auto& name : written) {
-    fs::rename(fs::path(stage) / name, fs::path(opt.out_dir) / name, ec);
-    TRELLIS_REQUIRE(!ec, "{}: cannot move into place: {}",
-                    (fs::path(opt.out_dir) / name).string(), ec.message());
-  }
-  cleanup.armed = false;
+  // Into place: the shards and indexes, then meta.json.
+  stage.publish(written);
   write_file_atomic((fs::path(opt.out_dir) / "meta.json").string(), meta.dump(2) + "\n");
-
-  // Shards left over from an earlier, larger prepare into the same directory would be picked up
-  // by load_corpus_dir and silently mix two corpora; remove exactly those we did not rewrite.
-  // So is an earlier prepare's tokenizer.model, which would disagree with this one's tokenizer.
-  static const std::regex shard_name(R"((train|val)_\d{6}\.(bin|idx)|tokenizer\.model)");
-  for (const auto& e : fs::directory_iterator(opt.out_dir)) {
-    const std::string name = e.path().filename().string();
-    if (e.is_regular_file() && std::regex_match(name, shard_name) &&
-        std::find(written.begin(), written.end(), name) == written.end())
-      fs::remove(e.path());
-  }
+  remove_stale_outputs(opt.out_dir, written);
   return PrepareResult{size_t(n_train), size_t(n_val), doc_starts.size(), tok.vocab_size()};
 }
 

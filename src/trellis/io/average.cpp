@@ -144,9 +144,9 @@ void rename_new(const fs::path& from, const fs::path& to) {
   fs::rename(from, to);
 }
 
-}  // namespace
-
-AverageResult average_checkpoints(const std::vector<std::string>& dirs, const std::string& out) {
+// Where the average goes ("D/" is D), which must not exist yet; and every input a complete
+// checkpoint directory.
+fs::path check_average_inputs(const std::vector<std::string>& dirs, const std::string& out) {
   TRELLIS_REQUIRE(dirs.size() >= 2, "average needs at least 2 checkpoints (got {})", dirs.size());
   fs::path target(out);
   if (!target.has_filename()) target = target.parent_path();  // "D/"
@@ -158,11 +158,13 @@ AverageResult average_checkpoints(const std::vector<std::string>& dirs, const st
     const std::string why = checkpoint_incomplete(d);
     TRELLIS_REQUIRE(why.empty(), "{}: not a complete checkpoint: {}", d, why);
   }
+  return target;
+}
 
-  // Every checkpoint read through the loader (any layout gathered into the whole model), checked
-  // against the first before any averaging.
-  const ModelConfig model = read_model_config((fs::path(dirs[0]) / "config.json").string());
-  const ParamLayout layout(model);
+// Every checkpoint read through the loader (any layout gathered into the whole model), checked
+// against the first before any averaging.
+std::vector<std::unique_ptr<CheckpointReader>> open_alike(const std::vector<std::string>& dirs,
+                                                          const ParamLayout& layout) {
   std::vector<std::unique_ptr<CheckpointReader>> readers;
   readers.push_back(std::make_unique<CheckpointReader>(dirs[0]));
   for (size_t i = 1; i < dirs.size(); ++i) {
@@ -170,19 +172,27 @@ AverageResult average_checkpoints(const std::vector<std::string>& dirs, const st
     readers.push_back(std::make_unique<CheckpointReader>(dirs[i]));
     require_alike(dirs[0], layout, *readers[0], dirs[i], other, *readers[i]);
   }
-  json from = json::array();  // what state.json records of the inputs
+  return readers;
+}
+
+// What state.json records of the inputs: each checkpoint and its step.
+json averaged_from(const std::vector<std::string>& dirs) {
+  json from = json::array();
   for (const std::string& d : dirs) {
     const std::string path = (fs::path(d) / "state.json").string();
     from.push_back(
         {{"checkpoint", d}, {"step", parse_checkpoint_state(read_file(path), path)["step"]}});
   }
+  return from;
+}
 
-  // One tensor at a time: summed in double over the checkpoints (exact for a handful of fp32 values
-  // of similar size, so the order does not matter), divided once and rounded to float.
-  AverageResult result;
+// One tensor at a time: summed in double over the checkpoints (exact for a handful of fp32 values
+// of similar size, so the order does not matter), divided once and rounded to float.
+std::vector<float> mean_params(std::vector<std::unique_ptr<CheckpointReader>>& readers,
+                               const ParamLayout& layout, AverageResult& result) {
   std::vector<float> avg(layout.size(), 0.0f), part;
   std::vector<double> sum;
-  const double n = double(dirs.size());
+  const double n = double(readers.size());
   for (const ParamSpec& s : layout.specs()) {
     if (s.tied_copy) continue;
     part.resize(s.numel());
@@ -195,6 +205,45 @@ AverageResult average_checkpoints(const std::vector<std::string>& dirs, const st
     ++result.tensors;
     result.parameters += int64_t(s.numel());
   }
+  return avg;
+}
+
+// The average as a single-rank checkpoint in tmp: the first input's metadata files, state.json
+// (no optimizer state, data position or RNG), the parameters' shard and the index last.
+void write_average(const fs::path& tmp, const std::string& first, const json& from,
+                   const ParamLayout& layout, std::vector<float>& avg) {
+  for (const auto& e : fs::directory_iterator(first)) {
+    const std::string name = e.path().filename().string();
+    if (e.is_regular_file() && metadata_file(name))
+      write_file_atomic((tmp / name).string(), read_file(e.path().string()));
+  }
+  // No optimizer state, data position or RNG: the result is a starting point for inference or
+  // fine-tuning (--init-from), not a run's state to resume.
+  const json state = {{"step", from[0]["step"]},
+                      {"averaged_from", from},
+                      {"averaging", "arithmetic mean per element, summed in double"}};
+  // Paths are bytes, not necessarily UTF-8: replaced, not refused (as the trainer's state.json).
+  write_file_atomic((tmp / "state.json").string(),
+                    state.dump(2, ' ', false, json::error_handler_t::replace));
+  OwnedArrays owned;
+  owned.ranges = {{0, layout.size()}};
+  owned.arrays.emplace_back("params", avg.data());
+  write_rank_shard(tmp.string(), 0, layout, owned);
+  const json one = {{"world", 1},          {"dp", 1},  {"tp", 1}, {"pp", 1},
+                    {"virtual_stages", 1}, {"zero", 0}};
+  write_checkpoint_index(tmp.string(), 1, {{"step", state["step"]}, {"layout", one}});
+}
+
+}  // namespace
+
+AverageResult average_checkpoints(const std::vector<std::string>& dirs, const std::string& out) {
+  const fs::path target = check_average_inputs(dirs, out);
+  const ModelConfig model = read_model_config((fs::path(dirs[0]) / "config.json").string());
+  const ParamLayout layout(model);
+  auto readers = open_alike(dirs, layout);
+  const json from = averaged_from(dirs);
+  AverageResult result;
+  std::vector<float> avg = mean_params(readers, layout, result);
   readers.clear();
 
   // Published as training publishes a checkpoint: written under a temporary name beside the
@@ -205,26 +254,7 @@ AverageResult average_checkpoints(const std::vector<std::string>& dirs, const st
     if (target.has_parent_path()) fs::create_directories(target.parent_path());
     fs::remove_all(tmp);
     fs::create_directories(tmp);
-    for (const auto& e : fs::directory_iterator(dirs[0])) {
-      const std::string name = e.path().filename().string();
-      if (e.is_regular_file() && metadata_file(name))
-        write_file_atomic((tmp / name).string(), read_file(e.path().string()));
-    }
-    // No optimizer state, data position or RNG: the result is a starting point for inference or
-    // fine-tuning (--init-from), not a run's state to resume.
-    const json state = {{"step", from[0]["step"]},
-                        {"averaged_from", from},
-                        {"averaging", "arithmetic mean per element, summed in double"}};
-    // Paths are bytes, not necessarily UTF-8: replaced, not refused (as the trainer's state.json).
-    write_file_atomic((tmp / "state.json").string(),
-                      state.dump(2, ' ', false, json::error_handler_t::replace));
-    OwnedArrays owned;
-    owned.ranges = {{0, layout.size()}};
-    owned.arrays.emplace_back("params", avg.data());
-    write_rank_shard(tmp.string(), 0, layout, owned);
-    const json one = {{"world", 1},          {"dp", 1},  {"tp", 1}, {"pp", 1},
-                      {"virtual_stages", 1}, {"zero", 0}};
-    write_checkpoint_index(tmp.string(), 1, {{"step", state["step"]}, {"layout", one}});
+    write_average(tmp, dirs[0], from, layout, avg);
     rename_new(tmp, target);
   } catch (const fs::filesystem_error& e) {
     std::error_code ec;

@@ -80,11 +80,14 @@ bool read_number(const nlohmann::json& obj, const char* key, const std::string& 
   return std::isfinite(out);
 }
 
-}  // namespace
+struct LossCurves {
+  std::vector<Point> train, val;  // (step, loss), by step
+};
 
-void plot_metrics_svg(const std::string& metrics_jsonl, const std::string& out_svg) {
+// The "loss" and "val_loss" points of a metrics.jsonl, each series sorted by step.
+LossCurves read_loss_curves(const std::string& metrics_jsonl) {
   const std::string text = read_file(metrics_jsonl);
-  std::vector<Point> train, val;
+  LossCurves c;
   std::istringstream in(text);
   std::string line;
   for (int lineno = 1; std::getline(in, line); ++lineno) {
@@ -98,28 +101,43 @@ void plot_metrics_svg(const std::string& metrics_jsonl, const std::string& out_s
     const bool has_val = read_number(obj, "val_loss", where, val_loss);
     if (!has_loss && !has_val) continue;
     TRELLIS_REQUIRE(read_number(obj, "step", where, step), "{}: has a loss but no \"step\"", where);
-    if (has_loss) train.push_back({step, loss});
-    if (has_val) val.push_back({step, val_loss});
+    if (has_loss) c.train.push_back({step, loss});
+    if (has_val) c.val.push_back({step, val_loss});
   }
-  TRELLIS_REQUIRE(!train.empty() || !val.empty(), "{}: no \"loss\" or \"val_loss\" points to plot",
-                  metrics_jsonl);
+  TRELLIS_REQUIRE(!c.train.empty() || !c.val.empty(),
+                  "{}: no \"loss\" or \"val_loss\" points to plot", metrics_jsonl);
   auto by_step = [](const Point& a, const Point& b) { return a.x < b.x; };
-  std::stable_sort(train.begin(), train.end(), by_step);
-  std::stable_sort(val.begin(), val.end(), by_step);
+  std::stable_sort(c.train.begin(), c.train.end(), by_step);
+  std::stable_sort(c.val.begin(), c.val.end(), by_step);
+  return c;
+}
 
+// The page's geometry and the plot area's axes: where a (step, loss) point is drawn.
+struct Frame {
+  Axis ax, ay;
+  double W = 800, H = 500, left = 75, right = 25, top = 45, bottom = 55;
+  double pw = W - left - right, ph = H - top - bottom;
+  double sx(double x) const { return left + (x - ax.lo) / (ax.hi - ax.lo) * pw; }
+  double sy(double y) const { return top + ph - (y - ay.lo) / (ay.hi - ay.lo) * ph; }
+};
+
+Frame frame_for(const LossCurves& c) {
   double xmin = std::numeric_limits<double>::infinity(), xmax = -xmin, ymin = xmin, ymax = -xmin;
-  for (const auto* series : {&train, &val})
+  for (const auto* series : {&c.train, &c.val})
     for (const Point& p : *series) {
       xmin = std::min(xmin, p.x), xmax = std::max(xmax, p.x);
       ymin = std::min(ymin, p.y), ymax = std::max(ymax, p.y);
     }
-  const Axis ax = nice_axis(xmin, xmax, 8), ay = nice_axis(ymin, ymax, 6);
+  Frame f;
+  f.ax = nice_axis(xmin, xmax, 8);
+  f.ay = nice_axis(ymin, ymax, 6);
+  return f;
+}
 
-  const double W = 800, H = 500, left = 75, right = 25, top = 45, bottom = 55;
-  const double pw = W - left - right, ph = H - top - bottom;
-  auto sx = [&](double x) { return left + (x - ax.lo) / (ax.hi - ax.lo) * pw; };
-  auto sy = [&](double y) { return top + ph - (y - ay.lo) / (ay.hi - ay.lo) * ph; };
-
+// The SVG header, title, grid, tick labels, axis titles and the plot area's border.
+std::string svg_axes(const Frame& f, const std::string& title) {
+  const double W = f.W, H = f.H, left = f.left, top = f.top, pw = f.pw, ph = f.ph;
+  const Axis &ax = f.ax, &ay = f.ay;
   std::string s;
   s += "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
   s += fmt::format(
@@ -128,32 +146,32 @@ void plot_metrics_svg(const std::string& metrics_jsonl, const std::string& out_s
       W, H);
   s += fmt::format("<rect x=\"0\" y=\"0\" width=\"{}\" height=\"{}\" fill=\"white\"/>\n", W, H);
   s += fmt::format("<text x=\"{}\" y=\"24\" text-anchor=\"middle\" font-size=\"16\">{}</text>\n",
-                   W / 2, xml_escape("Loss — " + metrics_jsonl));
+                   W / 2, xml_escape(title));
 
   // Grid and tick labels; index-based so floating-point accumulation cannot drop the last tick.
   const int nx = int(std::lround((ax.hi - ax.lo) / ax.step)),
             ny = int(std::lround((ay.hi - ay.lo) / ay.step));
   s += "<g stroke=\"#e0e0e0\" stroke-width=\"1\">\n";
   for (int i = 0; i <= nx; ++i) {
-    const double x = sx(ax.lo + i * ax.step);
+    const double x = f.sx(ax.lo + i * ax.step);
     s += fmt::format("<line x1=\"{:.2f}\" y1=\"{}\" x2=\"{:.2f}\" y2=\"{}\"/>\n", x, top, x,
                      top + ph);
   }
   for (int i = 0; i <= ny; ++i) {
-    const double y = sy(ay.lo + i * ay.step);
+    const double y = f.sy(ay.lo + i * ay.step);
     s += fmt::format("<line x1=\"{}\" y1=\"{:.2f}\" x2=\"{}\" y2=\"{:.2f}\"/>\n", left, y,
                      left + pw, y);
   }
   s += "</g>\n<g fill=\"#333\">\n";
   for (int i = 0; i <= nx; ++i) {
     const double v = ax.lo + i * ax.step;
-    s += fmt::format("<text x=\"{:.2f}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", sx(v),
+    s += fmt::format("<text x=\"{:.2f}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", f.sx(v),
                      top + ph + 18, tick_label(v, ax.step));
   }
   for (int i = 0; i <= ny; ++i) {
     const double v = ay.lo + i * ay.step;
     s += fmt::format("<text x=\"{}\" y=\"{:.2f}\" text-anchor=\"end\">{}</text>\n", left - 8,
-                     sy(v) + 4, tick_label(v, ay.step));
+                     f.sy(v) + 4, tick_label(v, ay.step));
   }
   s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">step</text>\n", left + pw / 2,
                    H - 12);
@@ -165,49 +183,68 @@ void plot_metrics_svg(const std::string& metrics_jsonl, const std::string& out_s
   s += fmt::format(
       "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#333\"/>\n", left,
       top, pw, ph);
+  return s;
+}
 
-  auto polyline = [&](const std::vector<Point>& pts, const char* colour) {
-    std::string p;
-    for (const Point& q : pts) p += fmt::format("{:.2f},{:.2f} ", sx(q.x), sy(q.y));
-    if (!p.empty()) p.pop_back();
-    return fmt::format(
-        "<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\" "
-        "stroke-linejoin=\"round\" points=\"{}\"/>\n",
-        colour, p);
-  };
-  const char* train_colour = "#1f77b4";
-  const char* val_colour = "#d62728";
-  if (!train.empty()) s += polyline(train, train_colour);
-  if (!val.empty()) {
-    s += polyline(val, val_colour);
-    s += fmt::format("<g fill=\"{}\">\n", val_colour);
-    for (const Point& q : val)
-      s += fmt::format("<circle cx=\"{:.2f}\" cy=\"{:.2f}\" r=\"3\"/>\n", sx(q.x), sy(q.y));
+const char* const kTrainColour = "#1f77b4";
+const char* const kValColour = "#d62728";
+
+std::string svg_polyline(const Frame& f, const std::vector<Point>& pts, const char* colour) {
+  std::string p;
+  for (const Point& q : pts) p += fmt::format("{:.2f},{:.2f} ", f.sx(q.x), f.sy(q.y));
+  if (!p.empty()) p.pop_back();
+  return fmt::format(
+      "<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\" "
+      "stroke-linejoin=\"round\" points=\"{}\"/>\n",
+      colour, p);
+}
+
+// The training curve as a line; validation as a line with a dot at each evaluation.
+std::string svg_curves(const Frame& f, const LossCurves& c) {
+  std::string s;
+  if (!c.train.empty()) s += svg_polyline(f, c.train, kTrainColour);
+  if (!c.val.empty()) {
+    s += svg_polyline(f, c.val, kValColour);
+    s += fmt::format("<g fill=\"{}\">\n", kValColour);
+    for (const Point& q : c.val)
+      s += fmt::format("<circle cx=\"{:.2f}\" cy=\"{:.2f}\" r=\"3\"/>\n", f.sx(q.x), f.sy(q.y));
     s += "</g>\n";
   }
+  return s;
+}
 
-  // Legend in the top-right corner of the plot area.
-  const double lx = left + pw - 130, ly = top + 10;
-  s += fmt::format(
+// Legend in the top-right corner of the plot area.
+std::string svg_legend(const Frame& f, const LossCurves& c) {
+  const double lx = f.left + f.pw - 130, ly = f.top + 10;
+  std::string s = fmt::format(
       "<rect x=\"{}\" y=\"{}\" width=\"120\" height=\"{}\" fill=\"white\" "
       "fill-opacity=\"0.85\" stroke=\"#999\"/>\n",
-      lx, ly, val.empty() || train.empty() ? 26 : 44);
+      lx, ly, c.val.empty() || c.train.empty() ? 26 : 44);
   double row = ly + 17;
-  if (!train.empty()) {
+  if (!c.train.empty()) {
     s += fmt::format(
         "<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"{3}\" stroke-width=\"2\"/>"
         "<text x=\"{4}\" y=\"{5}\">train loss</text>\n",
-        lx + 8, row - 4, lx + 32, train_colour, lx + 40, row);
+        lx + 8, row - 4, lx + 32, kTrainColour, lx + 40, row);
     row += 18;
   }
-  if (!val.empty())
+  if (!c.val.empty())
     s += fmt::format(
         "<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"{3}\" stroke-width=\"2\"/>"
         "<circle cx=\"{6}\" cy=\"{1}\" r=\"3\" fill=\"{3}\"/>"
         "<text x=\"{4}\" y=\"{5}\">val loss</text>\n",
-        lx + 8, row - 4, lx + 32, val_colour, lx + 40, row, lx + 20);
-  s += "</svg>\n";
-  write_file_atomic(out_svg, s);
+        lx + 8, row - 4, lx + 32, kValColour, lx + 40, row, lx + 20);
+  return s;
+}
+
+}  // namespace
+
+void plot_metrics_svg(const std::string& metrics_jsonl, const std::string& out_svg) {
+  const LossCurves curves = read_loss_curves(metrics_jsonl);
+  const Frame frame = frame_for(curves);
+  const std::string svg = svg_axes(frame, "Loss — " + metrics_jsonl) + svg_curves(frame, curves) +
+                          svg_legend(frame, curves) + "</svg>\n";
+  write_file_atomic(out_svg, svg);
 }
 
 }  // namespace trellis

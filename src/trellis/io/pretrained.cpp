@@ -132,54 +132,60 @@ ModelConfig pretrained_model_config(const std::string& dir) {
   return m;
 }
 
-PretrainedReport load_pretrained(const std::string& dir, const ParamLayout& global, float* params) {
-  TRELLIS_CHECK(global.tp() == 1, "load_pretrained needs the tp = 1 layout");
-  TRELLIS_REQUIRE(fs::is_directory(dir), "{}: --init-from directory not found", dir);
-  if (is_sharded_checkpoint(dir)) {
-    // A trellis training checkpoint (any layout): its tensors by name, the true vocabulary rows.
-    CheckpointReader reader(dir);
-    for (const std::string& name : reader.tensor_names())
-      TRELLIS_REQUIRE(global.has(name),
-                      "{}: tensor '{}' is not part of the configured {} model (another "
-                      "architecture or block choice than its config.json says?)",
-                      dir, name, global.config().arch);
-    PretrainedReport report;
-    for (const ParamSpec& s : global.specs()) {
-      if (s.tied_copy) continue;
-      if (!reader.has_tensor(s.name)) {
-        TRELLIS_REQUIRE(is_task_head(s), "{}: missing tensor '{}' (the model needs it)", dir,
-                        s.name);
-        report.initialised.push_back(s.name);
-        continue;
-      }
-      const size_t rows = size_t(s.export_rows >= 0 ? s.export_rows : s.shape[0]);
-      const size_t n = s.numel() / size_t(s.shape[0]) * rows;
-      reader.read(global, {{s.offset, s.offset + n}}, "params", params + s.offset);
-      report.loaded.push_back(s.name);
-    }
-    return report;
-  }
-  const TensorFiles files = open_tensor_files(dir);
-  const bool gpt2 = global.config().arch == std::string("gpt2");
-  const bool classifier = std::any_of(global.specs().begin(), global.specs().end(), is_task_head);
+namespace {
 
-  // The model's name of each tensor in DIR; GPT2LMHeadModel saves "transformer.h.0..." in some
-  // versions of transformers and "h.0..." in others.
+// A trellis training checkpoint (any layout): its tensors by name, the true vocabulary rows.
+PretrainedReport load_trellis_checkpoint(const std::string& dir, const ParamLayout& global,
+                                         float* params) {
+  CheckpointReader reader(dir);
+  for (const std::string& name : reader.tensor_names())
+    TRELLIS_REQUIRE(global.has(name),
+                    "{}: tensor '{}' is not part of the configured {} model (another "
+                    "architecture or block choice than its config.json says?)",
+                    dir, name, global.config().arch);
+  PretrainedReport report;
+  for (const ParamSpec& s : global.specs()) {
+    if (s.tied_copy) continue;
+    if (!reader.has_tensor(s.name)) {
+      TRELLIS_REQUIRE(is_task_head(s), "{}: missing tensor '{}' (the model needs it)", dir,
+                      s.name);
+      report.initialised.push_back(s.name);
+      continue;
+    }
+    const size_t rows = size_t(s.export_rows >= 0 ? s.export_rows : s.shape[0]);
+    const size_t n = s.numel() / size_t(s.shape[0]) * rows;
+    reader.read(global, {{s.offset, s.offset + n}}, "params", params + s.offset);
+    report.loaded.push_back(s.name);
+  }
+  return report;
+}
+
+// Which tensor of a Hugging Face directory each model tensor comes from.
+struct SourceNames {
   std::map<std::string, std::string> source;  // model name -> name in DIR
   std::vector<std::string> tied_lm_head;      // lm_head.weight of DIR when the model ties it
+};
+
+SourceNames match_source_names(const std::string& dir, const TensorFiles& files,
+                               const ParamLayout& global) {
+  const bool gpt2 = global.config().arch == std::string("gpt2");
+  const bool classifier = std::any_of(global.specs().begin(), global.specs().end(), is_task_head);
+  // GPT2LMHeadModel saves "transformer.h.0..." in some versions of transformers and "h.0..." in
+  // others.
+  SourceNames m;
   for (const auto& [name, file] : files.file_of) {
     std::string as = name;
     if (gpt2 && as.rfind("transformer.", 0) == 0)
       as = as.substr(std::string("transformer.").size());
     if (global.has(as)) {
-      auto [it, fresh] = source.emplace(as, name);
+      auto [it, fresh] = m.source.emplace(as, name);
       TRELLIS_REQUIRE(fresh, "{}: tensors '{}' and '{}' are both {}", dir, it->second, name, as);
       continue;
     }
     if (is_buffer(as)) continue;
     if (as == "lm_head.weight" && (classifier || global.config().tied_head)) {
       // A classifier replaces the language-model head; a tied head is the embedding.
-      if (!classifier) tied_lm_head.push_back(name);
+      if (!classifier) m.tied_lm_head.push_back(name);
       continue;
     }
     TRELLIS_REQUIRE(false,
@@ -187,12 +193,17 @@ PretrainedReport load_pretrained(const std::string& dir, const ParamLayout& glob
                     "or block choice than its config.json says?)",
                     dir, name, global.config().arch);
   }
+  return m;
+}
 
+// Every model tensor from its source, shapes checked; a missing task head stays as initialised.
+PretrainedReport copy_sources(const std::string& dir, const TensorFiles& files,
+                              const SourceNames& m, const ParamLayout& global, float* params) {
   PretrainedReport report;
   for (const ParamSpec& s : global.specs()) {
     if (s.tied_copy) continue;
-    auto it = source.find(s.name);
-    if (it == source.end()) {
+    auto it = m.source.find(s.name);
+    if (it == m.source.end()) {
       TRELLIS_REQUIRE(is_task_head(s), "{}: missing tensor '{}' (the model needs it)", dir, s.name);
       report.initialised.push_back(s.name);
       continue;
@@ -208,20 +219,36 @@ PretrainedReport load_pretrained(const std::string& dir, const ParamLayout& glob
     std::copy(values.begin(), values.end(), params + s.offset);
     report.loaded.push_back(s.name);
   }
+  return report;
+}
 
-  // A tied head is the embedding; a saved copy must be that same tensor, or the checkpoint was
-  // trained with an untied head that this model would silently drop.
-  for (const std::string& name : tied_lm_head) {
+// A tied head is the embedding; a saved copy must be that same tensor, or the checkpoint was
+// trained with an untied head that this model would silently drop.
+void require_tied_heads_equal(const std::string& dir, const TensorFiles& files,
+                              const SourceNames& m, const ParamLayout& global) {
+  for (const std::string& name : m.tied_lm_head) {
     const ParamSpec* emb = global.find(Slot::TokEmbed, -1);
     TRELLIS_CHECK(emb != nullptr, "a tied head without a token embedding");
     const SafetensorsFile& f = *files.files[files.file_of.at(name)];
-    const auto& emb_name = source.at(emb->name);
+    const auto& emb_name = m.source.at(emb->name);
     const SafetensorsFile& fe = *files.files[files.file_of.at(emb_name)];
     TRELLIS_REQUIRE(f.shape(name) == fe.shape(emb_name) && f.floats(name) == fe.floats(emb_name),
                     "{}: {} differs from {}, but the model ties its head to the embedding "
                     "(config.json: tie_word_embeddings); set it to false to keep the head",
                     dir, name, emb_name);
   }
+}
+
+}  // namespace
+
+PretrainedReport load_pretrained(const std::string& dir, const ParamLayout& global, float* params) {
+  TRELLIS_CHECK(global.tp() == 1, "load_pretrained needs the tp = 1 layout");
+  TRELLIS_REQUIRE(fs::is_directory(dir), "{}: --init-from directory not found", dir);
+  if (is_sharded_checkpoint(dir)) return load_trellis_checkpoint(dir, global, params);
+  const TensorFiles files = open_tensor_files(dir);
+  const SourceNames sources = match_source_names(dir, files, global);
+  PretrainedReport report = copy_sources(dir, files, sources, global, params);
+  require_tied_heads_equal(dir, files, sources, global);
   return report;
 }
 

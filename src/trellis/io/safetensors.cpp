@@ -49,6 +49,109 @@ int dtype_size(const std::string& dtype) {
   return it == sizes.end() ? 0 : it->second;
 }
 
+// The 8-byte header length and the JSON header after it; data_start: where the data section
+// begins.
+json parse_header(const std::string& bytes, const std::string& path, size_t& data_start) {
+  TRELLIS_REQUIRE(bytes.size() >= 8, "{}: not a safetensors file: {} bytes, need at least 8", path,
+                  bytes.size());
+  const uint64_t header_len = get_u64_le(bytes);
+  TRELLIS_REQUIRE(header_len <= bytes.size() - 8,
+                  "{}: safetensors header length {} runs past the end of the file ({} bytes)", path,
+                  header_len, bytes.size());
+  data_start = 8 + header_len;
+  json header;
+  try {
+    header = json::parse(bytes.begin() + 8, bytes.begin() + long(data_start));
+  } catch (const json::exception& e) {
+    TRELLIS_REQUIRE(false, "{}: safetensors header is not valid JSON: {}", path, e.what());
+  }
+  TRELLIS_REQUIRE(header.is_object(), "{}: safetensors header is not a JSON object", path);
+  return header;
+}
+
+// "__metadata__": an object of strings.
+void read_metadata(const json& v, const std::string& path,
+                   std::map<std::string, std::string>& metadata) {
+  TRELLIS_REQUIRE(v.is_object(), "{}: __metadata__ is not a JSON object", path);
+  for (auto m = v.begin(); m != v.end(); ++m) {
+    TRELLIS_REQUIRE(m.value().is_string(), "{}: __metadata__ value of '{}' is not a string", path,
+                    m.key());
+    metadata[m.key()] = m.value().get<std::string>();
+  }
+}
+
+// One tensor's header entry, checked: a known dtype, a shape of non-negative integers whose
+// bytes are exactly its data_offsets [begin, end) inside the data section.
+struct TensorRecord {
+  std::vector<int64_t> shape;
+  std::string dtype;
+  uint64_t begin = 0, end = 0, count = 0;
+};
+
+TensorRecord parse_tensor_record(const std::string& path, const std::string& key, const json& v,
+                                 uint64_t data_size) {
+  TRELLIS_REQUIRE(v.is_object(), "{}: tensor '{}': entry is not a JSON object", path, key);
+  TRELLIS_REQUIRE(v.contains("dtype") && v["dtype"].is_string(),
+                  "{}: tensor '{}': missing or non-string dtype", path, key);
+  TensorRecord r;
+  r.dtype = v["dtype"].get<std::string>();
+  const int element_size = dtype_size(r.dtype);
+  TRELLIS_REQUIRE(element_size > 0, "{}: tensor '{}': unsupported dtype '{}'", path, key, r.dtype);
+  TRELLIS_REQUIRE(v.contains("shape") && v["shape"].is_array(),
+                  "{}: tensor '{}': missing or non-array shape", path, key);
+  for (const json& d : v["shape"]) {
+    TRELLIS_REQUIRE(d.is_number_integer() && d.get<int64_t>() >= 0,
+                    "{}: tensor '{}': shape {} has a non-integer or negative dimension", path, key,
+                    v["shape"].dump());
+    r.shape.push_back(d.get<int64_t>());
+  }
+  TRELLIS_REQUIRE(shape_count(r.shape, r.count), "{}: tensor '{}': shape {} is too large", path,
+                  key, v["shape"].dump());
+  const json& off = v.contains("data_offsets") ? v["data_offsets"] : json();
+  TRELLIS_REQUIRE(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() &&
+                      off[1].is_number_unsigned(),
+                  "{}: tensor '{}': data_offsets must be [begin, end] of non-negative integers",
+                  path, key);
+  r.begin = off[0].get<uint64_t>();
+  r.end = off[1].get<uint64_t>();
+  TRELLIS_REQUIRE(r.begin <= r.end && r.end <= data_size,
+                  "{}: tensor '{}': data_offsets [{}, {}) out of range (data section is {} "
+                  "bytes)",
+                  path, key, r.begin, r.end, data_size);
+  TRELLIS_REQUIRE(r.end - r.begin == r.count * uint64_t(element_size),
+                  "{}: tensor '{}': data_offsets [{}, {}) hold {} bytes but shape {} needs {}",
+                  path, key, r.begin, r.end, r.end - r.begin, v["shape"].dump(),
+                  r.count * uint64_t(element_size));
+  return r;
+}
+
+struct Range {
+  uint64_t begin, end;
+  const std::string* name;
+};
+
+// The ranges must tile the data section exactly: overlap would alias two tensors, a gap means
+// bytes nobody accounts for (a truncated or spliced file).
+void require_ranges_tile(std::vector<Range> ranges, uint64_t data_size, const std::string& path) {
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  uint64_t covered = 0;
+  for (const Range& r : ranges) {
+    TRELLIS_REQUIRE(r.begin >= covered || r.begin == r.end,
+                    "{}: tensor '{}': data_offsets [{}, {}) overlap another tensor", path, *r.name,
+                    r.begin, r.end);
+    TRELLIS_REQUIRE(r.begin <= covered,
+                    "{}: tensor '{}': bytes [{}, {}) of the data section "
+                    "belong to no tensor",
+                    path, *r.name, covered, r.begin);
+    covered = std::max(covered, r.end);
+  }
+  TRELLIS_REQUIRE(covered == data_size,
+                  "{}: bytes [{}, {}) of the data section belong to no tensor", path, covered,
+                  data_size);
+}
+
 }  // namespace
 
 void write_safetensors(const std::string& path, const std::vector<TensorRef>& tensors,
@@ -109,99 +212,25 @@ SafetensorsFile SafetensorsFile::from_bytes(std::string bytes, const std::string
 
 void SafetensorsFile::parse() {
   const std::string& path = path_;
-  TRELLIS_REQUIRE(bytes_.size() >= 8, "{}: not a safetensors file: {} bytes, need at least 8", path,
-                  bytes_.size());
-  const uint64_t header_len = get_u64_le(bytes_);
-  TRELLIS_REQUIRE(header_len <= bytes_.size() - 8,
-                  "{}: safetensors header length {} runs past the end of the file ({} bytes)", path,
-                  header_len, bytes_.size());
-  data_start_ = 8 + header_len;
+  const json header = parse_header(bytes_, path, data_start_);
   const uint64_t data_size = bytes_.size() - data_start_;
-
-  json header;
-  try {
-    header = json::parse(bytes_.begin() + 8, bytes_.begin() + long(data_start_));
-  } catch (const json::exception& e) {
-    TRELLIS_REQUIRE(false, "{}: safetensors header is not valid JSON: {}", path, e.what());
-  }
-  TRELLIS_REQUIRE(header.is_object(), "{}: safetensors header is not a JSON object", path);
-
-  struct Range {
-    uint64_t begin, end;
-    const std::string* name;
-  };
   std::vector<Range> ranges;
   for (auto it = header.begin(); it != header.end(); ++it) {
-    const std::string& key = it.key();
-    const json& v = it.value();
-    if (key == "__metadata__") {
-      TRELLIS_REQUIRE(v.is_object(), "{}: __metadata__ is not a JSON object", path);
-      for (auto m = v.begin(); m != v.end(); ++m) {
-        TRELLIS_REQUIRE(m.value().is_string(), "{}: __metadata__ value of '{}' is not a string",
-                        path, m.key());
-        metadata_[m.key()] = m.value().get<std::string>();
-      }
+    if (it.key() == "__metadata__") {
+      read_metadata(it.value(), path, metadata_);
       continue;
     }
-    TRELLIS_REQUIRE(v.is_object(), "{}: tensor '{}': entry is not a JSON object", path, key);
-    TRELLIS_REQUIRE(v.contains("dtype") && v["dtype"].is_string(),
-                    "{}: tensor '{}': missing or non-string dtype", path, key);
-    const std::string dtype = v["dtype"].get<std::string>();
-    const int element_size = dtype_size(dtype);
-    TRELLIS_REQUIRE(element_size > 0, "{}: tensor '{}': unsupported dtype '{}'", path, key, dtype);
-    TRELLIS_REQUIRE(v.contains("shape") && v["shape"].is_array(),
-                    "{}: tensor '{}': missing or non-array shape", path, key);
+    TensorRecord r = parse_tensor_record(path, it.key(), it.value(), data_size);
     Entry e;
-    for (const json& d : v["shape"]) {
-      TRELLIS_REQUIRE(d.is_number_integer() && d.get<int64_t>() >= 0,
-                      "{}: tensor '{}': shape {} has a non-integer or negative dimension", path,
-                      key, v["shape"].dump());
-      e.shape.push_back(d.get<int64_t>());
-    }
-    uint64_t count = 0;
-    TRELLIS_REQUIRE(shape_count(e.shape, count), "{}: tensor '{}': shape {} is too large", path,
-                    key, v["shape"].dump());
-    const json& off = v.contains("data_offsets") ? v["data_offsets"] : json();
-    TRELLIS_REQUIRE(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() &&
-                        off[1].is_number_unsigned(),
-                    "{}: tensor '{}': data_offsets must be [begin, end] of non-negative integers",
-                    path, key);
-    const uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
-    TRELLIS_REQUIRE(begin <= end && end <= data_size,
-                    "{}: tensor '{}': data_offsets [{}, {}) out of range (data section is {} "
-                    "bytes)",
-                    path, key, begin, end, data_size);
-    TRELLIS_REQUIRE(end - begin == count * uint64_t(element_size),
-                    "{}: tensor '{}': data_offsets [{}, {}) hold {} bytes but shape {} needs {}",
-                    path, key, begin, end, end - begin, v["shape"].dump(),
-                    count * uint64_t(element_size));
-    e.dtype = dtype;
-    e.offset = begin;
-    e.count = count;
-    e.bytes = end - begin;
-    auto [pos, inserted] = entries_.emplace(key, std::move(e));
-    ranges.push_back({begin, end, &pos->first});
+    e.shape = std::move(r.shape);
+    e.dtype = r.dtype;
+    e.offset = r.begin;
+    e.count = r.count;
+    e.bytes = r.end - r.begin;
+    auto [pos, inserted] = entries_.emplace(it.key(), std::move(e));
+    ranges.push_back({r.begin, r.end, &pos->first});
   }
-
-  // The ranges must tile the data section exactly: overlap would alias two tensors, a gap means
-  // bytes nobody accounts for (a truncated or spliced file).
-  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
-    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-  });
-  uint64_t covered = 0;
-  for (const Range& r : ranges) {
-    TRELLIS_REQUIRE(r.begin >= covered || r.begin == r.end,
-                    "{}: tensor '{}': data_offsets [{}, {}) overlap another tensor", path, *r.name,
-                    r.begin, r.end);
-    TRELLIS_REQUIRE(r.begin <= covered,
-                    "{}: tensor '{}': bytes [{}, {}) of the data section "
-                    "belong to no tensor",
-                    path, *r.name, covered, r.begin);
-    covered = std::max(covered, r.end);
-  }
-  TRELLIS_REQUIRE(covered == data_size,
-                  "{}: bytes [{}, {}) of the data section belong to no tensor", path, covered,
-                  data_size);
+  require_ranges_tile(std::move(ranges), data_size, path);
 
   // Files from other writers need not keep tensors 4-byte aligned; repack the data section so
   // data() can hand out float pointers without undefined behaviour (F32 tensors first, so that

@@ -288,6 +288,15 @@ void CheckpointReader::open_sharded() {
   states_ = get<std::vector<std::string>>(index, "states", path);
   TRELLIS_REQUIRE(!states_.empty() && states_[0] == "params", "{}: 'states' must start with params",
                   path);
+  const std::map<std::string, int> file_index = open_index_files(index, path);
+  const json& tensors = index.contains("tensors") ? index["tensors"] : json();
+  TRELLIS_REQUIRE(tensors.is_object(), "{}: missing object 'tensors'", path);
+  for (const auto& [name, t] : tensors.items())
+    tensors_[name] = index_tensor(t, file_index, path + " tensors." + name);
+}
+
+std::map<std::string, int> CheckpointReader::open_index_files(const json& index,
+                                                              const std::string& path) {
   std::map<std::string, int> file_index;
   const json& files = index.contains("files") ? index["files"] : json();
   TRELLIS_REQUIRE(files.is_object(), "{}: missing object 'files'", path);
@@ -307,73 +316,78 @@ void CheckpointReader::open_sharded() {
     file_index[name] = int(files_.size());
     files_.push_back(std::move(f));
   }
-  const json& tensors = index.contains("tensors") ? index["tensors"] : json();
-  TRELLIS_REQUIRE(tensors.is_object(), "{}: missing object 'tensors'", path);
-  for (const auto& [name, t] : tensors.items()) {
-    const std::string where = path + " tensors." + name;
-    Tensor tensor;
-    tensor.shape = get<std::vector<int64_t>>(t, "shape", where);
-    TRELLIS_REQUIRE(!tensor.shape.empty() && tensor.shape.size() <= 8, "{}: bad shape", where);
-    for (int64_t d : tensor.shape)
-      TRELLIS_REQUIRE(d >= 1 && d <= (int64_t(1) << 40), "{}: bad shape", where);
-    TRELLIS_REQUIRE(get<std::string>(t, "dtype", where) == "F32", "{}: dtype must be F32", where);
-    tensor.split_dim = get<int>(t, "split_dim", where);
-    tensor.parts = get<int>(t, "parts", where);
-    TRELLIS_REQUIRE(
-        tensor.split_dim >= -1 && tensor.split_dim < int(tensor.shape.size()) && tensor.parts >= 1,
-        "{}: bad split_dim/parts", where);
-    const json& pieces = t.contains("pieces") ? t["pieces"] : json();
-    TRELLIS_REQUIRE(pieces.is_array() && !pieces.empty(), "{}: no pieces", where);
-    tensor.tp = 0;
-    for (const json& p : pieces) {
-      Piece piece;
-      const std::string file = get<std::string>(p, "file", where);
-      TRELLIS_REQUIRE(file_index.count(file), "{}: piece in '{}', which 'files' does not list",
-                      where, file);
-      piece.file = file_index[file];
-      piece.at = get<int64_t>(p, "at", where);
-      piece.begin = get<int64_t>(p, "begin", where);
-      piece.end = get<int64_t>(p, "end", where);
-      const int tp = tensor.split_dim < 0 ? 1 : get<int>(p, "tp", where);
-      piece.tp_rank = tensor.split_dim < 0 ? 0 : get<int>(p, "tp_rank", where);
-      TRELLIS_REQUIRE(tensor.tp == 0 || tensor.tp == tp, "{}: pieces of different tp", where);
-      tensor.tp = tp;
-      TRELLIS_REQUIRE(tp >= 1 && piece.tp_rank >= 0 && piece.tp_rank < tp, "{}: bad tp_rank",
-                      where);
-      const int64_t n = piece.end - piece.begin;
-      TRELLIS_REQUIRE(piece.begin >= 0 && n > 0 && piece.at >= 0 &&
-                          piece.at + n <= files_[size_t(piece.file)]->elements,
-                      "{}: piece [{}, {}) at {} lies outside {}", where, piece.begin, piece.end,
-                      piece.at, file);
-      tensor.pieces.push_back(piece);
+  return file_index;
+}
+
+CheckpointReader::Tensor CheckpointReader::index_tensor(
+    const json& t, const std::map<std::string, int>& file_index, const std::string& where) const {
+  Tensor tensor;
+  tensor.shape = get<std::vector<int64_t>>(t, "shape", where);
+  TRELLIS_REQUIRE(!tensor.shape.empty() && tensor.shape.size() <= 8, "{}: bad shape", where);
+  for (int64_t d : tensor.shape)
+    TRELLIS_REQUIRE(d >= 1 && d <= (int64_t(1) << 40), "{}: bad shape", where);
+  TRELLIS_REQUIRE(get<std::string>(t, "dtype", where) == "F32", "{}: dtype must be F32", where);
+  tensor.split_dim = get<int>(t, "split_dim", where);
+  tensor.parts = get<int>(t, "parts", where);
+  TRELLIS_REQUIRE(
+      tensor.split_dim >= -1 && tensor.split_dim < int(tensor.shape.size()) && tensor.parts >= 1,
+      "{}: bad split_dim/parts", where);
+  const json& pieces = t.contains("pieces") ? t["pieces"] : json();
+  TRELLIS_REQUIRE(pieces.is_array() && !pieces.empty(), "{}: no pieces", where);
+  tensor.tp = 0;
+  for (const json& p : pieces) {
+    Piece piece;
+    const std::string file = get<std::string>(p, "file", where);
+    const auto known = file_index.find(file);
+    TRELLIS_REQUIRE(known != file_index.end(), "{}: piece in '{}', which 'files' does not list",
+                    where, file);
+    piece.file = known->second;
+    piece.at = get<int64_t>(p, "at", where);
+    piece.begin = get<int64_t>(p, "begin", where);
+    piece.end = get<int64_t>(p, "end", where);
+    const int tp = tensor.split_dim < 0 ? 1 : get<int>(p, "tp", where);
+    piece.tp_rank = tensor.split_dim < 0 ? 0 : get<int>(p, "tp_rank", where);
+    TRELLIS_REQUIRE(tensor.tp == 0 || tensor.tp == tp, "{}: pieces of different tp", where);
+    tensor.tp = tp;
+    TRELLIS_REQUIRE(tp >= 1 && piece.tp_rank >= 0 && piece.tp_rank < tp, "{}: bad tp_rank",
+                    where);
+    const int64_t n = piece.end - piece.begin;
+    TRELLIS_REQUIRE(piece.begin >= 0 && n > 0 && piece.at >= 0 &&
+                        piece.at + n <= files_[size_t(piece.file)]->elements,
+                    "{}: piece [{}, {}) at {} lies outside {}", where, piece.begin, piece.end,
+                    piece.at, file);
+    tensor.pieces.push_back(piece);
+  }
+  require_pieces_tile(tensor, where);
+  return tensor;
+}
+
+// The slices: split_dim divided by tp (parts split separately), then every slice tiled by its
+// pieces exactly once. Sorts the pieces by (tp_rank, begin).
+void CheckpointReader::require_pieces_tile(Tensor& tensor, const std::string& where) {
+  int64_t slice = numel_of(tensor.shape);
+  if (tensor.split_dim >= 0) {
+    const int64_t D = tensor.shape[size_t(tensor.split_dim)];
+    TRELLIS_REQUIRE(D % (int64_t(tensor.tp) * tensor.parts) == 0,
+                    "{}: dimension {} does not split into {} parts over tp={}", where, D,
+                    tensor.parts, tensor.tp);
+    slice /= tensor.tp;
+  }
+  std::sort(tensor.pieces.begin(), tensor.pieces.end(), [](const Piece& a, const Piece& b) {
+    return a.tp_rank != b.tp_rank ? a.tp_rank < b.tp_rank : a.begin < b.begin;
+  });
+  size_t i = 0;
+  for (int r = 0; r < tensor.tp; ++r) {
+    int64_t covered = 0;
+    for (; i < tensor.pieces.size() && tensor.pieces[i].tp_rank == r; ++i) {
+      TRELLIS_REQUIRE(tensor.pieces[i].begin == covered,
+                      "{}: elements [{}, {}) of tp rank {}'s slice are {}", where, covered,
+                      tensor.pieces[i].begin, r,
+                      tensor.pieces[i].begin < covered ? "held twice" : "held by no piece");
+      covered = tensor.pieces[i].end;
     }
-    // The slices: split_dim divided by tp (parts split separately), then every slice tiled by
-    // its pieces exactly once.
-    int64_t slice = numel_of(tensor.shape);
-    if (tensor.split_dim >= 0) {
-      const int64_t D = tensor.shape[size_t(tensor.split_dim)];
-      TRELLIS_REQUIRE(D % (int64_t(tensor.tp) * tensor.parts) == 0,
-                      "{}: dimension {} does not split into {} parts over tp={}", where, D,
-                      tensor.parts, tensor.tp);
-      slice /= tensor.tp;
-    }
-    std::sort(tensor.pieces.begin(), tensor.pieces.end(), [](const Piece& a, const Piece& b) {
-      return a.tp_rank != b.tp_rank ? a.tp_rank < b.tp_rank : a.begin < b.begin;
-    });
-    size_t i = 0;
-    for (int r = 0; r < tensor.tp; ++r) {
-      int64_t covered = 0;
-      for (; i < tensor.pieces.size() && tensor.pieces[i].tp_rank == r; ++i) {
-        TRELLIS_REQUIRE(tensor.pieces[i].begin == covered,
-                        "{}: elements [{}, {}) of tp rank {}'s slice are {}", where, covered,
-                        tensor.pieces[i].begin, r,
-                        tensor.pieces[i].begin < covered ? "held twice" : "held by no piece");
-        covered = tensor.pieces[i].end;
-      }
-      TRELLIS_REQUIRE(covered == slice, "{}: tp rank {}'s slice has {} elements, pieces hold {}",
-                      where, r, slice, covered);
-    }
-    tensors_[name] = std::move(tensor);
+    TRELLIS_REQUIRE(covered == slice, "{}: tp rank {}'s slice has {} elements, pieces hold {}",
+                    where, r, slice, covered);
   }
 }
 

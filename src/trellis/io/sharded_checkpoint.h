@@ -106,6 +106,11 @@ class CheckpointReader {
   };
   struct File;
   void open_sharded();
+  // open_sharded's steps: the index's files (name -> index into files_), one tensor's entry.
+  std::map<std::string, int> open_index_files(const nlohmann::json& index, const std::string& path);
+  Tensor index_tensor(const nlohmann::json& t, const std::map<std::string, int>& file_index,
+                      const std::string& where) const;
+  static void require_pieces_tile(Tensor& tensor, const std::string& where);
   void open_whole();
   const float* state_data(int file, const std::string& state);
   void read_tensor(const ParamSpec& spec, int tp_rank, int64_t lo, int64_t hi,

@@ -212,11 +212,32 @@ double block_memory_bound_bytes(const ModelConfig& cfg, bool decoder, int64_t b,
                       block_probability_bytes(cfg, decoder, b, s, tp));
 }
 
-StepCost predict_step(const CostInputs& in, const Machine& machine) {
+namespace {
+
+// What every chunk's cost shares: the run, the machine, the kernels' rates and the links.
+struct StepSetting {
+  const CostInputs& in;
+  const Machine& machine;
+  const ModelConfig& mc;
+  const Layout& L;
+  bool megatron;
+  int pp, V, G, t;
+  double b, s, h;
+  double act;             // bytes per activation element on the wire (fp32; Megatron fp16)
+  double hbm;             // memory-bound ops' bandwidth
+  double attention_rate;  // attention's two batched products
+  double stream;          // weights, gradients, optimizer state
+  const Link* dp_link;
+  const Link* pp_link;
+  bool dp_inside_node;
+  double tp_coll;  // one of a block's tensor-parallel all-reduces (or its SP pair)
+};
+
+StepSetting step_setting(const CostInputs& in, const Machine& machine) {
   const ModelConfig& mc = in.model;
   const Layout& L = in.layout;
   const bool megatron = in.engine == Engine::Megatron;
-  const int pp = L.pp, V = L.virtual_stages, G = pp * V, t = L.tp, R = in.ranks_per_node;
+  const int pp = L.pp, V = L.virtual_stages, t = L.tp, R = in.ranks_per_node;
   TRELLIS_REQUIRE(L.dp >= 1 && t >= 1 && pp >= 1 && V >= 1 && L.micro_batch >= 1 && L.accum >= 1,
                   "layout sizes must be positive");
   const double b = double(L.micro_batch), s = double(in.seq_len), h = mc.n_embd;
@@ -227,17 +248,11 @@ StepCost predict_step(const CostInputs& in, const Machine& machine) {
   const double gemm_rate = fit != machine.gemm.end()
                                ? fit->second.rate
                                : machine.peak(in.precision) * machine.gemm_efficiency;
-  const auto gemms_seconds = [&](const std::vector<Gemm>& gemms) {
-    double sec = 0;
-    for (const Gemm& g : gemms) sec += gemm_seconds(g, machine, in.precision);
-    return sec;
-  };
   // Memory-bound ops at the measured rate of trellis's own, where calibrated.
   const double hbm = machine.elementwise_bandwidth > 0 && !megatron ? machine.elementwise_bandwidth
                                                                     : machine.memory_bandwidth;
   const double attention_rate =
       machine.attention_flops > 0 && !megatron ? machine.attention_flops : gemm_rate;
-  const double stream = machine.memory_bandwidth;  // weights, gradients, optimizer state
   // Mesh order: TP fastest, then DP, then PP; a group is inside a node when its span is.
   const Link& tp_link = (t <= R && R % t == 0) ? machine.intra : machine.inter;
   const bool dp_inside_node = t * L.dp <= R;
@@ -249,91 +264,147 @@ StepCost predict_step(const CostInputs& in, const Machine& machine) {
   const double tp_coll = L.sequence_parallel ? ring_half("all_gather", tp_bytes, t, tp_link) +
                                                    ring_half("reduce_scatter", tp_bytes, t, tp_link)
                                              : ring_all_reduce(tp_bytes, t, tp_link);
+  return {.in = in,
+          .machine = machine,
+          .mc = mc,
+          .L = L,
+          .megatron = megatron,
+          .pp = pp,
+          .V = V,
+          .G = pp * V,
+          .t = t,
+          .b = b,
+          .s = s,
+          .h = h,
+          .act = act,
+          .hbm = hbm,
+          .attention_rate = attention_rate,
+          .stream = machine.memory_bandwidth,
+          .dp_link = &dp_link,
+          .pp_link = &pp_link,
+          .dp_inside_node = dp_inside_node,
+          .tp_coll = tp_coll};
+}
 
-  const auto chunks = partition_layers(mc.total_layers(), G, {});
-  std::vector<ChunkCost> cost(static_cast<size_t>(G), ChunkCost{});
-  for (int g = 0; g < G; ++g) {
+// What the recompute policy runs again in one block's backward: the forward (full) or
+// attention's products and (trellis) the MLP's up projection(s) (selective).
+struct RecomputeCost {
+  double flops = 0, time = 0, comm = 0;
+};
+
+RecomputeCost block_recompute(const StepSetting& x, double fl, double forward_s, int colls) {
+  const ModelConfig& mc = x.mc;
+  const double b = x.b, s = x.s, h = x.h;
+  const int t = x.t;
+  RecomputeCost re;
+  if (x.L.recompute == Recompute::Full) {
+    re.flops = fl;
+    re.time = forward_s;
+    // trellis reruns the forward's collectives except the MLP's (its result is kept).
+    re.comm = (x.megatron || mc.mlp == MlpKind::None ? colls : colls - 1) * x.tp_coll;
+  } else if (x.L.recompute == Recompute::Selective) {
+    re.flops = 4 * b * s * s * h / t;  // attention's two batched products
+    re.time = re.flops / x.attention_rate;
+    if (!x.megatron) {  // trellis also reruns the MLP's up projection(s)
+      const int ups = mc.mlp == MlpKind::SwiGLU ? 2 : mc.mlp == MlpKind::Gelu ? 1 : 0;
+      re.flops += 2 * ups * b * s * h * mc.ffn() / t;
+      for (int i = 0; i < ups; ++i)
+        re.time += gemm_seconds({b * s, mc.ffn() / double(t), h}, x.machine, x.in.precision);
+    }
+  }
+  return re;
+}
+
+// One block's forward, backward and recomputation, added to its chunk's cost.
+void add_block(ChunkCost& c, const StepSetting& x, bool decoder) {
+  const ModelConfig& mc = x.mc;
+  const Machine& machine = x.machine;
+  const std::string& precision = x.in.precision;
+  const double b = x.b, s = x.s, h = x.h;
+  const int t = x.t;
+  const double fl = block_forward_flops(mc, decoder, b, s, t);
+  const std::vector<Gemm> gemms = block_gemms(mc, decoder, b * s, t);
+  double weights = 0;  // this rank's share of the block's weights
+  for (const Gemm& g : gemms) weights += g.n * g.k;
+  double gemm_s = 0;
+  for (const Gemm& g : gemms) gemm_s += gemm_seconds(g, machine, precision);
+  double gemm_bwd_s = 0;
+  for (const Gemm& g : gemms) gemm_bwd_s += gemm_backward_seconds(g, machine, precision);
+  const double attention_flops = 4 * b * s * s * h / t * (decoder ? 2 : 1);
+  const double attention_s = attention_flops / x.attention_rate;
+  // Memory-bound ops: the forward writes what the block keeps and reads it once more, the
+  // backward reads it and writes gradients of the same size (a third and two thirds of
+  // block_memory_bound_bytes; Megatron: of its published activation bytes).
+  const double memory_bound_s =
+      (x.megatron ? 6 * megatron_activation_per_layer(s, b, h, mc.n_head, t,
+                                                      x.L.sequence_parallel, Recompute::None)
+                  : block_memory_bound_bytes(mc, decoder, int64_t(b), x.in.seq_len, t,
+                                             x.L.sequence_parallel)) /
+      x.hbm;
+  const int colls = (mc.mlp != MlpKind::None ? 2 : 1) + (decoder ? 1 : 0);
+  c.gemm_flops_fwd += fl;
+  c.fwd_compute += gemm_s + attention_s + memory_bound_s / 3;
+  c.fwd_comm += colls * x.tp_coll;
+  // Backward: two GEMMs per forward one; the weight gradients are read and written again
+  // (accumulated) per micro-batch.
+  c.bwd_compute +=
+      gemm_bwd_s + 2 * attention_s + 2 * memory_bound_s / 3 + 2 * weights * 4 / x.stream;
+  c.bwd_comm += colls * x.tp_coll;
+  const RecomputeCost re =
+      block_recompute(x, fl, gemm_s + attention_s + memory_bound_s / 3, colls);
+  c.recompute_flops += re.flops;
+  c.recompute += re.time + re.comm;
+  c.bwd_compute += re.time;
+  c.bwd_comm += re.comm;
+}
+
+// The LM head on the last chunk: its GEMM, the logits' softmax and loss, its input gradient's
+// tensor-parallel sum.
+void add_head(ChunkCost& c, const StepSetting& x) {
+  const double b = x.b, s = x.s, h = x.h;
+  const int t = x.t;
+  const double vocab = x.mc.padded_vocab();
+  const double fl = 2 * b * s * h * vocab / t;
+  const double logits = b * s * vocab / t * 4;  // fp32 logits, softmax and its gradient
+  const Gemm head{b * s, vocab / t, h};
+  const double head_s = gemm_seconds(head, x.machine, x.in.precision);
+  c.gemm_flops_fwd += fl;
+  c.fwd_compute += head_s + 3 * logits / x.hbm;
+  c.bwd_compute += gemm_backward_seconds(head, x.machine, x.in.precision) + 3 * logits / x.hbm +
+                   2 * vocab / t * h * 4 / x.stream;
+  c.bwd_comm += x.tp_coll;  // the head's input gradient
+}
+
+std::vector<ChunkCost> chunk_costs(const StepSetting& x,
+                                   const std::vector<std::vector<int>>& chunks) {
+  std::vector<ChunkCost> cost(static_cast<size_t>(x.G), ChunkCost{});
+  for (int g = 0; g < x.G; ++g) {
     ChunkCost& c = cost[size_t(g)];
     c.blocks = int(chunks[size_t(g)].size());
-    for (int layer : chunks[size_t(g)]) {
-      const bool decoder = mc.encoder_decoder() && layer >= mc.n_layer;
-      const double fl = block_forward_flops(mc, decoder, b, s, t);
-      const std::vector<Gemm> gemms = block_gemms(mc, decoder, b * s, t);
-      double weights = 0;  // this rank's share of the block's weights
-      for (const Gemm& g : gemms) weights += g.n * g.k;
-      const double gemm_s = gemms_seconds(gemms);
-      double gemm_bwd_s = 0;
-      for (const Gemm& g : gemms) gemm_bwd_s += gemm_backward_seconds(g, machine, in.precision);
-      const double attention_flops = 4 * b * s * s * h / t * (decoder ? 2 : 1);
-      const double attention_s = attention_flops / attention_rate;
-      // Memory-bound ops: the forward writes what the block keeps and reads it once more, the
-      // backward reads it and writes gradients of the same size (a third and two thirds of
-      // block_memory_bound_bytes; Megatron: of its published activation bytes).
-      const double memory_bound_s =
-          (megatron ? 6 * megatron_activation_per_layer(s, b, h, mc.n_head, t,
-                                                        L.sequence_parallel, Recompute::None)
-                    : block_memory_bound_bytes(mc, decoder, int64_t(b), in.seq_len, t,
-                                               L.sequence_parallel)) /
-          hbm;
-      const int colls = (mc.mlp != MlpKind::None ? 2 : 1) + (decoder ? 1 : 0);
-      c.gemm_flops_fwd += fl;
-      c.fwd_compute += gemm_s + attention_s + memory_bound_s / 3;
-      c.fwd_comm += colls * tp_coll;
-      // Backward: two GEMMs per forward one; the weight gradients are read and written again
-      // (accumulated) per micro-batch.
-      c.bwd_compute +=
-          gemm_bwd_s + 2 * attention_s + 2 * memory_bound_s / 3 + 2 * weights * 4 / stream;
-      c.bwd_comm += colls * tp_coll;
-      double re_flops = 0, re_time = 0, re_comm = 0;
-      if (L.recompute == Recompute::Full) {
-        re_flops = fl;
-        re_time = gemm_s + attention_s + memory_bound_s / 3;
-        // trellis reruns the forward's collectives except the MLP's (its result is kept).
-        re_comm = (megatron || mc.mlp == MlpKind::None ? colls : colls - 1) * tp_coll;
-      } else if (L.recompute == Recompute::Selective) {
-        re_flops = 4 * b * s * s * h / t;  // attention's two batched products
-        re_time = re_flops / attention_rate;
-        if (!megatron) {  // trellis also reruns the MLP's up projection(s)
-          const int ups = mc.mlp == MlpKind::SwiGLU ? 2 : mc.mlp == MlpKind::Gelu ? 1 : 0;
-          re_flops += 2 * ups * b * s * h * mc.ffn() / t;
-          for (int i = 0; i < ups; ++i)
-            re_time += gemm_seconds({b * s, mc.ffn() / double(t), h}, machine, in.precision);
-        }
-      }
-      c.recompute_flops += re_flops;
-      c.recompute += re_time + re_comm;
-      c.bwd_compute += re_time;
-      c.bwd_comm += re_comm;
-    }
-    if (g == 0 && t > 1) c.fwd_comm += tp_coll;  // vocabulary-parallel embedding's sum
-    if (g == G - 1 && mc.lm_head()) {
-      const double vocab = mc.padded_vocab();
-      const double fl = 2 * b * s * h * vocab / t;
-      const double logits = b * s * vocab / t * 4;  // fp32 logits, softmax and its gradient
-      const Gemm head{b * s, vocab / t, h};
-      const double head_s = gemm_seconds(head, machine, in.precision);
-      c.gemm_flops_fwd += fl;
-      c.fwd_compute += head_s + 3 * logits / hbm;
-      c.bwd_compute += gemm_backward_seconds(head, machine, in.precision) + 3 * logits / hbm +
-                       2 * vocab / t * h * 4 / stream;
-      c.bwd_comm += tp_coll;  // the head's input gradient
-    }
+    for (int layer : chunks[size_t(g)])
+      add_block(c, x, x.mc.encoder_decoder() && layer >= x.mc.n_layer);
+    if (g == 0 && x.t > 1) c.fwd_comm += x.tp_coll;  // vocabulary-parallel embedding's sum
+    if (g == x.G - 1 && x.mc.lm_head()) add_head(c, x);
   }
+  return cost;
+}
 
-  // Every pipeline rank's op list, played with and without the sends' cost.
-  std::vector<std::vector<PipeOp>> ops;
-  for (int r = 0; r < pp; ++r) ops.push_back(build_schedule(L.schedule, pp, r, int(L.accum), V));
+// How an activation (or its gradient) travels between pipeline stages.
+SendModel pipeline_sends(const StepSetting& x) {
   SendModel send;
-  if (pp > 1) {
-    const double bytes = b * s * h * act / (megatron && t > 1 ? t : 1);
-    send.latency = pp_link.step_seconds("send_recv", 0);
-    send.transfer = pp_link.step_seconds("send_recv", bytes) - send.latency;
-    send.sender_polls = !megatron && &pp_link == &machine.inter;
+  if (x.pp > 1) {
+    const double bytes = x.b * x.s * x.h * x.act / (x.megatron && x.t > 1 ? x.t : 1);
+    send.latency = x.pp_link->step_seconds("send_recv", 0);
+    send.transfer = x.pp_link->step_seconds("send_recv", bytes) - send.latency;
+    send.sender_polls = !x.megatron && x.pp_link == &x.machine.inter;
   }
-  const double span0 = play_schedule(ops, cost, pp, V, L.accum, {});
-  const double span = pp > 1 ? play_schedule(ops, cost, pp, V, L.accum, send) : span0;
+  return send;
+}
 
-  StepCost out;
+// The busiest pipeline rank's compute, tensor-parallel communication and recomputation into
+// out; returns its busy time.
+double take_busiest_rank(StepCost& out, const std::vector<std::vector<PipeOp>>& ops,
+                         const std::vector<ChunkCost>& cost, int pp) {
   double busiest = -1;
   for (int r = 0; r < pp; ++r) {
     double compute = 0, comm = 0, recompute = 0;
@@ -350,27 +421,39 @@ StepCost predict_step(const CostInputs& in, const Machine& machine) {
       out.recompute_s = recompute;
     }
   }
-  out.bubble_s = std::max(0.0, span0 - busiest);
-  out.pp_comm_s = span - span0;
+  return busiest;
+}
 
-  // Data-parallel gradient sync of the largest stage (stages sync in parallel).
+// Parameters of the largest pipeline stage on one tensor-parallel rank (stages sync in
+// parallel, so the largest sets the data-parallel time).
+double largest_stage_floats(const StepSetting& x, const std::vector<std::vector<int>>& chunks) {
   double stage_floats = 0;
-  for (int r = 0; r < pp; ++r) {
+  for (int r = 0; r < x.pp; ++r) {
     StageSpec stage;
     stage.embedding = r == 0;
-    stage.head = r == pp - 1;
-    for (int v = 0; v < V; ++v)
-      stage.layers.insert(stage.layers.end(), chunks[size_t(v * pp + r)].begin(),
-                          chunks[size_t(v * pp + r)].end());
-    stage_floats = std::max(stage_floats, double(ParamLayout(mc, t, 0, &stage).size()));
+    stage.head = r == x.pp - 1;
+    for (int v = 0; v < x.V; ++v)
+      stage.layers.insert(stage.layers.end(), chunks[size_t(v * x.pp + r)].begin(),
+                          chunks[size_t(v * x.pp + r)].end());
+    stage_floats = std::max(stage_floats, double(ParamLayout(x.mc, x.t, 0, &stage).size()));
   }
-  const double grad_bytes = stage_floats * (megatron ? 2 : 4);
-  const double param_bytes = stage_floats * (megatron ? 2 : 4);
+  return stage_floats;
+}
+
+// Data-parallel gradient sync of the largest stage (ZeRO's collectives and page refills), what
+// of it backward hides, and the optimizer step.
+void add_data_parallel_sync(StepCost& out, const StepSetting& x, double stage_floats,
+                            const ChunkCost& first_chunk) {
+  const Machine& machine = x.machine;
+  const Layout& L = x.L;
+  const Link& dp_link = *x.dp_link;
+  const double grad_bytes = stage_floats * (x.megatron ? 2 : 4);
+  const double param_bytes = stage_floats * (x.megatron ? 2 : 4);
   const int dp = L.dp;
   const double m = double(L.accum);
   // ZeRO-2/3 reduce (and gather) per unit, a block or the root: each unit's collective pays
   // the latency of two (its even share and the rest elements).
-  const double units = pp == 1 ? double(mc.total_layers()) + 1 : 1;
+  const double units = x.pp == 1 ? double(x.mc.total_layers()) + 1 : 1;
   const auto per_unit = [&](const char* collective, double bytes) {
     return dp > 1 ? units * ring_half(collective, bytes / units, dp, dp_link) +
                         units * (dp - 1) * dp_link.step_seconds(collective, 4)
@@ -409,34 +492,62 @@ StepCost predict_step(const CostInputs& in, const Machine& machine) {
         m * (refill(grad_bytes) + (L.zero == 3 ? 2 * refill(param_bytes) : 0));
   }
   out.dp_comm_s = out.dp_comm_total_s;
-  if (!megatron && L.zero == 0 && pp == 1 && dp > 1 && dp_inside_node) {
+  if (!x.megatron && L.zero == 0 && x.pp == 1 && dp > 1 && x.dp_inside_node) {
     // The bucketed reducer starts as the last micro-batch's backward finishes blocks; the last
     // bucket (about one block's share) is always exposed. Between nodes (TCP) nothing is
     // hidden: a rank's one thread advances a non-blocking all-reduce only when it tests it
     // between blocks (bench/RESULTS.md, the planner across nodes: dp2 at 1 Gbit/s).
-    const double blocks = double(mc.total_layers()) + 1;
-    out.dp_comm_s = std::max(out.dp_comm_total_s - cost[0].bwd() * (blocks - 1) / blocks,
+    const double blocks = double(x.mc.total_layers()) + 1;
+    out.dp_comm_s = std::max(out.dp_comm_total_s - first_chunk.bwd() * (blocks - 1) / blocks,
                              out.dp_comm_total_s / blocks);
   }
   // AdamW reads weights, gradients and two moments and writes three of them: 28 bytes per owned
   // parameter at memory bandwidth.
   const double owned = stage_floats / (L.zero >= 1 ? dp : 1);
-  out.optimizer_s = owned * 28 / stream;
-  out.step_s = span + out.dp_comm_s + out.optimizer_s + out.page_refill_s;
+  out.optimizer_s = owned * 28 / x.stream;
+}
 
+// Model and hardware FLOPs of the step over all ranks, tokens/s, MFU and HFU.
+void add_throughput(StepCost& out, const StepSetting& x, const std::vector<ChunkCost>& cost) {
   double fwd_flops = 0, re_flops = 0;
   for (const ChunkCost& c : cost) {
     fwd_flops += c.gemm_flops_fwd;
     re_flops += c.recompute_flops;
   }
+  const int dp = x.L.dp;
+  const double m = double(x.L.accum);
   // Per-rank FLOPs times the tensor-parallel ranks that share each chunk, per micro-batch.
-  const double per_replica = m * t;
+  const double per_replica = m * x.t;
   out.model_flops = 3 * fwd_flops * per_replica * dp;
   out.hardware_flops = out.model_flops + re_flops * per_replica * dp;
-  out.tokens_per_s = double(dp) * m * b * s / out.step_s;
-  const double world_peak = double(L.world()) * machine.peak(in.precision);
+  out.tokens_per_s = double(dp) * m * x.b * x.s / out.step_s;
+  const double world_peak = double(x.L.world()) * x.machine.peak(x.in.precision);
   out.mfu = out.model_flops / out.step_s / world_peak;
   out.hfu = out.hardware_flops / out.step_s / world_peak;
+}
+
+}  // namespace
+
+StepCost predict_step(const CostInputs& in, const Machine& machine) {
+  const StepSetting x = step_setting(in, machine);
+  const auto chunks = partition_layers(x.mc.total_layers(), x.G, {});
+  const std::vector<ChunkCost> cost = chunk_costs(x, chunks);
+
+  // Every pipeline rank's op list, played with and without the sends' cost.
+  std::vector<std::vector<PipeOp>> ops;
+  for (int r = 0; r < x.pp; ++r)
+    ops.push_back(build_schedule(x.L.schedule, x.pp, r, int(x.L.accum), x.V));
+  const double span0 = play_schedule(ops, cost, x.pp, x.V, x.L.accum, {});
+  const double span =
+      x.pp > 1 ? play_schedule(ops, cost, x.pp, x.V, x.L.accum, pipeline_sends(x)) : span0;
+
+  StepCost out;
+  const double busiest = take_busiest_rank(out, ops, cost, x.pp);
+  out.bubble_s = std::max(0.0, span0 - busiest);
+  out.pp_comm_s = span - span0;
+  add_data_parallel_sync(out, x, largest_stage_floats(x, chunks), cost[0]);
+  out.step_s = span + out.dp_comm_s + out.optimizer_s + out.page_refill_s;
+  add_throughput(out, x, cost);
   return out;
 }
 

@@ -82,97 +82,119 @@ void Pipeline::release(int v, Context* ctx) {
     if (s.ctx.get() == ctx) s.busy = false;
 }
 
+// What one run's ops share: its arguments, the stats so far and the Contexts between a
+// micro-batch's forward and its backward.
+struct Pipeline::RunState {
+  const Loader& load;
+  float grad_scale;
+  const std::function<void(int)>& on_block_done;
+  const Collector& collect;
+  int last_chunk;
+  std::vector<size_t> last_backward;  // per local chunk: the op that completes its gradients
+  PipelineStats st;
+  std::map<std::pair<int, int>, Context*> alive;  // (chunk, micro) -> context between F and B
+  int n_alive = 0;
+};
+
+namespace {
+// Messages between a pair of ranks are told apart by (micro-batch, chunk, direction).
+int message_tag(int micro, int g, bool fwd, int global_chunks) {
+  return (micro * global_chunks + g) * 2 + fwd;
+}
+}  // namespace
+
 PipelineStats Pipeline::run(const std::vector<PipeOp>& ops, const Loader& load, float grad_scale,
                             const std::function<void(int)>& on_block_done,
                             const Collector& collect) {
-  PipelineStats st;
   const double t_start = now_s();
   if (trace_origin_ < 0) trace_origin_ = t_start;
-  const int last_chunk = global_chunks_ - 1;
   const int64_t micro_count =
       std::max_element(ops.begin(), ops.end(), [](auto& a, auto& b) { return a.micro < b.micro; })
           ->micro +
       1;
-  // Messages between a pair of ranks are told apart by (micro-batch, chunk, direction).
   TRELLIS_REQUIRE(micro_count * global_chunks_ * 2 < 32767,
                   "{} micro-batches x {} pipeline chunks is more than the message tags allow",
                   micro_count, global_chunks_);
-  auto tag = [&](int micro, int g, bool fwd) { return (micro * global_chunks_ + g) * 2 + fwd; };
-  auto rank_of = [&](int g) { return g % pp_; };
-  // The last backward of each chunk completes its gradients.
-  std::vector<size_t> last_backward(chunks_.size(), ops.size());
+  RunState rs{load, grad_scale, on_block_done, collect, global_chunks_ - 1,
+              std::vector<size_t>(chunks_.size(), ops.size())};
   for (size_t i = 0; i < ops.size(); ++i)
-    if (!ops[i].forward) last_backward[size_t(ops[i].chunk)] = i;
+    if (!ops[i].forward) rs.last_backward[size_t(ops[i].chunk)] = i;
 
-  std::map<std::pair<int, int>, Context*> alive;  // (chunk, micro) -> context between F and B
-  int n_alive = 0;
   for (size_t i = 0; i < ops.size(); ++i) {
     const PipeOp& op = ops[i];
-    const int g = op.chunk * pp_ + rank_;
-    Transformer& model = *chunks_[size_t(op.chunk)];
     const double t0 = now_s();
-    if (op.forward) {
-      Context* ctx = acquire(op.chunk);
-      st.peak_contexts = std::max(st.peak_contexts, ++n_alive);
-      const int64_t valid_rows = load(op.micro, *ctx);
-      if (g > 0)
-        comm_
-            .recv_async(ctx->input.f32(), size_t(ctx->input.numel()), rank_of(g - 1),
-                        tag(op.micro, g, true))
-            ->wait();
-      const double tc = now_s();
-      model.forward(*ctx, grad_scale);
-      st.compute_s += now_s() - tc;
-      if (g == last_chunk) {
-        const int64_t n = valid_rows * T_;
-        const float* losses = ctx->losses.f32();
-        for (int64_t r = 0; r < n; ++r) st.loss_sum += losses[r];
-        if (collect) collect(op.micro, *ctx, valid_rows);
-      }
-      const bool keep = grad_scale != 0.0f;
-      if (g < last_chunk) {
-        Tensor& out = model.output(*ctx);
-        if (keep)
-          sends_.push_back({comm_.send_async(out.f32(), size_t(out.numel()), rank_of(g + 1),
-                                             tag(op.micro, g + 1, true)),
-                            {}});
-        else
-          send_copy(out, rank_of(g + 1), tag(op.micro, g + 1, true));
-      }
-      if (!keep) {
-        release(op.chunk, ctx);
-      }
-      if (keep)
-        alive[{op.chunk, op.micro}] = ctx;
-      else
-        --n_alive;
-    } else {
-      auto it = alive.find({op.chunk, op.micro});
-      TRELLIS_CHECK(it != alive.end(), "backward of micro-batch {} before its forward", op.micro);
-      Context* ctx = it->second;
-      alive.erase(it);
-      release_finished(false);
-      if (g < last_chunk)
-        comm_
-            .recv_async(ctx->doutput.f32(), size_t(ctx->doutput.numel()), rank_of(g + 1),
-                        tag(op.micro, g, false))
-            ->wait();
-      const double tc = now_s();
-      model.backward(*ctx, i == last_backward[size_t(op.chunk)], on_block_done);
-      st.compute_s += now_s() - tc;
-      if (g > 0) {
-        send_copy(ctx->dinput, rank_of(g - 1), tag(op.micro, g - 1, false));
-      }
-      release(op.chunk, ctx);
-      --n_alive;
-    }
+    if (op.forward)
+      run_forward(op, rs);
+    else
+      run_backward(op, i, rs);
     if (tracing_)
       trace_.push_back({(t0 - trace_origin_) * 1e6, (now_s() - t0) * 1e6, op.micro,
                         op.chunk * pp_ + rank_, op.forward});
   }
   release_finished(true);
-  st.total_s = now_s() - t_start;
-  return st;
+  rs.st.total_s = now_s() - t_start;
+  return rs.st;
+}
+
+void Pipeline::run_forward(const PipeOp& op, RunState& rs) {
+  const int g = op.chunk * pp_ + rank_;
+  Transformer& model = *chunks_[size_t(op.chunk)];
+  PipelineStats& st = rs.st;
+  Context* ctx = acquire(op.chunk);
+  st.peak_contexts = std::max(st.peak_contexts, ++rs.n_alive);
+  const int64_t valid_rows = rs.load(op.micro, *ctx);
+  if (g > 0)
+    comm_
+        .recv_async(ctx->input.f32(), size_t(ctx->input.numel()), (g - 1) % pp_,
+                    message_tag(op.micro, g, true, global_chunks_))
+        ->wait();
+  const double tc = now_s();
+  model.forward(*ctx, rs.grad_scale);
+  st.compute_s += now_s() - tc;
+  if (g == rs.last_chunk) {
+    const int64_t n = valid_rows * T_;
+    const float* losses = ctx->losses.f32();
+    for (int64_t r = 0; r < n; ++r) st.loss_sum += losses[r];
+    if (rs.collect) rs.collect(op.micro, *ctx, valid_rows);
+  }
+  // A forward without backward (evaluation) keeps nothing: its Context goes back at once.
+  const bool keep = rs.grad_scale != 0.0f;
+  if (g < rs.last_chunk) {
+    Tensor& out = model.output(*ctx);
+    const int tag = message_tag(op.micro, g + 1, true, global_chunks_);
+    if (keep)
+      sends_.push_back({comm_.send_async(out.f32(), size_t(out.numel()), (g + 1) % pp_, tag), {}});
+    else
+      send_copy(out, (g + 1) % pp_, tag);
+  }
+  if (keep) {
+    rs.alive[{op.chunk, op.micro}] = ctx;
+  } else {
+    release(op.chunk, ctx);
+    --rs.n_alive;
+  }
+}
+
+void Pipeline::run_backward(const PipeOp& op, size_t i, RunState& rs) {
+  const int g = op.chunk * pp_ + rank_;
+  Transformer& model = *chunks_[size_t(op.chunk)];
+  auto it = rs.alive.find({op.chunk, op.micro});
+  TRELLIS_CHECK(it != rs.alive.end(), "backward of micro-batch {} before its forward", op.micro);
+  Context* ctx = it->second;
+  rs.alive.erase(it);
+  release_finished(false);
+  if (g < rs.last_chunk)
+    comm_
+        .recv_async(ctx->doutput.f32(), size_t(ctx->doutput.numel()), (g + 1) % pp_,
+                    message_tag(op.micro, g, false, global_chunks_))
+        ->wait();
+  const double tc = now_s();
+  model.backward(*ctx, i == rs.last_backward[size_t(op.chunk)], rs.on_block_done);
+  rs.st.compute_s += now_s() - tc;
+  if (g > 0)
+    send_copy(ctx->dinput, (g - 1) % pp_, message_tag(op.micro, g - 1, false, global_chunks_));
+  release(op.chunk, ctx);
+  --rs.n_alive;
 }
 
 }  // namespace trellis

@@ -58,6 +58,9 @@ class Pipeline {
   void release_finished(bool wait_all);
   void release(int v, Context* ctx);
   void send_copy(const Tensor& t, int dst, int tag);
+  struct RunState;  // one run's bookkeeping (pipeline.cpp)
+  void run_forward(const PipeOp& op, RunState& rs);
+  void run_backward(const PipeOp& op, size_t i, RunState& rs);
 
   Communicator& comm_;
   std::vector<Transformer*> chunks_;
