@@ -1,4 +1,4 @@
-// Where one training step of the real model goes: builds a ParamLayout and Transformer for a
+// Where one training step of the real model goes: builds a ParamLayout and ModelChunk for a
 // preset (any family), runs K steps of zero-grad, forward, backward and the optimizer (global-norm
 // clip + update, as the trainer does), and prints the time of each kernel grouped by op name, and
 // of each phase, as medians over the steps after the first (warm-up).
@@ -24,7 +24,7 @@
 #include "trellis/kernels/ops.h"
 #include "trellis/model/config.h"
 #include "trellis/model/params.h"
-#include "trellis/model/transformer.h"
+#include "trellis/model/model_chunk.h"
 #include "trellis/optim/optimizer.h"
 #include "trellis/tensor_parallel/operators.h"
 
@@ -177,7 +177,7 @@ int run(const Args& a) {
   std::vector<float> params(static_cast<size_t>(n)), grads(static_cast<size_t>(n));
   init_params(layout, 1337, params.data());
   TensorParallel tp(nullptr, false);
-  Transformer model(layout, params.data(), grads.data(), tp, nullptr, compute);
+  ModelChunk model(layout, params.data(), grads.data(), tp, nullptr, compute);
   OptimConfig oc;
   Optimizer opt(oc, layout, 0, size_t(n));
   Context ctx;

@@ -12,7 +12,7 @@
 #include "trellis/model/activation_memory.h"
 #include "trellis/model/config.h"
 #include "trellis/model/params.h"
-#include "trellis/model/transformer.h"
+#include "trellis/model/model_chunk.h"
 #include "trellis/tensor_parallel/operators.h"
 
 namespace trellis {
@@ -129,7 +129,7 @@ TEST(ActivationMemory, EqualsWhatTheModelAllocates) {
             std::vector<float> params(layout.size()), grads(layout.size(), 0.0f);
             init_params(layout, 5, params.data());
             TensorParallel group(tp == 1 ? nullptr : &mirror, sp);
-            Transformer model(layout, params.data(), grads.data(), group, &chunk);
+            ModelChunk model(layout, params.data(), grads.data(), group, &chunk);
             Context ctx;
             ctx.recompute = rc;
             model.prepare(ctx, B, T);
@@ -193,7 +193,7 @@ TEST(ActivationMemory, AChangedBlockLayoutChangesTheModelAndThePredictionAlike) 
       EXPECT_EQ(want.workspace, before.workspace);
     }
     // ... and so did the model, through a training step on the changed buffers.
-    Transformer model(layout, params.data(), grads.data(), group, &whole);
+    ModelChunk model(layout, params.data(), grads.data(), group, &whole);
     Context ctx;
     ctx.recompute = rc;
     model.prepare(ctx, changed);

@@ -50,7 +50,7 @@ const ZeroUnit& block_unit(const std::vector<ZeroUnit>& units, int layer) {
   throw std::logic_error("no unit for block " + std::to_string(layer));
 }
 
-// The calls Transformer::forward makes around blocks (a chunk holding every block); in_block runs
+// The calls ModelChunk::forward makes around blocks (a chunk holding every block); in_block runs
 // where the block computes.
 void forward_pass(DataParallelSync& sync, int n_layer, const std::function<void(int)>& in_block) {
   BlockHooks* hooks = sync.hooks();
@@ -61,7 +61,7 @@ void forward_pass(DataParallelSync& sync, int n_layer, const std::function<void(
   }
 }
 
-// The calls Transformer::backward makes, each block adding its gradients where it computes: the
+// The calls ModelChunk::backward makes, each block adding its gradients where it computes: the
 // head's root pieces (after the blocks) first, the blocks last to first, the embeddings' last;
 // and on the last micro-batch the trainer's report of finished gradients.
 void backward_pass(DataParallelSync& sync, const std::vector<ZeroUnit>& units, int n_layer,

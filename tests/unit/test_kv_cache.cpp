@@ -13,7 +13,7 @@
 #include "trellis/core/error.h"
 #include "trellis/model/config.h"
 #include "trellis/model/params.h"
-#include "trellis/model/transformer.h"
+#include "trellis/model/model_chunk.h"
 #include "trellis/tensor_parallel/operators.h"
 
 namespace trellis {
@@ -40,7 +40,7 @@ struct Model {
   ParamLayout layout;
   std::vector<float> params;
   TensorParallel tp{nullptr, false};
-  Transformer model;
+  ModelChunk model;
 };
 
 // The logits of the full (uncached) forward at the last position of `seq` (a decoder-only model),

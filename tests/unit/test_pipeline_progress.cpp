@@ -13,7 +13,7 @@
 #include "trellis/comm/communicator.h"
 #include "trellis/model/config.h"
 #include "trellis/model/params.h"
-#include "trellis/model/transformer.h"
+#include "trellis/model/model_chunk.h"
 #include "trellis/parallel/pipeline/pipeline.h"
 #include "trellis/parallel/pipeline/schedule.h"
 #include "trellis/tensor_parallel/operators.h"
@@ -99,7 +99,7 @@ std::vector<int> run_stage(int rank, const std::vector<BlockHooks*>& hooks = {})
   std::vector<float> params(layout.size()), grads(layout.size(), 0.0f);
   init_params(layout, 5, params.data());
   TensorParallel no_tp(nullptr, false);
-  Transformer model(layout, params.data(), grads.data(), no_tp, &stage);
+  ModelChunk model(layout, params.data(), grads.data(), no_tp, &stage);
   for (BlockHooks* h : hooks) model.add_block_hooks(*h);
   PollLog comm(rank);
   Pipeline pipe(comm, {&model}, kB, kT);

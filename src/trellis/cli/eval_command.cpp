@@ -20,7 +20,7 @@
 #include "trellis/io/safetensors.h"
 #include "trellis/kernels/isa.h"
 #include "trellis/model/decode.h"
-#include "trellis/model/transformer.h"
+#include "trellis/model/model_chunk.h"
 #include "trellis/train/batches.h"
 
 namespace trellis {
@@ -88,7 +88,7 @@ double windows_loss(const EvalArgs& a, int64_t rows, bool with_grad, CheckpointD
   TokenStream tokens = TokenStream::map_files({a.data});
   tokens.set_vocab(ck.model.vocab_size);
   LocalModel local(ck, grads ? grads->data() : nullptr, compute_precision(a));
-  Transformer& model = local.model;
+  ModelChunk& model = local.model;
   model.set_label_smoothing(a.label_smoothing);
   Context ctx;
   model.prepare(ctx, a.batch_size, a.seq_len);
@@ -146,7 +146,7 @@ double examples_loss(const EvalArgs& a, CheckpointData& ck, const SequenceFormat
                      std::vector<int>* predictions) {
   if (a.threads > 0) omp_set_num_threads(a.threads);
   LocalModel local(ck, grads ? grads->data() : nullptr, compute_precision(a));
-  Transformer& model = local.model;
+  ModelChunk& model = local.model;
   model.set_label_smoothing(a.label_smoothing);
   Context ctx;
   model.prepare(ctx, a.batch_size, f.T);
@@ -193,7 +193,7 @@ nlohmann::json evaluate_task(const EvalArgs& a, CheckpointData& ck) {
   // The checkpoint's own tokenizer: the data must be encoded with it (task_format).
   auto tok = load_checkpoint_tokenizer(ck);
   LocalModel local(ck, nullptr, compute_precision(a));
-  Transformer& model = local.model;
+  ModelChunk& model = local.model;
   const DecodeOptions opt{a.beam, a.max_len, 0.6, f.special, f.T, !a.no_cache};
   std::vector<std::string> hyps, refs;
   for (int64_t first = 0; first < n; first += a.batch_size) {

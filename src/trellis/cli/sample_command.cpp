@@ -14,7 +14,7 @@
 #include "trellis/core/philox.h"
 #include "trellis/data/tokenizer.h"
 #include "trellis/io/checkpoint.h"
-#include "trellis/model/transformer.h"
+#include "trellis/model/model_chunk.h"
 
 namespace trellis {
 
@@ -83,7 +83,7 @@ Command add_sample_command(CLI::App& app) {
             std::vector<int> ids = tok->encode(a->prompt);
             TRELLIS_REQUIRE(!ids.empty(), "--prompt must not be empty");
             LocalModel local(ck);
-            Transformer& model = local.model;
+            ModelChunk& model = local.model;
             // The model conditions on at most the context length of most recent tokens. Cached,
             // it decodes one position per token until the context is full; from then on the
             // window slides, every position moves, and the cache is rebuilt from the window for

@@ -86,7 +86,7 @@ int run_classify(const TaskArgs& a) {
   const std::vector<std::string> lines = read_input_lines(a.input);
   const std::vector<std::string> classes = m.ck.task.at("classes");
   LocalModel local(m.ck);
-  Transformer& model = local.model;
+  ModelChunk& model = local.model;
   Context ctx;
   model.prepare(ctx, a.batch_size, m.format.T);
   const int64_t n = int64_t(lines.size()), K = int64_t(classes.size());
@@ -103,7 +103,7 @@ int run_classify(const TaskArgs& a) {
     }
     model.forward(ctx, 0.0f);
     for (int64_t r = 0; r < rows; ++r) {
-      const float* logits = ctx.class_logits.f32() + r * K;
+      const float* logits = ctx.class_logits_or_grad.f32() + r * K;
       const double mx = *std::max_element(logits, logits + K);
       double sum = 0.0;
       for (int64_t k = 0; k < K; ++k) sum += std::exp(double(logits[k]) - mx);
@@ -122,7 +122,7 @@ int run_translate(const TaskArgs& a) {
   TaskModel m = load_task_model(a, "translate");
   const std::vector<std::string> lines = read_input_lines(a.input);
   LocalModel local(m.ck);
-  Transformer& model = local.model;
+  ModelChunk& model = local.model;
   const DecodeOptions opt{a.beam, a.max_len, 0.6, m.format.special, m.format.T, !a.no_cache};
   for (size_t first = 0; first < lines.size(); first += size_t(a.batch_size)) {
     std::vector<std::vector<uint32_t>> ids;
@@ -167,7 +167,7 @@ Command add_translate_command(CLI::App& app) {
   sub->add_option(
          "--beam", a->beam,
          "beam size (1 = greedy); hypotheses are ranked by log-probability / "
-         "((5 + length) / 6)^0.6, the length penalty of GNMT used by the Transformer paper")
+         "((5 + length) / 6)^0.6, the length penalty of GNMT used by the ModelChunk paper")
       ->capture_default_str();
   sub->add_option("--max-len", a->max_len, "most generated tokens (0 = the context)");
   sub->add_flag("--no-cache", a->no_cache,

@@ -1,7 +1,9 @@
 #pragma once
 // The one way model code reaches kernels: a table of the op set for a device. The CPU table holds
-// the functions of kernels/ops.h; a CUDA table would hold functions of the same signatures over
-// device pointers, so adding it touches no model code.
+// the functions of kernels/ops.h. A CUDA table would hold functions of the same signatures over
+// device pointers, but the model would still need work: ModelChunk allocates its Context on
+// Device::CPU and runs a few host loops and copies of its own (embedding offsets, pooling, head
+// padding) outside this table.
 #include "trellis/core/tensor.h"
 #include "trellis/kernels/ops.h"
 

@@ -144,10 +144,10 @@ ActivationLayout activation_layout(const ModelConfig& cfg, const StageSpec& chun
       {&Context::lnf_mean, {head * d.stats}},
       {&Context::lnf_rstd, {head * R}},
       {&Context::lnf_full, {head * d.full, C}},
-      {&Context::logits, {lm * BT, d.vocab_rows}},  // then their gradient
+      {&Context::logits_or_grad, {lm * BT, d.vocab_rows}},  // then their gradient
       {&Context::losses, {BT}},
       {&Context::pooled, {cls * B, C}},
-      {&Context::class_logits, {cls * B, cfg.num_classes}},
+      {&Context::class_logits_or_grad, {cls * B, cfg.num_classes}},
       {&Context::embedded, {embedding * R, C}},
       {&Context::input, {in_rows, C}},  // received input and its gradient
       {&Context::dinput, {in_rows, C}},

@@ -1,10 +1,10 @@
 #pragma once
 // The activation layout of a model chunk, from the sizes alone: the shape of every tensor
-// Transformer::prepare allocates for one micro-batch's Context and for the model's workspace,
-// under each recompute policy. Transformer::prepare allocates from this table and
+// ModelChunk::prepare allocates for one micro-batch's Context and for the model's workspace,
+// under each recompute policy. ModelChunk::prepare allocates from this table and
 // activation_memory sums it, so a tensor added or resized here changes both (the only place a
 // size is written down); test_activation_memory checks the sums against Context::activation_bytes
-// and Transformer::workspace_bytes, and docs/design.md compares them with Korthikanti et al.
+// and ModelChunk::workspace_bytes, and docs/design.md compares them with Korthikanti et al.
 // 2022's per-layer formula.
 #include <cstdint>
 #include <vector>
@@ -12,7 +12,7 @@
 #include "trellis/core/tensor.h"
 #include "trellis/model/config.h"
 #include "trellis/model/params.h"
-#include "trellis/model/transformer.h"
+#include "trellis/model/model_chunk.h"
 
 namespace trellis {
 
@@ -62,7 +62,7 @@ struct ContextTensor {
   Tensor Context::*member;
   std::vector<int64_t> shape;  // a leading 0: this chunk has no such tensor
 };
-// Backward's gradient scratch of a chunk (floats of Transformer's private buffers).
+// Backward's gradient scratch of a chunk (floats of ModelChunk's private buffers).
 struct GradScratch {
   int64_t full = 0, dres = 0, dln = 0, dfull = 0, dqkv = 0, datt = 0, dup = 0, dact = 0;
   int64_t denc = 0, denc_full = 0, dxq = 0, dxkv = 0;  // cross-attention
@@ -92,7 +92,7 @@ struct ActivationMemory {
   int64_t context = 0;
   // ... of which its blocks' (the sum of block_activation_bytes over the chunk's blocks).
   int64_t blocks = 0;
-  // The model's workspace (Transformer::workspace_bytes), one per model chunk whatever the number
+  // The model's workspace (ModelChunk::workspace_bytes), one per model chunk whatever the number
   // of Contexts: backward's gradient buffers and the block that recompute rebuilds. Allocated at
   // prepare and held, so it is the peak extra while one block's backward (recompute included)
   // runs; kernels' own temporaries (see docs/design.md) come on top.

@@ -57,7 +57,7 @@ StepRows step_rows(const std::vector<Sentence>& sent,
 
 // Cached: each row's newest token decoded over the cache, whose row b is hypothesis who[b]; the
 // logits land in cache.work.logits. last holds the tokens the step's spans point into.
-void decode_cached(Transformer& model, KVCache& cache, std::vector<int32_t>& last,
+void decode_cached(ModelChunk& model, KVCache& cache, std::vector<int32_t>& last,
                    const std::vector<Sentence>& sent, const StepRows& rows, int special) {
   const int64_t B = int64_t(rows.who.size());
   last.resize(size_t(B));
@@ -72,7 +72,7 @@ void decode_cached(Transformer& model, KVCache& cache, std::vector<int32_t>& las
 
 // Uncached: the whole model over [S] y_1 .. y_t of every row, padded to rows.T; the logits at
 // position t.
-std::vector<float> logits_uncached(Transformer& model, Context& ctx,
+std::vector<float> logits_uncached(ModelChunk& model, Context& ctx,
                                    const std::vector<Sentence>& sent,
                                    const std::vector<std::span<const uint32_t>>& sources,
                                    const StepRows& rows, int64_t t, int special) {
@@ -155,7 +155,7 @@ std::vector<std::vector<int>> best_of(std::vector<Sentence>& sent, double alpha)
 
 }  // namespace
 
-std::vector<std::vector<int>> translate(Transformer& model,
+std::vector<std::vector<int>> translate(ModelChunk& model,
                                         const std::vector<std::span<const uint32_t>>& sources,
                                         const DecodeOptions& o) {
   const int64_t beam = std::max(1, o.beam), V = model.config().vocab_size, n = sources.size();

@@ -1,4 +1,4 @@
-// Incremental decoding: the key/value cache and the Transformer's cached forward over new
+// Incremental decoding: the key/value cache and the ModelChunk's cached forward over new
 // positions (model/kv_cache.h). The same modules and kernels as the full forward, over the new
 // positions only; attention reads the cached keys and values (ops::attention_cached).
 #include "trellis/model/kv_cache.h"
@@ -6,7 +6,7 @@
 #include <algorithm>
 
 #include "trellis/core/error.h"
-#include "trellis/model/transformer.h"
+#include "trellis/model/model_chunk.h"
 
 namespace trellis {
 
@@ -37,7 +37,7 @@ void KVCache::clear() {
   }
 }
 
-KVCache Transformer::start_cache(int64_t rows, int64_t capacity) const {
+KVCache ModelChunk::start_cache(int64_t rows, int64_t capacity) const {
   TRELLIS_CHECK(tp_.size() == 1 && chunk_.embedding && chunk_.head && cfg_.lm_head(),
                 "decoding runs the whole language model on a single rank");
   TRELLIS_REQUIRE(capacity >= 1 && capacity <= cfg_.block_size,
@@ -54,7 +54,7 @@ KVCache Transformer::start_cache(int64_t rows, int64_t capacity) const {
   return c;
 }
 
-KVCache Transformer::encode(const std::vector<std::span<const uint32_t>>& sources, int64_t capacity,
+KVCache ModelChunk::encode(const std::vector<std::span<const uint32_t>>& sources, int64_t capacity,
                             int32_t end_token) {
   TRELLIS_CHECK(cfg_.encoder_decoder() && decoder_start_, "encode needs an encoder-decoder");
   KVCache c = start_cache(int64_t(sources.size()), capacity);
@@ -104,7 +104,7 @@ KVCache Transformer::encode(const std::vector<std::span<const uint32_t>>& source
   return c;
 }
 
-const std::vector<float>& Transformer::decode(KVCache& c,
+const std::vector<float>& ModelChunk::decode(KVCache& c,
                                               const std::vector<std::span<const int32_t>>& tokens) {
   TRELLIS_CHECK(int64_t(tokens.size()) == c.size(), "{} token lists for {} cache rows",
                 tokens.size(), c.size());
@@ -163,7 +163,7 @@ const std::vector<float>& Transformer::decode(KVCache& c,
   return w.logits;
 }
 
-void Transformer::block_decode(KVCache& c, const Block& p, int64_t li) const {
+void ModelChunk::block_decode(KVCache& c, const Block& p, int64_t li) const {
   KVCache::Work& w = c.work;
   const int64_t rows = c.size(), N = w.qrow.back(), C = C_;
   const int64_t Q = Hl_ * hd_, KV = Hkvl_ * hd_, W = p.qkv.out();

@@ -2,7 +2,7 @@
 // The key/value cache of incremental decoding (one rank, inference): per sequence ("row") the
 // self-attention keys and values of every position decoded so far, and for an encoder-decoder a
 // shared pointer to its source's cross-attention keys and values, computed once per source.
-// Transformer::decode appends positions and returns the logits of each row's newest one.
+// ModelChunk::decode appends positions and returns the logits of each row's newest one.
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -33,7 +33,7 @@ struct KVCache {
   // Every row empty again (its reserved memory kept).
   void clear();
 
-  // Scratch of Transformer::decode, reused between steps.
+  // Scratch of ModelChunk::decode, reused between steps.
   struct Work {
     std::vector<float> x, y, ln, mean, rstd, qkv, att, mid, cross, xq, up, act, last, logits;
     std::vector<int32_t> tokens, positions, past, src_len;

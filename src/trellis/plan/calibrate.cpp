@@ -29,7 +29,7 @@
 #include "trellis/kernels/peak.h"
 #include "trellis/model/config.h"
 #include "trellis/model/params.h"
-#include "trellis/model/transformer.h"
+#include "trellis/model/model_chunk.h"
 #include "trellis/tensor_parallel/operators.h"
 #include "trellis/plan/cost_model.h"
 #include "trellis/plan/machine.h"
@@ -144,7 +144,7 @@ constexpr int kBlockLayers = 4;
 
 // Seconds of a GPT-2 block's memory-bound ops, forward and backward: the model's own blocks (a
 // pipeline chunk of kBlockLayers of them, no embedding nor head) run with the GEMMs and attention
-// taken out of the kernel table, so whatever else a block calls is timed, as Transformer calls it.
+// taken out of the kernel table, so whatever else a block calls is timed, as ModelChunk calls it.
 double memory_bound_seconds(double seconds) {
   const ModelConfig cfg = memory_bound_block();
   static Backend memory_bound_only = [] {
@@ -162,7 +162,7 @@ double memory_bound_seconds(double seconds) {
   TensorParallel single(nullptr, false);
   // The model takes its kernels at construction; the built-in table goes back at once.
   const Backend* built_in = set_backend(Device::CPU, &memory_bound_only);
-  Transformer model(layout, params.data(), grads.data(), single, &chunk);
+  ModelChunk model(layout, params.data(), grads.data(), single, &chunk);
   set_backend(Device::CPU, built_in);
   Context ctx;
   model.prepare(ctx, kBlockB, kBlockT);

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "trellis/model/config.h"
-#include "trellis/model/transformer.h"
+#include "trellis/model/model_chunk.h"
 #include "trellis/parallel/pipeline/schedule.h"
 #include "trellis/plan/machine.h"
 

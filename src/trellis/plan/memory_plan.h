@@ -11,7 +11,7 @@
 
 #include "trellis/core/tensor.h"
 #include "trellis/model/config.h"
-#include "trellis/model/transformer.h"
+#include "trellis/model/model_chunk.h"
 #include "trellis/parallel/pipeline/schedule.h"
 
 namespace trellis {

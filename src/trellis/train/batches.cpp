@@ -182,7 +182,7 @@ int64_t SequenceFormat::targets(std::span<const uint32_t> target) const {
 }
 
 namespace {
-// Task inputs the Context holds per row (Transformer::prepare sizes tokens and targets only).
+// Task inputs the Context holds per row (ModelChunk::prepare sizes tokens and targets only).
 void size_task_inputs(Context& ctx, const SequenceFormat& f) {
   const size_t B = size_t(ctx.B), BT = size_t(ctx.B * ctx.T);
   if (ctx.lengths.size() != B) ctx.lengths.assign(B, 1);

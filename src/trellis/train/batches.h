@@ -11,7 +11,7 @@
 #include "trellis/data/corpus.h"
 #include "trellis/data/examples.h"
 #include "trellis/data/mixture.h"
-#include "trellis/model/transformer.h"
+#include "trellis/model/model_chunk.h"
 
 namespace trellis {
 
@@ -67,7 +67,7 @@ struct SequenceFormat {
   int64_t needed(std::span<const uint32_t> source, std::span<const uint32_t> target) const;
   // Real targets the example adds to the loss's count (1 for a classifier).
   int64_t targets(std::span<const uint32_t> target) const;
-  // Writes the example into row r of ctx (sized by Transformer::prepare, lengths/labels for B).
+  // Writes the example into row r of ctx (sized by ModelChunk::prepare, lengths/labels for B).
   void put(Context& ctx, int64_t r, std::span<const uint32_t> source,
            std::span<const uint32_t> target, int32_t label) const;
   // Row r counts nothing (a short last micro-batch).

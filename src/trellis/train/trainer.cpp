@@ -28,7 +28,7 @@
 #include "trellis/kernels/ops.h"
 #include "trellis/kernels/peak.h"
 #include "trellis/model/family.h"
-#include "trellis/model/transformer.h"
+#include "trellis/model/model_chunk.h"
 #include "trellis/parallel/global_view.h"
 #include "trellis/parallel/mesh.h"
 #include "trellis/parallel/pipeline/pipeline.h"
@@ -207,7 +207,7 @@ class Trainer {
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<TensorParallel> tp_;
   std::unique_ptr<TiedWeights> tied_;
-  std::vector<std::unique_ptr<Transformer>> models_;
+  std::vector<std::unique_ptr<ModelChunk>> models_;
   std::unique_ptr<Pipeline> pipe_;
   std::unique_ptr<Batches> batches_;
   std::unique_ptr<MetricsLog> log_;
@@ -299,10 +299,10 @@ Trainer::Trainer(TrainConfig cfg, Communicator& world)
   dp_sync_->adopt_params(!params_compact_);
 
   tp_ = std::make_unique<TensorParallel>(&mesh_.tp_comm(), cfg_.sequence_parallel);
-  std::vector<Transformer*> chunk_models;
+  std::vector<ModelChunk*> chunk_models;
   for (const StageSpec& c : chunks_) {
     models_.push_back(
-        std::make_unique<Transformer>(*layout_, dp_sync_->params(), dp_sync_->grads(), *tp_, &c,
+        std::make_unique<ModelChunk>(*layout_, dp_sync_->params(), dp_sync_->grads(), *tp_, &c,
                                       compute_));
     if (BlockHooks* hooks = dp_sync_->hooks()) models_.back()->add_block_hooks(*hooks);
     models_.back()->set_label_smoothing(float(cfg_.label_smoothing));

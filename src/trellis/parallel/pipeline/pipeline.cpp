@@ -15,7 +15,7 @@ double now_s() {
 }
 }  // namespace
 
-Pipeline::Pipeline(Communicator& pp_comm, std::vector<Transformer*> chunks, int64_t micro_batch,
+Pipeline::Pipeline(Communicator& pp_comm, std::vector<ModelChunk*> chunks, int64_t micro_batch,
                    int64_t seq_len, Recompute recompute)
     : comm_(pp_comm),
       chunks_(std::move(chunks)),
@@ -31,14 +31,14 @@ Pipeline::Pipeline(Communicator& pp_comm, std::vector<Transformer*> chunks, int6
   // between operations left a last stage's gradients unsent until its backward phase ended
   // (GPipe's bubble measured 0.5 for 0.1 in theory), so the stage also polls between blocks.
   if (pp_ == 1) return;
-  for (Transformer* chunk : chunks_) chunk->add_block_hooks(send_polling_);
+  for (ModelChunk* chunk : chunks_) chunk->add_block_hooks(send_polling_);
 }
 
 int64_t Pipeline::activation_bytes() const {
   int64_t n = 0;
   for (size_t v = 0; v < chunks_.size(); ++v) {
     n += chunks_[v]->workspace_bytes();
-    for (const Slot& s : pool_[v]) n += s.ctx->activation_bytes();
+    for (const ContextSlot& s : pool_[v]) n += s.ctx->activation_bytes();
   }
   return n;
 }
@@ -138,7 +138,7 @@ PipelineStats Pipeline::run(const std::vector<PipeOp>& ops, const Loader& load, 
 
 void Pipeline::run_forward(const PipeOp& op, RunState& rs) {
   const int g = op.chunk * pp_ + rank_;
-  Transformer& model = *chunks_[size_t(op.chunk)];
+  ModelChunk& model = *chunks_[size_t(op.chunk)];
   PipelineStats& st = rs.st;
   Context* ctx = acquire(op.chunk);
   st.peak_contexts = std::max(st.peak_contexts, ++rs.n_alive);
@@ -177,7 +177,7 @@ void Pipeline::run_forward(const PipeOp& op, RunState& rs) {
 
 void Pipeline::run_backward(const PipeOp& op, size_t i, RunState& rs) {
   const int g = op.chunk * pp_ + rank_;
-  Transformer& model = *chunks_[size_t(op.chunk)];
+  ModelChunk& model = *chunks_[size_t(op.chunk)];
   auto it = rs.alive.find({op.chunk, op.micro});
   TRELLIS_CHECK(it != rs.alive.end(), "backward of micro-batch {} before its forward", op.micro);
   Context* ctx = it->second;

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "trellis/model/transformer.h"
+#include "trellis/model/model_chunk.h"
 #include "trellis/parallel/pipeline/schedule.h"
 
 namespace trellis {
@@ -33,7 +33,7 @@ class Pipeline {
   // chunks: this rank's model chunks by local index v (global chunk v * pp + rank). pp_comm:
   // the pipeline group (size 1 without pipeline parallelism).
   // recompute: the policy of every micro-batch Context (what its forward keeps for backward).
-  Pipeline(Communicator& pp_comm, std::vector<Transformer*> chunks, int64_t micro_batch,
+  Pipeline(Communicator& pp_comm, std::vector<ModelChunk*> chunks, int64_t micro_batch,
            int64_t seq_len, Recompute recompute = Recompute::None);
 
   // Loads micro-batch `micro` into ctx.tokens/targets; returns how many of its rows count.
@@ -42,7 +42,7 @@ class Pipeline {
   // predictions), with the count of its rows that count.
   using Collector = std::function<void(int micro, const Context& ctx, int64_t rows)>;
   // Runs `ops`. grad_scale != 0 trains (backward ops present); on_block_done is passed to the
-  // last backward of each chunk (see Transformer::backward).
+  // last backward of each chunk (see ModelChunk::backward).
   PipelineStats run(const std::vector<PipeOp>& ops, const Loader& load, float grad_scale,
                     const std::function<void(int)>& on_block_done = {},
                     const Collector& collect = {});
@@ -63,15 +63,15 @@ class Pipeline {
   void run_backward(const PipeOp& op, size_t i, RunState& rs);
 
   Communicator& comm_;
-  std::vector<Transformer*> chunks_;
+  std::vector<ModelChunk*> chunks_;
   int pp_, rank_, global_chunks_;
   int64_t b_, T_;
   Recompute recompute_;
-  struct Slot {
+  struct ContextSlot {
     std::unique_ptr<Context> ctx;
     bool busy = false;
   };
-  std::vector<std::vector<Slot>> pool_;  // per local chunk
+  std::vector<std::vector<ContextSlot>> pool_;  // per local chunk
   struct PendingSend {
     std::unique_ptr<class Work> work;
     std::vector<float> copy;  // what it sends, when not a kept Context's tensor

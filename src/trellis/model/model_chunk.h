@@ -1,10 +1,11 @@
 #pragma once
-// A Transformer composed from its config: token (and learned position) embedding, blocks of
+// ModelChunk: the Transformer blocks one pipeline chunk holds (all of them on one stage), composed
+// from the config: token (and learned position) embedding on the first chunk, blocks of
 // norm -> self-attention (MHA/GQA, causal or bidirectional, optional RoPE) -> [norm ->
 // cross-attention over the encoder's output] -> norm -> MLP (GELU/SwiGLU) with residuals, and a
-// final norm with a (tied or untied) vocabulary head. An encoder-decoder is one list of blocks:
-// the encoder's, then at the first decoder block the encoder's final norm and the decoder's
-// embedding, then the decoder's blocks.
+// final norm with a (tied or untied) vocabulary head on the last chunk. An encoder-decoder is one
+// list of blocks: the encoder's, then at the first decoder block the encoder's final norm and the
+// decoder's embedding, then the decoder's blocks.
 // Parameters and gradients are views into flat buffers (this rank's tensor-parallel slices); the
 // activations of one micro-batch live in a Context. Tensor parallelism enters only through the
 // TensorParallel operators around each column -> row-parallel pair; the model itself holds no
@@ -45,7 +46,7 @@ const char* recompute_name(Recompute r);
 // Everything one micro-batch's forward saves for its backward. "local" tensors hold this rank's
 // rows (all rows unless sequence parallelism splits them); "full" ones all B*T rows.
 struct Context {
-  // Set before Transformer::prepare, which sizes the buffers for it.
+  // Set before ModelChunk::prepare, which sizes the buffers for it.
   Recompute recompute = Recompute::None;
   int64_t B = 0, T = 0;
   std::vector<int32_t> tokens, targets;  // [B*T]
@@ -84,10 +85,12 @@ struct Context {
   std::vector<BlockActs> blocks;
   // At the first decoder block: the encoder's output (its final norm) and the decoder's input.
   Tensor enc, enc_mean, enc_rstd, dec_embedded;
-  Tensor lnf, lnf_mean, lnf_rstd, lnf_full, logits, losses;
+  // The head's logits [B*T, vocab rows]; a training forward fuses the loss's gradient into
+  // them, so after it they hold dlogits.
+  Tensor lnf, lnf_mean, lnf_rstd, lnf_full, logits_or_grad, losses;
   // A classifier's pooled final states [B, C], class logits [B, K] (dlogits after a training
-  // forward) and predicted classes [B].
-  Tensor pooled, class_logits;
+  // forward, as above) and predicted classes [B].
+  Tensor pooled, class_logits_or_grad;
   std::vector<int32_t> predictions;
   // Pipeline stages after the first: the activation received from the previous stage, and the
   // gradient of it that backward produces; stages before the last: the received output gradient.
@@ -99,13 +102,13 @@ struct Context {
   int64_t activation_bytes() const;
 };
 
-class Transformer {
+class ModelChunk {
  public:
   // params/grads: flat buffers laid out by `layout` (grads may be null for inference). tp: the
   // tensor-parallel group (size 1 for a single rank); it must outlive the model. chunk: the part
   // of layout's stage this object runs (a pipeline model chunk; default: all of it).
   // compute: the GEMM precision (BF16: bf16 operands, fp32 accumulation; see backend()).
-  Transformer(const ParamLayout& layout, float* params, float* grads, TensorParallel& tp,
+  ModelChunk(const ParamLayout& layout, float* params, float* grads, TensorParallel& tp,
               const StageSpec* chunk = nullptr, DType compute = DType::F32);
 
   const ModelConfig& config() const { return cfg_; }

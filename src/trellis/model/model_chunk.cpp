@@ -1,4 +1,4 @@
-#include "trellis/model/transformer.h"
+#include "trellis/model/model_chunk.h"
 
 #include <algorithm>
 
@@ -68,12 +68,12 @@ int64_t Context::activation_bytes() const {
   for (const BlockActs& a : blocks) n += block_bytes(a);
   for (const Tensor* t :
        {&embedded, &enc, &enc_mean, &enc_rstd, &dec_embedded, &lnf, &lnf_mean, &lnf_rstd, &lnf_full,
-        &logits, &losses, &pooled, &class_logits, &input, &dinput, &doutput, &carry})
+        &logits_or_grad, &losses, &pooled, &class_logits_or_grad, &input, &dinput, &doutput, &carry})
     n += owned_bytes(*t);
   return n;
 }
 
-int64_t Transformer::workspace_bytes() const {
+int64_t ModelChunk::workspace_bytes() const {
   int64_t n = block_bytes(work_);
   for (const Tensor* t : {&full_, &dres_, &dln_, &dfull_, &dqkv_, &datt_, &dup_, &dact_, &denc_,
                           &denc_full_, &dxq_, &dxkv_})
@@ -81,7 +81,7 @@ int64_t Transformer::workspace_bytes() const {
   return n;
 }
 
-Transformer::Transformer(const ParamLayout& layout, float* params, float* grads, TensorParallel& tp,
+ModelChunk::ModelChunk(const ParamLayout& layout, float* params, float* grads, TensorParallel& tp,
                          const StageSpec* chunk, DType compute)
     : k_(backend(Device::CPU, compute)),
       cfg_(layout.config()),
@@ -165,7 +165,7 @@ Transformer::Transformer(const ParamLayout& layout, float* params, float* grads,
 // Self-attention is causal in decoders: an encoder-decoder's encoder blocks see the whole source.
 // Padding keys are masked (ctx.lengths counts the source's: a decoder's own padding comes after
 // its real tokens, which the causal mask already hides from them).
-ops::AttentionShape Transformer::attention_shape(const Context& ctx, const Block& b) const {
+ops::AttentionShape ModelChunk::attention_shape(const Context& ctx, const Block& b) const {
   const int32_t* key_len = ctx.lengths.empty() || b.decoder ? nullptr : ctx.lengths.data();
   // Packed documents (decoder-only models; forward checks): a block-diagonal causal mask.
   const int32_t* seg_start = ctx.doc_start.empty() ? nullptr : ctx.doc_start.data();
@@ -183,7 +183,7 @@ ops::AttentionShape Transformer::attention_shape(const Context& ctx, const Block
           drop};
 }
 
-ops::Dropout Transformer::dropout_of(const Context& ctx, float p, int layer, int site) const {
+ops::Dropout ModelChunk::dropout_of(const Context& ctx, float p, int layer, int site) const {
   if (!ctx.dropping || !(p > 0.0f)) return {};
   return {
       p, dropout_key(ctx.dropout.seed, uint64_t(ctx.dropout.step), uint64_t(layer), uint64_t(site)),
@@ -191,7 +191,7 @@ ops::Dropout Transformer::dropout_of(const Context& ctx, float p, int layer, int
 }
 
 // Rows are this rank's: under sequence parallelism an offset slice of the B*T rows.
-void Transformer::drop_rows(const Context& ctx, float* out, const float* in, const float* residual,
+void ModelChunk::drop_rows(const Context& ctx, float* out, const float* in, const float* residual,
                             const ops::Dropout& d) const {
   const int64_t BT = ctx.B * ctx.T;
   k_.dropout(out, in, residual, tp_.local_rows(BT), tp_.first_row(BT), ctx.T, C_, d);
@@ -199,7 +199,7 @@ void Transformer::drop_rows(const Context& ctx, float* out, const float* in, con
 
 // out (the branch, its rows summed over the group) += bias, then out = x + drop(out); without
 // dropout the one fused pass of before (x + bias added first, as always).
-void Transformer::add_branch(const Context& ctx, float* out, const float* bias, const float* x,
+void ModelChunk::add_branch(const Context& ctx, float* out, const float* bias, const float* x,
                              int layer, int site) const {
   const int64_t R = tp_.local_rows(ctx.B * ctx.T);
   const ops::Dropout d = dropout_of(ctx, cfg_.dropout, layer, site);
@@ -210,7 +210,7 @@ void Transformer::add_branch(const Context& ctx, float* out, const float* bias, 
 
 // d(branch) from d(out) (dres, which stays d(x) for the residual path): dres itself without
 // dropout, else dres o M / (1 - p) in `scratch` (R rows).
-float* Transformer::branch_grad(const Context& ctx, float* dres, float* scratch, int layer,
+float* ModelChunk::branch_grad(const Context& ctx, float* dres, float* scratch, int layer,
                                 int site) const {
   const ops::Dropout d = dropout_of(ctx, cfg_.dropout, layer, site);
   if (d.p <= 0.0f) return dres;
@@ -223,14 +223,14 @@ static const int32_t* doc_positions(const Context& ctx) {
   return ctx.positions.empty() ? nullptr : ctx.positions.data();
 }
 
-void Transformer::prepare(Context& ctx, int64_t B, int64_t T) {
+void ModelChunk::prepare(Context& ctx, int64_t B, int64_t T) {
   TRELLIS_REQUIRE(!tp_.sequence_parallel() || B * T % tp_.size() == 0,
                   "sequence parallelism needs batch x sequence rows ({}) divisible by tp={}", B * T,
                   tp_.size());
   prepare(ctx, activation_layout(cfg_, chunk_, B, T, tp_.size(), tp_.sequence_parallel()));
 }
 
-void Transformer::prepare(Context& ctx, const ActivationLayout& layout) {
+void ModelChunk::prepare(Context& ctx, const ActivationLayout& layout) {
   const ActivationDims& d = layout.dims;
   TRELLIS_CHECK(layout.blocks.size() == blocks_.size() && d.R == tp_.local_rows(d.BT) &&
                     d.vocab_rows == vocab_rows_,
@@ -267,7 +267,7 @@ void Transformer::prepare(Context& ctx, const ActivationLayout& layout) {
   grow(denc_, s.denc), grow(denc_full_, s.denc_full), grow(dxq_, s.dxq), grow(dxkv_, s.dxkv);
 }
 
-Tensor& Transformer::output(Context& ctx) const {
+Tensor& ModelChunk::output(Context& ctx) const {
   Tensor& hidden = ctx.blocks.back().res_out;
   if (!carry_out_) return hidden;
   const int64_t n = hidden.numel();
@@ -276,12 +276,12 @@ Tensor& Transformer::output(Context& ctx) const {
   return ctx.carry;
 }
 
-const float* Transformer::encoder_output(Context& ctx) const {
+const float* ModelChunk::encoder_output(Context& ctx) const {
   if (carry_in_) return ctx.input.f32() + ctx.input.numel() / 2;
   return ctx.enc.f32();
 }
 
-void Transformer::embed(const int32_t* tokens, const float* pos, float* out, const Context& ctx) {
+void ModelChunk::embed(const int32_t* tokens, const float* pos, float* out, const Context& ctx) {
   const int64_t BT = ctx.B * ctx.T;
   if (!features_.empty()) {  // replicated: each rank projects its own rows
     const int64_t F = cfg_.input_features;
@@ -304,7 +304,7 @@ void Transformer::embed(const int32_t* tokens, const float* pos, float* out, con
 }
 
 // Backward of embed from d(out) in dres_.
-void Transformer::embed_backward(const int32_t* tokens, float* dpos, const Context& ctx) {
+void ModelChunk::embed_backward(const int32_t* tokens, float* dpos, const Context& ctx) {
   const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT), C = C_;
   if (dpos)
     k_.position_backward(dpos, dres_.f32(), tp_.first_row(BT), R, ctx.T, C, doc_positions(ctx));
@@ -319,7 +319,7 @@ void Transformer::embed_backward(const int32_t* tokens, float* dpos, const Conte
 
 // The encoder ends (its final norm makes the encoder output) and the decoder starts (its
 // embedding of the target tokens).
-void Transformer::decoder_start_forward(Context& ctx, const float* x_enc) {
+void ModelChunk::decoder_start_forward(Context& ctx, const float* x_enc) {
   const int64_t R = tp_.local_rows(ctx.B * ctx.T);
   enc_norm_.forward(ctx.enc.f32(), ctx.enc_mean.f32(), ctx.enc_rstd.f32(), x_enc, R);
   embed(ctx.tokens.data(), dec_pos_, ctx.dec_embedded.f32(), ctx);
@@ -327,7 +327,7 @@ void Transformer::decoder_start_forward(Context& ctx, const float* x_enc) {
     drop_rows(ctx, ctx.dec_embedded.f32(), ctx.dec_embedded.f32(), nullptr, d);
 }
 
-Context::BlockActs& Transformer::acts(Context& ctx, int l, Context::BlockActs& view) {
+Context::BlockActs& ModelChunk::acts(Context& ctx, int l, Context::BlockActs& view) {
   Context::BlockActs& kept = ctx.blocks[size_t(l)];
   switch (ctx.recompute) {
     case Recompute::None:
@@ -345,14 +345,14 @@ Context::BlockActs& Transformer::acts(Context& ctx, int l, Context::BlockActs& v
   return kept;
 }
 
-void Transformer::self_attention(const Context& ctx, const Block& p, Context::BlockActs& a) {
+void ModelChunk::self_attention(const Context& ctx, const Block& p, Context::BlockActs& a) {
   const int64_t W = p.qkv.out(), Q = Hl_ * hd_, KV = Hkvl_ * hd_;
   const float* qkv = a.qkv.f32();
   k_.attention_forward(a.att.f32(), a.probs.f32(), qkv, W, qkv + Q, qkv + Q + KV, W,
                        attention_shape(ctx, p));
 }
 
-ops::AttentionShape Transformer::cross_attention_shape(const Context& ctx, const Block& p) const {
+ops::AttentionShape ModelChunk::cross_attention_shape(const Context& ctx, const Block& p) const {
   ops::AttentionShape shape = attention_shape(ctx, p);
   shape.causal = false;  // every target position sees the whole (real) source
   shape.key_len = ctx.lengths.empty() ? nullptr : ctx.lengths.data();
@@ -361,13 +361,13 @@ ops::AttentionShape Transformer::cross_attention_shape(const Context& ctx, const
   return shape;
 }
 
-void Transformer::cross_attention(const Context& ctx, const Block& p, Context::BlockActs& a) {
+void ModelChunk::cross_attention(const Context& ctx, const Block& p, Context::BlockActs& a) {
   const int64_t KV = Hkvl_ * hd_;
   k_.attention_forward(a.xatt.f32(), a.xprobs.f32(), a.xq.f32(), Hl_ * hd_, a.xkv.f32(),
                        a.xkv.f32() + KV, 2 * KV, cross_attention_shape(ctx, p));
 }
 
-void Transformer::mlp_activation(const Block& p, float* up, float* act, const float* in,
+void ModelChunk::mlp_activation(const Block& p, float* up, float* act, const float* in,
                                  int64_t rows) const {
   const bool fused_bias = cfg_.mlp == MlpKind::Gelu && p.up.bias();  // added by the GELU pass
   p.up.forward(up, in, rows, !fused_bias);
@@ -379,13 +379,13 @@ void Transformer::mlp_activation(const Block& p, float* up, float* act, const fl
     k_.gelu_forward(act, up, rows * Fl_);
 }
 
-const float* Transformer::block_input(Context& ctx, int i) const {
+const float* ModelChunk::block_input(Context& ctx, int i) const {
   if (decoder_start_ && blocks_[size_t(i)].layer == cfg_.n_layer) return ctx.dec_embedded.f32();
   if (i > 0) return ctx.blocks[size_t(i - 1)].res_out.f32();
   return chunk_.embedding ? ctx.embedded.f32() : ctx.input.f32();
 }
 
-void Transformer::block_forward(Context& ctx, int l, const float* x, bool recompute) {
+void ModelChunk::block_forward(Context& ctx, int l, const float* x, bool recompute) {
   const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT), C = C_;
   const bool sp = tp_.sequence_parallel();
   const Block& p = blocks_[size_t(l)];
@@ -422,7 +422,7 @@ void Transformer::block_forward(Context& ctx, int l, const float* x, bool recomp
 }
 
 // Cross-attention: queries from the decoder (res_mid), keys and values from the encoder output.
-void Transformer::cross_forward(Context& ctx, int l, Context::BlockActs& a) {
+void ModelChunk::cross_forward(Context& ctx, int l, Context::BlockActs& a) {
   const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT), C = C_;
   const bool sp = tp_.sequence_parallel();
   const Block& p = blocks_[size_t(l)];
@@ -438,16 +438,16 @@ void Transformer::cross_forward(Context& ctx, int l, Context::BlockActs& a) {
   add_branch(ctx, a.res_x.f32(), p.xproj.bias(), a.res_mid.f32(), p.layer, kCrossOutDrop);
 }
 
-void Transformer::head_forward(Context& ctx, const float* x) {
+void ModelChunk::head_forward(Context& ctx, const float* x) {
   const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT);
   lnf_.forward(ctx.lnf.f32(), ctx.lnf_mean.f32(), ctx.lnf_rstd.f32(), x, R);
   const float* in = tp_.enter(ctx.lnf.f32(), ctx.lnf_full.f32(), BT, C_);
   // logits over this rank's vocabulary slice (padding rows are zero and masked in the loss).
-  k_.gemm(false, true, BT, vocab_rows_, C_, 1.0f, in, C_, head_w_, C_, 0.0f, ctx.logits.f32(),
+  k_.gemm(false, true, BT, vocab_rows_, C_, 1.0f, in, C_, head_w_, C_, 0.0f, ctx.logits_or_grad.f32(),
           vocab_rows_);
 }
 
-void Transformer::blocks_forward(Context& ctx) {
+void ModelChunk::blocks_forward(Context& ctx) {
   if (chunk_.embedding) {
     const bool src = cfg_.encoder_decoder() && !ctx.src_tokens.empty();
     embed(src ? ctx.src_tokens.data() : ctx.tokens.data(), pos_, ctx.embedded.f32(), ctx);
@@ -464,7 +464,7 @@ void Transformer::blocks_forward(Context& ctx) {
   }
 }
 
-double Transformer::forward(Context& ctx, float grad_scale) {
+double ModelChunk::forward(Context& ctx, float grad_scale) {
   TRELLIS_REQUIRE(ctx.T <= cfg_.block_size, "sequence length {} exceeds the context length {}",
                   ctx.T, cfg_.block_size);
   for (int32_t n : ctx.lengths)
@@ -480,17 +480,17 @@ double Transformer::forward(Context& ctx, float grad_scale) {
   for (int32_t t : ctx.targets)  // -1: padding, not counted
     TRELLIS_REQUIRE(t >= -1 && t < cfg_.vocab_size, "target id {} is outside the vocabulary", t);
   // Smoothed over the true vocabulary of all tensor-parallel ranks (padding rows stay out).
-  return k_.cross_entropy(ctx.logits.f32(), ctx.losses.f32(), ctx.targets.data(), ctx.B * ctx.T,
+  return k_.cross_entropy(ctx.logits_or_grad.f32(), ctx.losses.f32(), ctx.targets.data(), ctx.B * ctx.T,
                           vocab_valid_, vocab_rows_, vocab_start_, grad_scale, tp_.row_combine(),
                           grad_scale != 0.0f ? label_smoothing_ : 0.0f, cfg_.vocab_size);
 }
 
-void Transformer::set_label_smoothing(float e) {
+void ModelChunk::set_label_smoothing(float e) {
   TRELLIS_REQUIRE(e >= 0.0f && e < 1.0f, "label_smoothing {} is outside [0, 1)", e);
   label_smoothing_ = e;
 }
 
-void Transformer::set_doc_positions(Context& ctx) const {
+void ModelChunk::set_doc_positions(Context& ctx) const {
   ctx.positions.clear();
   if (ctx.doc_start.empty()) return;
   TRELLIS_REQUIRE(cfg_.causal && !cfg_.encoder_decoder() && cfg_.lm_head(),
@@ -504,7 +504,7 @@ void Transformer::set_doc_positions(Context& ctx) const {
 }
 
 // dres holds d(res_out) on entry and d(mid) on exit (mid: the MLP's residual input).
-void Transformer::mlp_backward(Context& ctx, int l, Context::BlockActs& a) {
+void ModelChunk::mlp_backward(Context& ctx, int l, Context::BlockActs& a) {
   const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT), C = C_;
   const bool sp = tp_.sequence_parallel();
   const Block& p = blocks_[size_t(l)];
@@ -527,7 +527,7 @@ void Transformer::mlp_backward(Context& ctx, int l, Context::BlockActs& a) {
                  a.ln2_rstd.f32(), R);
 }
 
-void Transformer::block_backward(Context& ctx, int l, const float* x) {
+void ModelChunk::block_backward(Context& ctx, int l, const float* x) {
   const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT), C = C_;
   const bool sp = tp_.sequence_parallel();
   const Block& p = blocks_[size_t(l)];
@@ -563,7 +563,7 @@ void Transformer::block_backward(Context& ctx, int l, const float* x) {
 }
 
 // dres holds d(res_x) on entry and d(res_mid) on exit; the encoder output's gradient adds to denc_.
-void Transformer::cross_backward(Context& ctx, int l, Context::BlockActs& a) {
+void ModelChunk::cross_backward(Context& ctx, int l, Context::BlockActs& a) {
   const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT), C = C_, Q = Hl_ * hd_;
   const int64_t KV = Hkvl_ * hd_;
   const bool sp = tp_.sequence_parallel();
@@ -592,7 +592,7 @@ void Transformer::cross_backward(Context& ctx, int l, Context::BlockActs& a) {
   p.lnx.backward(dres, dlocal, a.res_mid.f32(), a.lnx_mean.f32(), a.lnx_rstd.f32(), R);
 }
 
-void Transformer::backward(Context& ctx, bool last_micro_step,
+void ModelChunk::backward(Context& ctx, bool last_micro_step,
                            const std::function<void(int)>& on_block_done) {
   TRELLIS_CHECK(blocks_[0].ln1.dweight() != nullptr,
                 "backward on a model without gradient buffers");
@@ -643,11 +643,11 @@ void Transformer::backward(Context& ctx, bool last_micro_step,
   if (notify) on_block_done(-1);
 }
 
-int64_t Transformer::length(const Context& ctx, int64_t b) const {
+int64_t ModelChunk::length(const Context& ctx, int64_t b) const {
   return ctx.lengths.empty() ? ctx.T : ctx.lengths[size_t(b)];
 }
 
-float Transformer::pool_weight(const Context& ctx, int64_t b, int64_t t) const {
+float ModelChunk::pool_weight(const Context& ctx, int64_t b, int64_t t) const {
   const int64_t n = length(ctx, b);
   switch (cfg_.pooling) {
     case Pooling::Mean:
@@ -663,7 +663,7 @@ float Transformer::pool_weight(const Context& ctx, int64_t b, int64_t t) const {
 // Final norm, pooling over each sequence's real positions, the classifier, and cross-entropy over
 // the classes. The head is replicated: every tensor-parallel rank holds all rows (no sequence
 // parallelism) and computes the same values.
-double Transformer::classifier_forward(Context& ctx, float grad_scale) {
+double ModelChunk::classifier_forward(Context& ctx, float grad_scale) {
   const int64_t B = ctx.B, T = ctx.T, C = C_, K = cfg_.num_classes;
   lnf_.forward(ctx.lnf.f32(), ctx.lnf_mean.f32(), ctx.lnf_rstd.f32(),
                ctx.blocks.back().res_out.f32(), B * T);
@@ -677,7 +677,7 @@ double Transformer::classifier_forward(Context& ctx, float grad_scale) {
   if (const ops::Dropout d = dropout_of(ctx, cfg_.classifier_dropout, 0, kClassifierDrop);
       d.p > 0.0f)
     k_.dropout(pooled, pooled, nullptr, B, 0, 1, C, d);  // sequence b, position 0, element c
-  float* logits = ctx.class_logits.f32();
+  float* logits = ctx.class_logits_or_grad.f32();
   classifier_.forward(logits, pooled, B);
   for (int64_t b = 0; b < B; ++b) {
     TRELLIS_REQUIRE(ctx.labels[size_t(b)] >= -1 && ctx.labels[size_t(b)] < K,
@@ -695,10 +695,10 @@ double Transformer::classifier_forward(Context& ctx, float grad_scale) {
   return sum;
 }
 
-void Transformer::classifier_backward(Context& ctx) {
+void ModelChunk::classifier_backward(Context& ctx) {
   const int64_t B = ctx.B, T = ctx.T, C = C_;
   std::vector<float> dpooled(size_t(B * C), 0.0f);
-  classifier_.backward(dpooled.data(), ctx.class_logits.f32(), ctx.pooled.f32(), B);
+  classifier_.backward(dpooled.data(), ctx.class_logits_or_grad.f32(), ctx.pooled.f32(), B);
   if (const ops::Dropout d = dropout_of(ctx, cfg_.classifier_dropout, 0, kClassifierDrop);
       d.p > 0.0f)
     k_.dropout(dpooled.data(), dpooled.data(), nullptr, B, 0, 1, C, d);
@@ -713,16 +713,16 @@ void Transformer::classifier_backward(Context& ctx) {
                 ctx.lnf_rstd.f32(), B * T);
 }
 
-void Transformer::head_backward(Context& ctx) {
+void ModelChunk::head_backward(Context& ctx) {
   if (!cfg_.lm_head()) return classifier_backward(ctx);
   const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT), C = C_;
   const bool sp = tp_.sequence_parallel();
-  // ctx.logits already hold dlogits (fused into the loss).
+  // ctx.logits_or_grad holds dlogits (fused into the loss).
   const float* lnf_in = sp ? ctx.lnf_full.f32() : ctx.lnf.f32();
   float* dln = dln_.f32();
-  k_.gemm(false, false, BT, C, vocab_rows_, 1.0f, ctx.logits.f32(), vocab_rows_, head_w_, C, 0.0f,
+  k_.gemm(false, false, BT, C, vocab_rows_, 1.0f, ctx.logits_or_grad.f32(), vocab_rows_, head_w_, C, 0.0f,
           dln, C);
-  k_.gemm(true, false, vocab_rows_, C, BT, 1.0f, ctx.logits.f32(), vocab_rows_, lnf_in, C, 1.0f,
+  k_.gemm(true, false, vocab_rows_, C, BT, 1.0f, ctx.logits_or_grad.f32(), vocab_rows_, lnf_in, C, 1.0f,
           dhead_w_, C);
   float* dlocal = sp ? dfull_.f32() : dln;
   tp_.enter_backward(dln, dlocal, BT, C);
@@ -731,7 +731,7 @@ void Transformer::head_backward(Context& ctx) {
                 ctx.lnf_rstd.f32(), R);
 }
 
-std::vector<float> Transformer::logits_at(Context& ctx, const std::vector<int64_t>& rows) {
+std::vector<float> ModelChunk::logits_at(Context& ctx, const std::vector<int64_t>& rows) {
   TRELLIS_CHECK(tp_.size() == 1 && chunk_.embedding && chunk_.head && cfg_.lm_head(),
                 "decoding runs the whole language model on a single rank");
   ctx.dropping = false;
