@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Baselines a task model must beat, on the same task directory and split it is evaluated on.
 
-  classify DIR:  majority class, and a bag-of-words multinomial Naive Bayes (add-one smoothing)
-                 over the examples' tokens (bytes or GPT-2 BPE ids, as prepared), trained on
-                 train.examples, scored on val.examples (accuracy and macro-F1).
+  classify DIR:  majority class, a bag-of-words multinomial Naive Bayes (add-one smoothing)
+                 over the examples' tokens (bytes or GPT-2 BPE ids, as prepared), and one over
+                 the character 1-5-grams of the texts the tokens decode to (byte or GPT-2
+                 data; add-0.1 smoothing), trained on train.examples, scored on val.examples
+                 (accuracy and macro-F1).
   translate DIR: copy-the-source, scored with `trellis bleu` (sacreBLEU's defaults) on the first
                  N validation pairs (byte or SentencePiece tokenizer; the latter decoded with
                  python3-sentencepiece and DIR/tokenizer.model).
@@ -34,32 +36,72 @@ def macro_f1(labels, predicted, k):
     return sum(scores) / k
 
 
-def classify(directory):
-    with open(os.path.join(directory, "meta.json")) as f:
-        k = len(json.load(f)["classes"])
-    train = read_examples(os.path.join(directory, "train.examples"))
-    val = read_examples(os.path.join(directory, "val.examples"))
-    labels = [y for y, _, _ in val]
-    prior = Counter(y for y, _, _ in train)
-    majority = prior.most_common(1)[0][0]
+def naive_bayes(train, val, k, alpha):
+    """Multinomial Naive Bayes over (label, features) pairs: val's predicted labels."""
+    prior = Counter(y for y, _ in train)
     counts = [Counter() for _ in range(k)]
-    for y, src, _ in train:
-        counts[y].update(src)
+    for y, feats in train:
+        counts[y].update(feats)
     vocab = len(set().union(*counts))
     totals = [sum(c.values()) for c in counts]
 
-    def predict(src):
+    def predict(feats):
         def score(c):
             return math.log(prior[c] / len(train)) + sum(
-                math.log((counts[c][t] + 1) / (totals[c] + vocab)) for t in src)
+                math.log((counts[c][t] + alpha) / (totals[c] + alpha * vocab)) for t in feats)
         return max(range(k), key=score)
+    return [predict(feats) for _, feats in val]
 
-    bow = [predict(src) for _, src, _ in val]
+
+def text_decoder(meta):
+    """Token ids -> text for byte and GPT-2 data (None for others)."""
+    if meta.get("tokenizer") == "byte":
+        return lambda ids: bytes(t for t in ids if t < 256).decode("utf-8", "replace")
+    if meta.get("tokenizer") != "gpt2":
+        return None
+    gpt2_dir = meta.get("tokenizer_dir") or ""
+    if not os.path.exists(os.path.join(gpt2_dir, "encoder.json")):
+        gpt2_dir = os.path.join(os.path.dirname(__file__), "..", "tests", "data", "gpt2")
+    with open(os.path.join(gpt2_dir, "encoder.json")) as f:
+        pieces = {i: p for p, i in json.load(f).items()}
+    # GPT-2's byte <-> printable-character table (its bytes_to_unicode).
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return lambda ids: bytes(chars[c] for t in ids if t in pieces for c in pieces[t]).decode(
+        "utf-8", "replace")
+
+
+def char_ngrams(text, n_max=5):
+    text = " " + text.lower() + " "
+    return [text[i:i + n] for n in range(1, n_max + 1) for i in range(len(text) - n + 1)]
+
+
+def classify(directory):
+    with open(os.path.join(directory, "meta.json")) as f:
+        meta = json.load(f)
+    k = len(meta["classes"])
+    train = read_examples(os.path.join(directory, "train.examples"))
+    val = read_examples(os.path.join(directory, "val.examples"))
+    labels = [y for y, _, _ in val]
+    majority = Counter(y for y, _, _ in train).most_common(1)[0][0]
+    bow = naive_bayes([(y, src) for y, src, _ in train], [(y, src) for y, src, _ in val], k, 1.0)
     acc = lambda pred: sum(p == y for p, y in zip(pred, labels)) / len(labels)  # noqa: E731
-    return {"examples": len(val),
-            "majority": {"accuracy": acc([majority] * len(val)),
-                         "macro_f1": macro_f1(labels, [majority] * len(val), k)},
-            "bag_of_words_nb": {"accuracy": acc(bow), "macro_f1": macro_f1(labels, bow, k)}}
+    result = {"examples": len(val),
+              "majority": {"accuracy": acc([majority] * len(val)),
+                           "macro_f1": macro_f1(labels, [majority] * len(val), k)},
+              "bag_of_words_nb": {"accuracy": acc(bow), "macro_f1": macro_f1(labels, bow, k)}}
+    decode = text_decoder(meta)
+    if decode:
+        chars = naive_bayes([(y, char_ngrams(decode(src))) for y, src, _ in train],
+                            [(y, char_ngrams(decode(src))) for y, src, _ in val], k, 0.1)
+        result["char_ngram_nb"] = {"accuracy": acc(chars), "macro_f1": macro_f1(labels, chars, k)}
+    return result
 
 
 def translate(directory, n, trellis):
