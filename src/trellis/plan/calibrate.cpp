@@ -487,40 +487,39 @@ nlohmann::json device_json(const ComputeRates& c, const HostRates& h, int per_no
   // The GEMMs' share of the peak; a probe that lost its core for a moment must not give an
   // efficiency above 1.
   const double efficiency = std::min(1.0, c.fp32 / h.peak32);
-  return {
-      {"memory_bytes", int64_t(phys / per_node)},
-      {"memory_note", "measured: physical memory of the host divided by its ranks"},
-      {"memory_bandwidth", h.bandwidth},
-      {"memory_bandwidth_note", "measured: a 256 MiB memcpy on one rank while all copy"},
-      {"peak_flops", {{"fp32", h.peak32}, {"bf16", h.peak16}}},
-      {"peak_flops_note",
-       fmt::format("measured: the per-core FMA / bf16 dot-product peak probe times {} threads; "
-                   "the GEMMs reached {:.3g} (fp32) and {:.3g} (bf16) FLOP/s",
-                   h.threads, c.fp32, c.bf16)},
-      {"gemm_efficiency", efficiency},
-      {"gemm_efficiency_note",
-       "measured fp32 GEMM rate / fp32 peak; used only where device.gemm has no fit"},
-      {"gemm",
-       {{"fp32", gemm_json(c.fit32, c.table32, c.fit32b, c.table32b)},
-        {"bf16", gemm_json(c.fit16, c.table16, c.fit16b, c.table16b)}}},
-      {"gemm_note",
-       "measured: the GEMMs of `table` (row-major, M x K times K x N) fitted as "
-       "2MNK / rate + element_s (MK + KN + MN) + call_s (least squares of relative errors); "
-       "backward: the same shapes' input- and weight-gradient GEMMs together, fitted alike"},
-      {"attention_flops", c.attention},
-      {"attention_flops_note",
-       "measured: trellis's causal attention forward + backward (2 x 256 tokens, 6 heads of "
-       "64) as FLOP/s of 12 B T^2 C"},
-      {"elementwise_bandwidth", c.memory_bound},
-      {"elementwise_bandwidth_note",
-       "measured: a GPT-2 block's memory-bound ops forward + backward (8 x 256 tokens, width "
-       "384, MLP 1536) as the planner's bytes for them (6x the kept activations, without "
-       "attention's probabilities) per second"},
-      {"page_refill_bandwidth", h.refill},
-      {"huge_page_refill_bandwidth", h.huge_refill},
-      {"page_refill_bandwidth_note",
-       "measured: writing 64 MiB of released 4 KiB pages (huge_: 2 MiB pages), beyond "
-       "writing resident ones"}};
+  return {{"memory_bytes", int64_t(phys / per_node)},
+          {"memory_note", "measured: physical memory of the host divided by its ranks"},
+          {"memory_bandwidth", h.bandwidth},
+          {"memory_bandwidth_note", "measured: a 256 MiB memcpy on one rank while all copy"},
+          {"peak_flops", {{"fp32", h.peak32}, {"bf16", h.peak16}}},
+          {"peak_flops_note",
+           fmt::format("measured: the per-core FMA / bf16 dot-product peak probe times {} threads; "
+                       "the GEMMs reached {:.3g} (fp32) and {:.3g} (bf16) FLOP/s",
+                       h.threads, c.fp32, c.bf16)},
+          {"gemm_efficiency", efficiency},
+          {"gemm_efficiency_note",
+           "measured fp32 GEMM rate / fp32 peak; used only where device.gemm has no fit"},
+          {"gemm",
+           {{"fp32", gemm_json(c.fit32, c.table32, c.fit32b, c.table32b)},
+            {"bf16", gemm_json(c.fit16, c.table16, c.fit16b, c.table16b)}}},
+          {"gemm_note",
+           "measured: the GEMMs of `table` (row-major, M x K times K x N) fitted as "
+           "2MNK / rate + element_s (MK + KN + MN) + call_s (least squares of relative errors); "
+           "backward: the same shapes' input- and weight-gradient GEMMs together, fitted alike"},
+          {"attention_flops", c.attention},
+          {"attention_flops_note",
+           "measured: trellis's causal attention forward + backward (2 x 256 tokens, 6 heads of "
+           "64) as FLOP/s of 12 B T^2 C"},
+          {"elementwise_bandwidth", c.memory_bound},
+          {"elementwise_bandwidth_note",
+           "measured: a GPT-2 block's memory-bound ops forward + backward (8 x 256 tokens, width "
+           "384, MLP 1536) as the planner's bytes for them (6x the kept activations, without "
+           "attention's probabilities) per second"},
+          {"page_refill_bandwidth", h.refill},
+          {"huge_page_refill_bandwidth", h.huge_refill},
+          {"page_refill_bandwidth_note",
+           "measured: writing 64 MiB of released 4 KiB pages (huge_: 2 MiB pages), beyond "
+           "writing resident ones"}};
 }
 
 }  // namespace
@@ -538,18 +537,17 @@ nlohmann::json calibrate_machine(Communicator& world, int gemm_size, double seco
   const std::time_t now = std::time(nullptr);
   char date[32];
   std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  return {
-      {"name", fmt::format("{} ({} ranks, {} per node, measured by trellis calibrate)", host,
-                           world.size(), links.per_node)},
-      {"sources",
-       {{"measured", fmt::format("trellis calibrate on {} at {}: {}x{} GEMMs, a 256 MiB copy, "
-                                 "collectives of 1 KiB to 64 MiB; compute: the median of {} "
-                                 "rounds",
-                                 host, date, gemm_size, gemm_size, rounds)}}},
-      {"devices_per_node", links.per_node},
-      {"device", device_json(compute, host_rates, links.per_node)},
-      {"intra_node", links.intra},
-      {"inter_node", links.inter}};
+  return {{"name", fmt::format("{} ({} ranks, {} per node, measured by trellis calibrate)", host,
+                               world.size(), links.per_node)},
+          {"sources",
+           {{"measured", fmt::format("trellis calibrate on {} at {}: {}x{} GEMMs, a 256 MiB copy, "
+                                     "collectives of 1 KiB to 64 MiB; compute: the median of {} "
+                                     "rounds",
+                                     host, date, gemm_size, gemm_size, rounds)}}},
+          {"devices_per_node", links.per_node},
+          {"device", device_json(compute, host_rates, links.per_node)},
+          {"intra_node", links.intra},
+          {"inter_node", links.inter}};
 }
 
 }  // namespace trellis

@@ -46,8 +46,8 @@ RunData load_run_data(const TrainConfig& cfg) {
     if (d.tokenizer.kind == "sentencepiece") load_sentencepiece(d.tokenizer, d.lm.vocab_size, -1);
     d.model = cfg.model_config(d.lm.vocab_size);
     d.T = cfg.seq_len > 0 ? cfg.seq_len : d.model.block_size;
-    TRELLIS_REQUIRE(d.T <= d.model.block_size, "seq_len {} exceeds the model's context length {}", d.T,
-                    d.model.block_size);
+    TRELLIS_REQUIRE(d.T <= d.model.block_size, "seq_len {} exceeds the model's context length {}",
+                    d.T, d.model.block_size);
     return d;
   }
   d.task = std::make_unique<TaskData>(load_task_data(cfg.data));
@@ -65,8 +65,8 @@ RunData load_run_data(const TrainConfig& cfg) {
                            : "an encoder-decoder (seq2seq-*, transformer-base, encdec-*)");
   const int64_t needed = task_seq_len(*d.task);
   d.T = cfg.seq_len > 0 ? cfg.seq_len : std::min<int64_t>(needed, d.model.block_size);
-  TRELLIS_REQUIRE(d.T <= d.model.block_size, "seq_len {} exceeds the model's context length {}", d.T,
-                  d.model.block_size);
+  TRELLIS_REQUIRE(d.T <= d.model.block_size, "seq_len {} exceeds the model's context length {}",
+                  d.T, d.model.block_size);
   TRELLIS_REQUIRE(classify || needed <= d.T,
                   "{}: the longest translation pair needs {} positions (with its end token), more "
                   "than seq_len {}; raise seq_len (and block_size) or prepare with a smaller "

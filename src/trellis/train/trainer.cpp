@@ -248,8 +248,9 @@ void Trainer::set_up_rank() {
     fmt::print(stderr, "trellis: {}\n", precision.notice);
   else if (lead_ && precision.compute == DType::BF16 && compute_ == DType::F32 &&
            cfg_.precision == "bf16")
-    fmt::print(stderr, "trellis: precision bf16 needs AVX512-BF16 on every rank, and another "
-                       "rank's CPU lacks it: running in fp32\n");
+    fmt::print(stderr,
+               "trellis: precision bf16 needs AVX512-BF16 on every rank, and another "
+               "rank's CPU lacks it: running in fp32\n");
 }
 
 void Trainer::build_layout_and_strategies() {
@@ -282,9 +283,8 @@ void Trainer::build_chunks() {
   tp_ = std::make_unique<TensorParallel>(&mesh_.tp_comm(), cfg_.sequence_parallel);
   std::vector<ModelChunk*> chunk_models;
   for (const StageSpec& c : chunks_) {
-    models_.push_back(
-        std::make_unique<ModelChunk>(*layout_, dp_sync_->params(), dp_sync_->grads(), *tp_, &c,
-                                      compute_));
+    models_.push_back(std::make_unique<ModelChunk>(*layout_, dp_sync_->params(), dp_sync_->grads(),
+                                                   *tp_, &c, compute_));
     if (BlockHooks* hooks = dp_sync_->hooks()) models_.back()->add_block_hooks(*hooks);
     models_.back()->set_label_smoothing(float(cfg_.label_smoothing));
     chunk_models.push_back(models_.back().get());
@@ -295,8 +295,7 @@ void Trainer::build_chunks() {
 
 void Trainer::set_up_batches_and_logging() {
   batches_ = task_ ? make_task_batches(*task_, T_, G_, cfg_.seed, cfg_.shuffle, augment_)
-                   : make_lm_batches(lm_data_, T_, G_, cfg_.seed, cfg_.shuffle,
-                                     cfg_.document_mask);
+                   : make_lm_batches(lm_data_, T_, G_, cfg_.seed, cfg_.shuffle, cfg_.document_mask);
   for (int i = 0; i < batches_->val_sets(); ++i) val_items_ += val_items_of(i);
   best_ =
       BestTracker(cfg_.keep_best, cfg_.early_stop_patience, mc_.num_classes > 0, val_items_ > 0);
@@ -867,8 +866,7 @@ int dry_run(const TrainConfig& cfg, bool json) {
   const RunData data = load_run_data(cfg);
   // One process predicts every rank of the layout cfg names (dp 0: one replica).
   const int64_t world = int64_t(cfg.dp > 0 ? cfg.dp : 1) * cfg.tp * cfg.pp;
-  const RunShape run =
-      validate_run(cfg, int(std::clamp<int64_t>(world, 0, INT_MAX)), data);
+  const RunShape run = validate_run(cfg, int(std::clamp<int64_t>(world, 0, INT_MAX)), data);
   const std::vector<RankMemory> ranks = predict_memory(run);
   if (json) {
     nlohmann::json out = nlohmann::json::array();
