@@ -155,7 +155,7 @@ std::string why_slower(const Candidate& c, const Candidate& best) {
 }
 
 Plan make_plan(const PlanRequest& req, const Machine& machine) {
-  TRELLIS_REQUIRE(req.world >= 1, "--world must be positive");
+  TRELLIS_REQUIRE(req.world >= 1 && req.world <= 65536, "--world must be in [1, 65536]");
   TRELLIS_REQUIRE(req.ranks_per_node >= 1, "--ranks-per-node must be positive");
   TRELLIS_REQUIRE(req.batch >= 1 && req.seq_len >= 1,
                   "--batch-size and --seq-len must be positive");
