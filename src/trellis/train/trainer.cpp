@@ -162,9 +162,8 @@ class Trainer {
   RunShape shape_;  // validated; compute is the precision all ranks agreed on
   Mesh mesh_;
   bool lead_;
-  int threads_, V_;
+  int threads_;
   DType compute_ = DType::F32;  // the GEMM precision
-  ScheduleKind schedule_;
   // TRELLIS_TEST_DROPOUT_PLANT=1 (tests only): each rank mixes its world rank into the dropout
   // seed, a layout-dependent mask the layout-equivalence tests must catch. 0 otherwise.
   uint64_t dropout_plant_ = 0;
@@ -175,7 +174,7 @@ class Trainer {
   nlohmann::json resumed_best_;     // the tracker's state in the checkpoint resumed from
   TokenizerInfo tokenizer_;
   ModelConfig mc_;
-  int64_t T_, G_, per_rank_, b_, accum_;
+  int64_t T_, G_, per_rank_;  // shape_.seq_len, the global batch, its share per dp rank
   std::vector<PipeOp> step_ops_;
   StageSpec stage_;
   std::vector<StageSpec> chunks_;
@@ -289,7 +288,8 @@ void Trainer::build_chunks() {
     models_.back()->set_label_smoothing(float(cfg_.label_smoothing));
     chunk_models.push_back(models_.back().get());
   }
-  pipe_ = std::make_unique<Pipeline>(mesh_.pp_comm(), chunk_models, b_, T_, shape_.recompute);
+  pipe_ = std::make_unique<Pipeline>(mesh_.pp_comm(), chunk_models, shape_.micro_batch, T_,
+                                     shape_.recompute);
   tied_ = std::make_unique<TiedWeights>(mesh_.pp_comm(), *layout_, cfg_.comm_timeout);
 }
 
@@ -331,18 +331,15 @@ void Trainer::take_run(RunData data) {
   T_ = data.T;
   G_ = cfg_.batch_size;
   per_rank_ = G_ / shape_.dp;
-  b_ = shape_.micro_batch;
-  accum_ = shape_.accum;
-  V_ = shape_.virtual_stages;
-  schedule_ = shape_.schedule;
 }
 
 // Pipeline: pp * V model chunks, chunk g on pipeline rank g % pp. The schedule is built now so that
 // impossible combinations are refused before any work.
 void Trainer::build_pipeline_chunks() {
   const int pp = mesh_.pp(), pp_rank = mesh_.pp_rank();
-  RankChunks mine = rank_chunks(mc_, pp, V_, shape_.layer_split, pp_rank);
-  step_ops_ = build_schedule(schedule_, pp, pp_rank, int(accum_), V_);
+  RankChunks mine = rank_chunks(mc_, pp, shape_.virtual_stages, shape_.layer_split, pp_rank);
+  step_ops_ =
+      build_schedule(shape_.schedule, pp, pp_rank, int(shape_.accum), shape_.virtual_stages);
   stage_ = std::move(mine.stage);
   chunks_ = std::move(mine.chunks);
 }
@@ -468,10 +465,12 @@ void Trainer::print_header() const {
       "x {} tokens = {} per rank x {} micro-batches of {}{}\n",
       world_.size(), mesh_.dp(), mesh_.tp(), tp_->sequence_parallel() ? " + sequence parallel" : "",
       pp,
-      pp > 1 ? fmt::format(" {}{}", schedule_name(schedule_), V_ > 1 ? fmt::format(" x{}", V_) : "")
-             : "",
-      cfg_.zero, threads_, precision_name(compute_), G_, T_, per_rank_, accum_, b_,
-      resumed_from_.empty() ? "" : " | resumed from " + resumed_from_);
+      pp > 1
+          ? fmt::format(" {}{}", schedule_name(shape_.schedule),
+                        shape_.virtual_stages > 1 ? fmt::format(" x{}", shape_.virtual_stages) : "")
+          : "",
+      cfg_.zero, threads_, precision_name(compute_), G_, T_, per_rank_, shape_.accum,
+      shape_.micro_batch, resumed_from_.empty() ? "" : " | resumed from " + resumed_from_);
   // Next-token targets are inputs an encoder sees (bidirectionally, or through cross-attention).
   if (!task_ && (!mc_.causal || mc_.encoder_decoder()))
     fmt::print(
@@ -489,12 +488,13 @@ StepStats Trainer::forward_backward_step(int64_t step) {
   const int64_t targets = batches_->step_targets(step - 1);
   const float grad_scale = 1.0f / float(targets);
   auto load = [&](int k, Context& ctx) {
-    const int64_t first = mesh_.dp_rank() * per_rank_ + k * b_;  // in the global batch
-    batches_->fill(step - 1, first, b_, ctx);
+    const int64_t first =
+        mesh_.dp_rank() * per_rank_ + k * shape_.micro_batch;  // in the global batch
+    batches_->fill(step - 1, first, shape_.micro_batch, ctx);
     // Dropout masks address the global step and sequences (invariant 6), never the rank; the
     // planted key of dropout_test_plant is the exception that the layout tests must reject.
     ctx.dropout = {true, cfg_.seed ^ dropout_plant_, step - 1, first};
-    return b_;
+    return shape_.micro_batch;
   };
   // Without a pipeline, buckets are reduced while backward still runs (chunks finish in layout
   // order); with one, after the schedule.
@@ -578,7 +578,7 @@ int64_t Trainer::val_items_of(int set) {
 }
 
 EvalResult Trainer::evaluate_set(int64_t items) {
-  const int64_t b = b_;
+  const int64_t b = shape_.micro_batch;
   const int64_t lo = items * mesh_.dp_rank() / mesh_.dp();
   const int64_t hi = items * (mesh_.dp_rank() + 1) / mesh_.dp();
   const int micro = int((hi - lo + b - 1) / b);
@@ -596,7 +596,8 @@ EvalResult Trainer::evaluate_set(int64_t items) {
       for (int64_t r = 0; r < rows && K > 0; ++r)
         counts[size_t(ctx.labels[size_t(r)] * K + ctx.predictions[size_t(r)])] += 1.0;
     };
-    sum = pipe_->run(forward_schedule(micro, V_), load, 0.0f, {}, collect).loss_sum;
+    sum = pipe_->run(forward_schedule(micro, shape_.virtual_stages), load, 0.0f, {}, collect)
+              .loss_sum;
   }
   counts.push_back(sum);
   mesh_.pp_comm().all_reduce_sum(counts.data(), int64_t(counts.size()));
@@ -710,9 +711,12 @@ std::string Trainer::save(int64_t step, const std::string& name) {
              // paths and config values are bytes, not necessarily UTF-8: replaced, not refused
              {"state.json", state.dump(2, ' ', false, nlohmann::json::error_handler_t::replace)}};
   if (lead_ && !tokenizer_.model.empty()) files.emplace_back(kSentencePieceFile, tokenizer_.model);
-  const nlohmann::json layout = {{"world", world_.size()}, {"dp", mesh_.dp()},
-                                 {"tp", mesh_.tp()},       {"pp", mesh_.pp()},
-                                 {"virtual_stages", V_},   {"zero", cfg_.zero}};
+  const nlohmann::json layout = {{"world", world_.size()},
+                                 {"dp", mesh_.dp()},
+                                 {"tp", mesh_.tp()},
+                                 {"pp", mesh_.pp()},
+                                 {"virtual_stages", shape_.virtual_stages},
+                                 {"zero", cfg_.zero}};
   const double stall = checkpointer_->save(step, *layout_, owned_state(), files,
                                            {{"step", step}, {"layout", layout}}, name);
   if (lead_) {
@@ -751,28 +755,29 @@ void Trainer::log_step(int64_t step, const StepStats& st) {
   world_.all_reduce_max(mem, 3);
   if (!lead_) return;
   const double tokens_per_s = double(G_ * T_) / st.seconds;
-  log_->write({{"step", step},
-               {"loss", st.loss},
-               {"lr", st.lr},
-               {"grad_norm", st.grad_norm},
-               {"tokens_per_s", tokens_per_s},
-               {"mfu", step_flops_ / st.seconds / peak_flops_},
-               {"step_ms", st.seconds * 1e3},
-               {"start_s", st.start},
-               {"compute_ms", (st.seconds - st.comm_exposed - st.tp_comm) * 1e3},
-               {"comm_exposed_ms", st.comm_exposed * 1e3},
-               {"tp_comm_ms", st.tp_comm * 1e3},
-               {"mem_bytes", mem_bytes_},
-               {"mem_bytes_max", mem[0]},
-               {"peak_rss_bytes", peak_rss_bytes()},
-               {"peak_rss_bytes_max", mem[1]},
-               {"alloc_peak_bytes", alloc_peak},
-               {"alloc_peak_bytes_max", mem[2]},
-               {"bubble", st.bubble},
-               {"bubble_theory", theoretical_bubble(mesh_.pp(), int(accum_), V_)},
-               {"peak_micro_batches", st.peak_micro},
-               {"activation_bytes", pipe_->activation_bytes()}},
-              "train");
+  log_->write(
+      {{"step", step},
+       {"loss", st.loss},
+       {"lr", st.lr},
+       {"grad_norm", st.grad_norm},
+       {"tokens_per_s", tokens_per_s},
+       {"mfu", step_flops_ / st.seconds / peak_flops_},
+       {"step_ms", st.seconds * 1e3},
+       {"start_s", st.start},
+       {"compute_ms", (st.seconds - st.comm_exposed - st.tp_comm) * 1e3},
+       {"comm_exposed_ms", st.comm_exposed * 1e3},
+       {"tp_comm_ms", st.tp_comm * 1e3},
+       {"mem_bytes", mem_bytes_},
+       {"mem_bytes_max", mem[0]},
+       {"peak_rss_bytes", peak_rss_bytes()},
+       {"peak_rss_bytes_max", mem[1]},
+       {"alloc_peak_bytes", alloc_peak},
+       {"alloc_peak_bytes_max", mem[2]},
+       {"bubble", st.bubble},
+       {"bubble_theory", theoretical_bubble(mesh_.pp(), int(shape_.accum), shape_.virtual_stages)},
+       {"peak_micro_batches", st.peak_micro},
+       {"activation_bytes", pipe_->activation_bytes()}},
+      "train");
   if (!cfg_.quiet && (step % std::max<int64_t>(1, cfg_.log_every) == 0 || step == cfg_.steps)) {
     const double eta =
         seconds_since(loop_start_) / double(step - start_step_) * double(cfg_.steps - step);
@@ -908,7 +913,7 @@ int run_training(TrainConfig cfg, Communicator& world) {
   TRELLIS_REQUIRE(cfg.layout.empty() || cfg.layout == "auto",
                   "layout must be auto or empty, not '{}'", cfg.layout);
   RunData data = load_run_data(cfg);  // once: layout auto plans for its model and seq_len
-  if (cfg.layout == "auto") cfg = choose_auto_layout(std::move(cfg), data.model, data.T, world);
+  if (cfg.layout == "auto") cfg = choose_auto_layout(std::move(cfg), data, world);
   const RunShape shape = validate_run(cfg, world.size(), data);
   Trainer trainer(std::move(cfg), world, std::move(data), shape);
   return trainer.run();
