@@ -122,6 +122,81 @@ nlohmann::json candidate_json(const Candidate& c) {
 
 double gib(int64_t b) { return double(b) / double(int64_t(1) << 30); }
 
+// The plan as a table: the fitting layouts, fastest first (--top of them), or what would fit.
+void print_plan(const PlanArgs& a, const PlanRequest& req, const Machine& machine, const Plan& plan,
+                double n_params) {
+  fmt::print(
+      "trellis plan: {:.3g}B parameters, {} ranks ({} per node) of {}, batch {} x {} "
+      "tokens, {}\n",
+      n_params / 1e9, req.world, req.ranks_per_node, machine.name, req.batch, req.seq_len,
+      req.precision);
+  fmt::print(
+      "{} layouts, {} fit {:.1f} GiB; memory is trellis's own (fp32 weights, "
+      "gradients, AdamW state and activations, as `train --dry-run`)\n",
+      plan.candidates.size(), plan.fitting, gib(machine.memory_bytes));
+  if (plan.fitting == 0) {
+    const Candidate& lean = plan.candidates.front();
+    fmt::print("nothing fits: the leanest layout, {}, needs {:.1f} GiB per rank\n",
+               lean.layout.describe(), gib(lean.memory.total()));
+    if (plan.smallest_world)
+      fmt::print("smallest world that fits: {} ranks ({}: {:.1f} GiB per rank)\n",
+                 plan.smallest_world, plan.smallest.layout.describe(),
+                 gib(plan.smallest.memory.total()));
+    else
+      fmt::print("no world up to 65536 ranks fits this batch\n");
+    return;
+  }
+  fmt::print("{:>3}  {:<46} {:>9} {:>11} {:>6} {:>8} {:>8} {:>8} {:>8}  {}\n", "#", "layout",
+             "step ms", "tokens/s", "MFU", "mem GiB", "bubble", "comm ms", "recomp", "loses by");
+  for (int64_t i = 0; i < std::min<int64_t>(a.top, plan.fitting); ++i) {
+    const Candidate& c = plan.candidates[size_t(i)];
+    const StepCost& s = c.cost;
+    fmt::print(
+        "{:>3}  {:<46} {:>9.1f} {:>11.0f} {:>5.1f}% {:>8.2f} {:>8.1f} {:>8.1f} "
+        "{:>8.1f}  {}\n",
+        i + 1, c.layout.describe(), s.step_s * 1e3, s.tokens_per_s, s.mfu * 100,
+        gib(c.memory.total()), s.bubble_s * 1e3, (s.tp_comm_s + s.dp_comm_s + s.pp_comm_s) * 1e3,
+        s.recompute_s * 1e3, i == 0 ? "(first)" : c.loses);
+  }
+}
+
+// Request errors (--world, --batch-size, --seq-len, the model) are make_plan's, as for
+// --layout auto; only the command's own options are checked here.
+int run_plan(const PlanArgs& a) {
+  TRELLIS_REQUIRE(a.precision == "fp32" || a.precision == "tf32" || a.precision == "bf16",
+                  "--precision must be fp32, tf32 or bf16, not '{}'", a.precision);
+  TRELLIS_REQUIRE(a.top >= 1, "--top must be positive");
+  const Machine machine = load_machine(a.machine);
+  machine.peak(a.precision);
+  PlanRequest req;
+  req.model = parse_model(a.model, a.vocab);
+  if (req.model.positions != PositionKind::Rope)
+    req.model.block_size = std::max<int>(req.model.block_size, int(a.seq_len));
+  req.world = a.world;
+  req.ranks_per_node = a.ranks_per_node > 0 ? a.ranks_per_node : machine.devices_per_node;
+  req.batch = a.batch;
+  req.seq_len = a.seq_len;
+  req.precision = a.precision;
+  const Plan plan = make_plan(req, machine);
+  const double n_params = double(ParamLayout(req.model).count());
+  if (a.json) {
+    nlohmann::json j = {{"machine", machine.name},    {"model_params", n_params},
+                        {"world", req.world},         {"ranks_per_node", req.ranks_per_node},
+                        {"batch_size", req.batch},    {"seq_len", req.seq_len},
+                        {"precision", req.precision}, {"device_memory", machine.memory_bytes},
+                        {"fitting", plan.fitting},    {"layouts", nlohmann::json::array()}};
+    for (const Candidate& c : plan.candidates) j["layouts"].push_back(candidate_json(c));
+    if (plan.smallest_world) {
+      j["smallest_world"] = plan.smallest_world;
+      j["smallest_layout"] = candidate_json(plan.smallest);
+    }
+    fmt::print("{}\n", j.dump(1));
+    return 0;
+  }
+  print_plan(a, req, machine, plan, n_params);
+  return 0;
+}
+
 }  // namespace
 
 Command add_plan_command(CLI::App& app) {
@@ -145,79 +220,7 @@ Command add_plan_command(CLI::App& app) {
   sub->add_option("--machine", a->machine, "machine description (hardware/*.json)")->required();
   sub->add_option("--top", a->top, "layouts to print (default 10)");
   sub->add_flag("--json", a->json, "every layout, as JSON");
-  return {
-      sub, [a](Communicator& world) {
-        if (world.rank() != 0) return 0;
-        TRELLIS_REQUIRE(a->precision == "fp32" || a->precision == "tf32" || a->precision == "bf16",
-                        "--precision must be fp32, tf32 or bf16, not '{}'", a->precision);
-        TRELLIS_REQUIRE(a->world >= 1 && a->world <= 65536, "--world must be in [1, 65536]");
-        TRELLIS_REQUIRE(a->batch >= 1 && a->seq_len >= 1,
-                        "--batch-size and --seq-len must be positive");
-        TRELLIS_REQUIRE(a->top >= 1, "--top must be positive");
-        const Machine machine = load_machine(a->machine);
-        machine.peak(a->precision);
-        PlanRequest req;
-        req.model = parse_model(a->model, a->vocab);
-        if (req.model.positions != PositionKind::Rope)
-          req.model.block_size = std::max<int>(req.model.block_size, int(a->seq_len));
-        req.world = a->world;
-        req.ranks_per_node = a->ranks_per_node > 0 ? a->ranks_per_node : machine.devices_per_node;
-        req.batch = a->batch;
-        req.seq_len = a->seq_len;
-        req.precision = a->precision;
-        const Plan plan = make_plan(req, machine);
-        const double n_params = double(ParamLayout(req.model).count());
-        if (a->json) {
-          nlohmann::json j = {{"machine", machine.name},    {"model_params", n_params},
-                              {"world", req.world},         {"ranks_per_node", req.ranks_per_node},
-                              {"batch_size", req.batch},    {"seq_len", req.seq_len},
-                              {"precision", req.precision}, {"device_memory", machine.memory_bytes},
-                              {"fitting", plan.fitting},    {"layouts", nlohmann::json::array()}};
-          for (const Candidate& c : plan.candidates) j["layouts"].push_back(candidate_json(c));
-          if (plan.smallest_world) {
-            j["smallest_world"] = plan.smallest_world;
-            j["smallest_layout"] = candidate_json(plan.smallest);
-          }
-          fmt::print("{}\n", j.dump(1));
-          return 0;
-        }
-        fmt::print(
-            "trellis plan: {:.3g}B parameters, {} ranks ({} per node) of {}, batch {} x {} "
-            "tokens, {}\n",
-            n_params / 1e9, req.world, req.ranks_per_node, machine.name, req.batch, req.seq_len,
-            req.precision);
-        fmt::print(
-            "{} layouts, {} fit {:.1f} GiB; memory is trellis's own (fp32 weights, "
-            "gradients, AdamW state and activations, as `train --dry-run`)\n",
-            plan.candidates.size(), plan.fitting, gib(machine.memory_bytes));
-        if (plan.fitting == 0) {
-          const Candidate& lean = plan.candidates.front();
-          fmt::print("nothing fits: the leanest layout, {}, needs {:.1f} GiB per rank\n",
-                     lean.layout.describe(), gib(lean.memory.total()));
-          if (plan.smallest_world)
-            fmt::print("smallest world that fits: {} ranks ({}: {:.1f} GiB per rank)\n",
-                       plan.smallest_world, plan.smallest.layout.describe(),
-                       gib(plan.smallest.memory.total()));
-          else
-            fmt::print("no world up to 65536 ranks fits this batch\n");
-          return 0;
-        }
-        fmt::print("{:>3}  {:<46} {:>9} {:>11} {:>6} {:>8} {:>8} {:>8} {:>8}  {}\n", "#", "layout",
-                   "step ms", "tokens/s", "MFU", "mem GiB", "bubble", "comm ms", "recomp",
-                   "loses by");
-        for (int64_t i = 0; i < std::min<int64_t>(a->top, plan.fitting); ++i) {
-          const Candidate& c = plan.candidates[size_t(i)];
-          const StepCost& s = c.cost;
-          fmt::print(
-              "{:>3}  {:<46} {:>9.1f} {:>11.0f} {:>5.1f}% {:>8.2f} {:>8.1f} {:>8.1f} "
-              "{:>8.1f}  {}\n",
-              i + 1, c.layout.describe(), s.step_s * 1e3, s.tokens_per_s, s.mfu * 100,
-              gib(c.memory.total()), s.bubble_s * 1e3,
-              (s.tp_comm_s + s.dp_comm_s + s.pp_comm_s) * 1e3, s.recompute_s * 1e3,
-              i == 0 ? "(first)" : c.loses);
-        }
-        return 0;
-      }};
+  return {sub, [a](Communicator& world) { return world.rank() == 0 ? run_plan(*a) : 0; }};
 }
 
 }  // namespace trellis

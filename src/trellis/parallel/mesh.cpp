@@ -4,8 +4,8 @@
 
 namespace trellis {
 
-Mesh::Mesh(Communicator& world, MeshShape shape) : world_(world) {
-  const int n = world.size();
+MeshShape resolve_mesh_shape(MeshShape shape, int world_size) {
+  const int n = world_size;
   TRELLIS_REQUIRE(shape.tp >= 1 && shape.pp >= 1 && shape.dp >= 0,
                   "layout dp={} x tp={} x pp={}: tp and pp must be >= 1 and dp >= 0 (0: the rest)",
                   shape.dp, shape.tp, shape.pp);
@@ -18,6 +18,11 @@ Mesh::Mesh(Communicator& world, MeshShape shape) : world_(world) {
   TRELLIS_REQUIRE(static_cast<long long>(shape.dp) * shape.tp * shape.pp == n,
                   "layout dp={} x tp={} x pp={} = {} does not match the world size {}", shape.dp,
                   shape.tp, shape.pp, static_cast<long long>(shape.dp) * shape.tp * shape.pp, n);
+  return shape;
+}
+
+Mesh::Mesh(Communicator& world, MeshShape shape) : world_(world) {
+  shape = resolve_mesh_shape(shape, world.size());
   dp_ = shape.dp;
   tp_ = shape.tp;
   pp_ = shape.pp;

@@ -11,9 +11,13 @@ struct MeshShape {
   int dp = 0, tp = 1, pp = 1;  // dp = 0: world / (tp * pp)
 };
 
+// The shape with dp resolved (dp = 0: world / (tp * pp)). Input error unless dp * tp * pp ==
+// world_size; the Mesh and a run's validation (train/validate_run) both ask this.
+MeshShape resolve_mesh_shape(MeshShape shape, int world_size);
+
 class Mesh {
  public:
-  // Validates dp*tp*pp == world size (input error otherwise) and splits the communicators.
+  // Validates the shape (resolve_mesh_shape) and splits the communicators.
   Mesh(Communicator& world, MeshShape shape);
   int dp() const { return dp_; }
   int tp() const { return tp_; }

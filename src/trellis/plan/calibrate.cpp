@@ -376,11 +376,10 @@ GemmFit fit_gemm(const std::vector<std::array<double, 4>>& rows) {  // {F, E, 1,
   return best;
 }
 
-nlohmann::json calibrate_machine(Communicator& world, int gemm_size, double seconds, int rounds) {
-  TRELLIS_REQUIRE(gemm_size >= 16 && gemm_size <= 16384, "--gemm-size must be in [16, 16384]");
-  TRELLIS_REQUIRE(seconds > 0 && seconds <= 60, "--seconds must be in (0, 60]");
-  TRELLIS_REQUIRE(rounds >= 1 && rounds <= 20, "--rounds must be in [1, 20]");
-  const int ranks = world.size();
+namespace {
+
+// Each compute measurement's median over the rounds.
+ComputeTimes typical_compute(Communicator& world, int gemm_size, double seconds, int rounds) {
   // Every rank measures at once, as training would run them. The rounds interleave the
   // measurements, and each keeps its median round: a shared machine's speed drifts over seconds
   // to minutes, and a training step runs at its typical speed, not its best.
@@ -399,107 +398,156 @@ nlohmann::json calibrate_machine(Communicator& world, int gemm_size, double seco
       (typical.*table).push_back(over_rounds([&](const ComputeTimes& t) { return (t.*table)[i]; }));
   typical.attention = over_rounds([](const ComputeTimes& t) { return t.attention; });
   typical.memory_bound = over_rounds([](const ComputeTimes& t) { return t.memory_bound; });
+  return typical;
+}
+
+// The compute times as the machine file's rates: the GEMM fits (with their tables), the largest
+// GEMM's FLOP/s, attention's FLOP/s and the memory-bound ops' bytes per second.
+struct ComputeRates {
+  GemmFit fit32, fit16, fit32b, fit16b;
   nlohmann::json table32 = nlohmann::json::array(), table16 = nlohmann::json::array(),
                  table32b = nlohmann::json::array(), table16b = nlohmann::json::array();
-  const GemmFit fit32 = fit_gemm_times(typical.gemm32, gemm_size, table32);
-  const GemmFit fit16 = fit_gemm_times(typical.gemm16, gemm_size, table16);
-  const GemmFit fit32b = fit_gemm_times(typical.gemm32_backward, gemm_size, table32b);
-  const GemmFit fit16b = fit_gemm_times(typical.gemm16_backward, gemm_size, table16b);
+  double fp32 = 0, bf16 = 0, attention = 0, memory_bound = 0;
+};
+
+ComputeRates compute_rates(const ComputeTimes& typical, int gemm_size) {
+  ComputeRates c;
+  c.fit32 = fit_gemm_times(typical.gemm32, gemm_size, c.table32);
+  c.fit16 = fit_gemm_times(typical.gemm16, gemm_size, c.table16);
+  c.fit32b = fit_gemm_times(typical.gemm32_backward, gemm_size, c.table32b);
+  c.fit16b = fit_gemm_times(typical.gemm16_backward, gemm_size, c.table16b);
   const double g = double(gemm_size);
-  const double fp32 = 2 * g * g * g / typical.gemm32.back();
-  const double bf16 = 2 * g * g * g / typical.gemm16.back();
+  c.fp32 = 2 * g * g * g / typical.gemm32.back();
+  c.bf16 = 2 * g * g * g / typical.gemm16.back();
   // FLOPs of a non-causal attention (4 B T^2 C forward, twice that backward), the count the cost
   // model uses.
-  const double attention = 12.0 * double(kAttB * kAttT * kAttT * kAttC) / typical.attention;
+  c.attention = 12.0 * double(kAttB * kAttT * kAttT * kAttC) / typical.attention;
   // The rate that makes the cost model's byte count of the timed block take the time measured.
-  const double memory_bound =
+  c.memory_bound =
       block_memory_bound_bytes(memory_bound_block(), false, kBlockB, kBlockT, 1, false) /
       typical.memory_bound;
-  const double refill = page_refill_bandwidth(false, seconds);
-  const double huge_refill = page_refill_bandwidth(true, seconds);
+  return c;
+}
+
+// The host's memory and peak: page refills, the per-core peaks times the threads, and a copy's
+// bandwidth.
+struct HostRates {
+  double refill = 0, huge_refill = 0, threads = 0, peak32 = 0, peak16 = 0, bandwidth = 0;
+};
+
+HostRates measure_host(Communicator& world, double seconds) {
+  HostRates h;
+  h.refill = page_refill_bandwidth(false, seconds);
+  h.huge_refill = page_refill_bandwidth(true, seconds);
   world.barrier();
   // MFU divides by the hardware's peak: the FMA (fp32) and dot-product (bf16) probes of a core,
-  // times the threads; the GEMMs' share of it is the efficiency.
-  const double threads = double(omp_get_max_threads());
-  const double peak32 = measure_peak_gflops_per_core(DType::F32) * 1e9 * threads;
-  const double peak16 = measure_peak_gflops_per_core(DType::BF16) * 1e9 * threads;
-  // A probe that lost its core for a moment must not give an efficiency above 1.
-  const double efficiency = std::min(1.0, fp32 / peak32);
+  // times the threads.
+  h.threads = double(omp_get_max_threads());
+  h.peak32 = measure_peak_gflops_per_core(DType::F32) * 1e9 * h.threads;
+  h.peak16 = measure_peak_gflops_per_core(DType::BF16) * 1e9 * h.threads;
   // Memory bandwidth: a 256 MiB copy reads and writes every byte.
   const size_t floats = size_t(64) << 20;
   std::vector<float> src(floats, 1.f), dst(floats, 0.f);
   const double copy_s =
       time_per_call([&] { std::memcpy(dst.data(), src.data(), floats * sizeof(float)); }, seconds);
-  const double bandwidth = 2.0 * double(floats * sizeof(float)) / copy_s;
-  // Links: among the ranks of each node, then among the nodes (the ranks with the same place
-  // in theirs), each measured with all groups at once, as training runs them.
+  h.bandwidth = 2.0 * double(floats * sizeof(float)) / copy_s;
+  return h;
+}
+
+struct Links {
+  nlohmann::json intra, inter;
+  int per_node = 1;
+};
+
+// Links: among the ranks of each node, then among the nodes (the ranks with the same place
+// in theirs), each measured with all groups at once, as training runs them.
+Links measure_links(Communicator& world, double seconds, double memory_bandwidth) {
   auto node = world.split(node_color(), world.rank());
   auto across = world.split(node->rank(), world.rank());
   const nlohmann::json assumed = {
-      {"bandwidth", bandwidth / 2},
+      {"bandwidth", memory_bandwidth / 2},
       {"bandwidth_note",
        "assumed: one rank per node measures no link; half the memory bandwidth (a copy through "
        "shared memory)"},
       {"latency", 5e-6},
       {"latency_note", "assumed: one rank per node measures no link"},
       {"efficiency", 1.0}};
-  const nlohmann::json intra = node->size() > 1 ? measure_link(*node, seconds) : assumed;
-  nlohmann::json inter = across->size() > 1 ? measure_link(*across, seconds) : intra;
+  Links l;
+  l.intra = node->size() > 1 ? measure_link(*node, seconds) : assumed;
+  l.inter = across->size() > 1 ? measure_link(*across, seconds) : l.intra;
   if (across->size() == 1)
-    inter["note"] = "one node: the same as intra_node (run across hosts to measure it)";
-  const int per_node = node->size();
+    l.inter["note"] = "one node: the same as intra_node (run across hosts to measure it)";
+  l.per_node = node->size();
+  return l;
+}
+
+// The machine file's "device": one rank's share of the host and what it measured.
+nlohmann::json device_json(const ComputeRates& c, const HostRates& h, int per_node) {
   const double phys = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+  // The GEMMs' share of the peak; a probe that lost its core for a moment must not give an
+  // efficiency above 1.
+  const double efficiency = std::min(1.0, c.fp32 / h.peak32);
+  return {{"memory_bytes", int64_t(phys / per_node)},
+          {"memory_note", "measured: physical memory of the host divided by its ranks"},
+          {"memory_bandwidth", h.bandwidth},
+          {"memory_bandwidth_note", "measured: a 256 MiB memcpy on one rank while all copy"},
+          {"peak_flops", {{"fp32", h.peak32}, {"bf16", h.peak16}}},
+          {"peak_flops_note",
+           fmt::format("measured: the per-core FMA / bf16 dot-product peak probe times {} threads; "
+                       "the GEMMs reached {:.3g} (fp32) and {:.3g} (bf16) FLOP/s",
+                       h.threads, c.fp32, c.bf16)},
+          {"gemm_efficiency", efficiency},
+          {"gemm_efficiency_note",
+           "measured fp32 GEMM rate / fp32 peak; used only where device.gemm has no fit"},
+          {"gemm",
+           {{"fp32", gemm_json(c.fit32, c.table32, c.fit32b, c.table32b)},
+            {"bf16", gemm_json(c.fit16, c.table16, c.fit16b, c.table16b)}}},
+          {"gemm_note",
+           "measured: the GEMMs of `table` (row-major, M x K times K x N) fitted as "
+           "2MNK / rate + element_s (MK + KN + MN) + call_s (least squares of relative errors); "
+           "backward: the same shapes' input- and weight-gradient GEMMs together, fitted alike"},
+          {"attention_flops", c.attention},
+          {"attention_flops_note",
+           "measured: trellis's causal attention forward + backward (2 x 256 tokens, 6 heads of "
+           "64) as FLOP/s of 12 B T^2 C"},
+          {"elementwise_bandwidth", c.memory_bound},
+          {"elementwise_bandwidth_note",
+           "measured: a GPT-2 block's memory-bound ops forward + backward (8 x 256 tokens, width "
+           "384, MLP 1536) as the planner's bytes for them (6x the kept activations, without "
+           "attention's probabilities) per second"},
+          {"page_refill_bandwidth", h.refill},
+          {"huge_page_refill_bandwidth", h.huge_refill},
+          {"page_refill_bandwidth_note",
+           "measured: writing 64 MiB of released 4 KiB pages (huge_: 2 MiB pages), beyond "
+           "writing resident ones"}};
+}
+
+}  // namespace
+
+nlohmann::json calibrate_machine(Communicator& world, int gemm_size, double seconds, int rounds) {
+  TRELLIS_REQUIRE(gemm_size >= 16 && gemm_size <= 16384, "--gemm-size must be in [16, 16384]");
+  TRELLIS_REQUIRE(seconds > 0 && seconds <= 60, "--seconds must be in (0, 60]");
+  TRELLIS_REQUIRE(rounds >= 1 && rounds <= 20, "--rounds must be in [1, 20]");
+  const ComputeRates compute =
+      compute_rates(typical_compute(world, gemm_size, seconds, rounds), gemm_size);
+  const HostRates host_rates = measure_host(world, seconds);
+  const Links links = measure_links(world, seconds, host_rates.bandwidth);
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
   const std::time_t now = std::time(nullptr);
   char date[32];
   std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  nlohmann::json j = {
-      {"name", fmt::format("{} ({} ranks, {} per node, measured by trellis calibrate)", host, ranks,
-                           per_node)},
-      {"sources",
-       {{"measured", fmt::format("trellis calibrate on {} at {}: {}x{} GEMMs, a 256 MiB copy, "
-                                 "collectives of 1 KiB to 64 MiB; compute: the median of {} "
-                                 "rounds",
-                                 host, date, gemm_size, gemm_size, rounds)}}},
-      {"devices_per_node", per_node},
-      {"device",
-       {{"memory_bytes", int64_t(phys / per_node)},
-        {"memory_note", "measured: physical memory of the host divided by its ranks"},
-        {"memory_bandwidth", bandwidth},
-        {"memory_bandwidth_note", "measured: a 256 MiB memcpy on one rank while all copy"},
-        {"peak_flops", {{"fp32", peak32}, {"bf16", peak16}}},
-        {"peak_flops_note",
-         fmt::format("measured: the per-core FMA / bf16 dot-product peak probe times {} threads; "
-                     "the GEMMs reached {:.3g} (fp32) and {:.3g} (bf16) FLOP/s",
-                     threads, fp32, bf16)},
-        {"gemm_efficiency", efficiency},
-        {"gemm_efficiency_note",
-         "measured fp32 GEMM rate / fp32 peak; used only where device.gemm has no fit"},
-        {"gemm",
-         {{"fp32", gemm_json(fit32, table32, fit32b, table32b)},
-          {"bf16", gemm_json(fit16, table16, fit16b, table16b)}}},
-        {"gemm_note",
-         "measured: the GEMMs of `table` (row-major, M x K times K x N) fitted as "
-         "2MNK / rate + element_s (MK + KN + MN) + call_s (least squares of relative errors); "
-         "backward: the same shapes' input- and weight-gradient GEMMs together, fitted alike"},
-        {"attention_flops", attention},
-        {"attention_flops_note",
-         "measured: trellis's causal attention forward + backward (2 x 256 tokens, 6 heads of "
-         "64) as FLOP/s of 12 B T^2 C"},
-        {"elementwise_bandwidth", memory_bound},
-        {"elementwise_bandwidth_note",
-         "measured: a GPT-2 block's memory-bound ops forward + backward (8 x 256 tokens, width "
-         "384, MLP 1536) as the planner's bytes for them (6x the kept activations, without "
-         "attention's probabilities) per second"},
-        {"page_refill_bandwidth", refill},
-        {"huge_page_refill_bandwidth", huge_refill},
-        {"page_refill_bandwidth_note",
-         "measured: writing 64 MiB of released 4 KiB pages (huge_: 2 MiB pages), beyond "
-         "writing resident ones"}}},
-      {"intra_node", intra},
-      {"inter_node", inter}};
-  return j;
+  return {{"name", fmt::format("{} ({} ranks, {} per node, measured by trellis calibrate)", host,
+                               world.size(), links.per_node)},
+          {"sources",
+           {{"measured", fmt::format("trellis calibrate on {} at {}: {}x{} GEMMs, a 256 MiB copy, "
+                                     "collectives of 1 KiB to 64 MiB; compute: the median of {} "
+                                     "rounds",
+                                     host, date, gemm_size, gemm_size, rounds)}}},
+          {"devices_per_node", links.per_node},
+          {"device", device_json(compute, host_rates, links.per_node)},
+          {"intra_node", links.intra},
+          {"inter_node", links.inter}};
 }
 
 }  // namespace trellis

@@ -13,20 +13,9 @@
 #include "trellis/model/config.h"
 #include "trellis/model/model_chunk.h"
 #include "trellis/parallel/pipeline/schedule.h"
+#include "trellis/plan/run_shape.h"
 
 namespace trellis {
-
-struct RunShape {
-  ModelConfig model;
-  int dp = 1, tp = 1, pp = 1, virtual_stages = 1, zero = 0;
-  bool sequence_parallel = false;
-  Recompute recompute = Recompute::None;
-  ScheduleKind schedule = ScheduleKind::OneFOneB;
-  std::vector<int> layer_split;  // empty: balanced
-  int64_t micro_batch = 1, seq_len = 1, accum = 1;
-  std::string optimizer = "adamw";
-  DType compute = DType::F32;
-};
 
 struct RankMemory {
   int rank = 0, dp_rank = 0, tp_rank = 0, pp_rank = 0;

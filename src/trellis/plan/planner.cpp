@@ -58,7 +58,8 @@ std::vector<Mesh> meshes(const ModelConfig& m, int world, int64_t batch) {
 }  // namespace
 
 namespace {
-// False for a layout the model's split refuses (e.g. a vocabulary tp does not divide).
+// False for a layout the trainer refuses (check_run_shape, e.g. sequence parallelism with seq_len
+// not divisible by tp) or the model's split does (e.g. a vocabulary tp does not divide).
 bool try_memory(const PlanRequest& req, const Layout& l, RankMemory& out) {
   try {
     out = layout_memory(req, l);
@@ -115,6 +116,7 @@ std::vector<Layout> enumerate_layouts(const ModelConfig& model, int world, int64
 
 RankMemory layout_memory(const PlanRequest& req, const Layout& layout) {
   const RunShape run = run_shape(req, layout);
+  check_run_shape(run);
   RankMemory worst;
   bool first = true;
   for (int r = 0; r < layout.pp; ++r) {
@@ -153,7 +155,7 @@ std::string why_slower(const Candidate& c, const Candidate& best) {
 }
 
 Plan make_plan(const PlanRequest& req, const Machine& machine) {
-  TRELLIS_REQUIRE(req.world >= 1, "--world must be positive");
+  TRELLIS_REQUIRE(req.world >= 1 && req.world <= 65536, "--world must be in [1, 65536]");
   TRELLIS_REQUIRE(req.ranks_per_node >= 1, "--ranks-per-node must be positive");
   TRELLIS_REQUIRE(req.batch >= 1 && req.seq_len >= 1,
                   "--batch-size and --seq-len must be positive");
@@ -162,8 +164,6 @@ Plan make_plan(const PlanRequest& req, const Machine& machine) {
                   req.model.block_size);
   Plan plan;
   for (const Layout& l : enumerate_layouts(req.model, req.world, req.batch)) {
-    // The trainer splits the sequence over tp for sequence parallelism.
-    if (l.sequence_parallel && req.seq_len % l.tp != 0) continue;
     Candidate c;
     c.layout = l;
     if (!try_memory(req, l, c.memory)) continue;

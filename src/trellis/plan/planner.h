@@ -44,6 +44,7 @@ struct Plan {
 std::vector<Layout> enumerate_layouts(const ModelConfig& model, int world, int64_t batch);
 
 // The worst rank's memory of a layout (every pipeline stage, data- and tensor-parallel rank 0).
+// Input error for a layout the trainer refuses (check_run_shape).
 RankMemory layout_memory(const PlanRequest& req, const Layout& layout);
 
 Plan make_plan(const PlanRequest& req, const Machine& machine);

@@ -25,8 +25,7 @@ int ranks_per_node(int world) {
 
 }  // namespace
 
-TrainConfig choose_auto_layout(TrainConfig cfg, const ModelConfig& model, int64_t seq_len,
-                               Communicator& world) {
+TrainConfig choose_auto_layout(TrainConfig cfg, const RunData& data, Communicator& world) {
   const TrainConfig plain;
   const char* given = cfg.dp != plain.dp                   ? "dp"
                       : cfg.tp != plain.tp                 ? "tp"
@@ -53,11 +52,11 @@ TrainConfig choose_auto_layout(TrainConfig cfg, const ModelConfig& model, int64_
     machine = parse_machine(calibrate_machine(world, 512, 0.05, 1), "this machine (calibrated)");
   }
   PlanRequest req;
-  req.model = model;
+  req.model = data.model;
   req.world = world.size();
   req.ranks_per_node = ranks_per_node(world.size());
   req.batch = cfg.batch_size;
-  req.seq_len = seq_len;
+  req.seq_len = data.T;
   req.precision = choose_precision(cfg.precision).compute == DType::BF16 ? "bf16" : "fp32";
   req.optimizer = cfg.optim.name;
   float choice[9] = {};  // dp tp pp virtual schedule zero recompute sp micro (exact as floats)

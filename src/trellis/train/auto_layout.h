@@ -4,8 +4,8 @@
 // start (plan/calibrate, about two seconds).
 #include <cstdint>
 
-#include "trellis/model/config.h"
 #include "trellis/train/config.h"
+#include "trellis/train/run_data.h"
 
 namespace trellis {
 
@@ -13,9 +13,9 @@ class Communicator;
 
 // Collective. Returns cfg with dp, tp, pp, schedule, virtual stages, ZeRO, recompute, sequence
 // parallelism and micro-batch set to the plan's first layout, chosen on rank 0 and broadcast
-// (each rank's own calibration differs a little). Input errors: any of those also given, or no
-// layout that fits (with the smallest world that would).
-TrainConfig choose_auto_layout(TrainConfig cfg, const ModelConfig& model, int64_t seq_len,
-                               Communicator& world);
+// (each rank's own calibration differs a little), for data's model and sequence length (the
+// run's data, loaded once). Input errors: any of those also given, or no layout that fits (with
+// the smallest world that would). The choice then goes through validate_run like any layout.
+TrainConfig choose_auto_layout(TrainConfig cfg, const RunData& data, Communicator& world);
 
 }  // namespace trellis

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -43,7 +44,9 @@
 #include "trellis/train/checkpointing.h"
 #include "trellis/train/fault.h"
 #include "trellis/train/metrics.h"
+#include "trellis/train/run_data.h"
 #include "trellis/train/trace.h"
+#include "trellis/train/validate_run.h"
 
 namespace trellis {
 
@@ -67,23 +70,6 @@ int64_t peak_rss_bytes() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
   return int64_t(ru.ru_maxrss) * 1024;
-}
-
-// "3,1,2" -> {3, 1, 2}.
-std::vector<int> parse_layer_split(const std::string& text) {
-  std::vector<int> out;
-  size_t pos = 0;
-  while (pos < text.size()) {
-    const size_t comma = std::min(text.find(',', pos), text.size());
-    const std::string item = text.substr(pos, comma - pos);
-    char* end = nullptr;
-    const long v = std::strtol(item.c_str(), &end, 10);
-    TRELLIS_REQUIRE(!item.empty() && *end == '\0' && v >= 1,
-                    "layer_split: '{}' is not a positive layer count (e.g. layer_split=3,1)", item);
-    out.push_back(int(v));
-    pos = comma + 1;
-  }
-  return out;
 }
 
 // Sum of squared gradients of the owned ranges (grads compact), counting parameters that are
@@ -120,45 +106,37 @@ struct StepStats {
   double start = 0.0;  // seconds from the process's start to the step's start
 };
 
-// The run as the memory plan sees it, for dp data-parallel ranks and the GEMM precision compute
-// (batch_size and micro_batch_size already checked against dp).
-RunShape run_shape(const TrainConfig& cfg, const ModelConfig& model, int64_t T, int dp,
-                   DType compute) {
-  RunShape run;
-  run.model = model;
-  run.tp = cfg.tp;
-  run.pp = cfg.pp;
-  run.dp = dp;
-  run.virtual_stages = cfg.virtual_stages;
-  run.zero = cfg.zero;
-  run.sequence_parallel = cfg.sequence_parallel && cfg.tp > 1;
-  run.recompute = parse_recompute(cfg.recompute);
-  run.schedule = parse_schedule(cfg.schedule);
-  run.layer_split = parse_layer_split(cfg.layer_split);
-  run.seq_len = T;
-  const int64_t per_rank = cfg.batch_size / dp;
-  run.micro_batch = cfg.micro_batch_size > 0 ? cfg.micro_batch_size : per_rank;
-  run.accum = per_rank / run.micro_batch;
-  run.optimizer = cfg.optim.name;
-  run.compute = compute;
-  return run;
-}
-
 // One rank's part of a training run: the model chunks of its pipeline stage (its tensor-parallel
 // slices), the optimizer over its data-parallel shard, and the strategies that tie them together.
 // Each step is forward_backward_step, then optimizer_step; evaluate and save run between steps.
 class Trainer {
  public:
-  Trainer(TrainConfig cfg, Communicator& world);
+  // data and shape: load_run_data and validate_run of cfg on this world.
+  Trainer(TrainConfig cfg, Communicator& world, RunData data, const RunShape& shape);
   int run();
 
  private:
-  // The data (token corpus or task examples), the model config it implies, and T.
-  void load_data();
+  // The constructor's steps, in order.
+  // The data (token corpus or task examples), the model config and T it implies, and the
+  // shape's numbers kept at hand.
+  void take_run(RunData data);
+  // The keys that are not the run's shape, checked before any work.
+  void check_other_keys() const;
+  // Communication timeouts, OpenMP threads, and the GEMM precision every rank can run.
+  void set_up_rank();
+  // This rank's pipeline chunks, its parameter layout, the data-parallel strategy and the
+  // optimizer.
+  void build_layout_and_strategies();
   void build_pipeline_chunks();
   void check_memory_plan() const;
   void load_or_init();
   void check_replicas_agree();
+  void set_up_checkpointing();
+  // The model chunks over the flat buffers, the pipeline that runs them and the tied weights.
+  void build_chunks();
+  void set_up_batches_and_logging();
+  // The FLOPs of a step and the peak MFU divides them by.
+  void set_up_mfu();
   void print_header() const;
   // Forward and backward of every micro-batch of the global batch step, gradients summed over
   // the whole mesh. Returns the loss on every rank.
@@ -181,11 +159,11 @@ class Trainer {
 
   TrainConfig cfg_;
   Communicator& world_;
+  RunShape shape_;  // validated; compute is the precision all ranks agreed on
   Mesh mesh_;
   bool lead_;
-  int threads_, V_;
+  int threads_;
   DType compute_ = DType::F32;  // the GEMM precision
-  ScheduleKind schedule_;
   // TRELLIS_TEST_DROPOUT_PLANT=1 (tests only): each rank mixes its world rank into the dropout
   // seed, a layout-dependent mask the layout-equivalence tests must catch. 0 otherwise.
   uint64_t dropout_plant_ = 0;
@@ -196,7 +174,7 @@ class Trainer {
   nlohmann::json resumed_best_;     // the tracker's state in the checkpoint resumed from
   TokenizerInfo tokenizer_;
   ModelConfig mc_;
-  int64_t T_, G_, per_rank_, b_, accum_;
+  int64_t T_, G_, per_rank_;  // shape_.seq_len, the global batch, its share per dp rank
   std::vector<PipeOp> step_ops_;
   StageSpec stage_;
   std::vector<StageSpec> chunks_;
@@ -220,29 +198,41 @@ class Trainer {
   Clock::time_point run_start_, loop_start_;
 };
 
-Trainer::Trainer(TrainConfig cfg, Communicator& world)
+Trainer::Trainer(TrainConfig cfg, Communicator& world, RunData data, const RunShape& shape)
     : cfg_(std::move(cfg)),
       world_(world),
-      mesh_(world, {cfg_.dp, cfg_.tp, cfg_.pp}),
+      shape_(shape),
+      mesh_(world, {shape.dp, shape.tp, shape.pp}),
       lead_(world.rank() == 0),
       run_start_(Clock::now()) {
-  schedule_ = parse_schedule(cfg_.schedule);
-  if (const char* plant = std::getenv("TRELLIS_TEST_DROPOUT_PLANT"); plant && *plant == '1')
-    dropout_plant_ = uint64_t(world.rank()) * 0x9E3779B97F4A7C15ull;
+  take_run(std::move(data));
+  check_other_keys();
+  set_up_rank();
+  build_layout_and_strategies();
+  load_or_init();
+  check_replicas_agree();
+  set_up_checkpointing();
+  build_chunks();
+  set_up_batches_and_logging();
+  set_up_mfu();
+  mem_bytes_ = dp_sync_->resident_bytes() + int64_t(optimizer_->state_bytes());
+  print_header();
+}
+
+void Trainer::check_other_keys() const {
   // The learning-rate schedule's keys, checked before any work rather than at the first step.
   learning_rate(cfg_.optim, 1, cfg_.steps);
-  V_ = cfg_.virtual_stages;
-  TRELLIS_REQUIRE(V_ >= 1, "virtual_stages must be >= 1");
-  TRELLIS_REQUIRE(V_ == 1 || schedule_ == ScheduleKind::Interleaved,
-                  "virtual_stages={} needs --schedule interleaved", V_);
-  TRELLIS_REQUIRE(cfg_.zero >= 0 && cfg_.zero <= 3, "zero must be 0, 1, 2 or 3 (got {})",
-                  cfg_.zero);
-  // ZeRO-2/3 reduce (and ZeRO-3 gathers) per block inside each micro-batch's backward; a
-  // pipeline interleaves micro-batches across stages. DeepSpeed refuses the same combination.
-  TRELLIS_REQUIRE(cfg_.zero <= 1 || cfg_.pp == 1,
-                  "zero {} with pipeline parallelism (pp {}) is not supported: use zero 1 with "
-                  "pp, or zero 2/3 with dp and tp",
-                  cfg_.zero, cfg_.pp);
+  TRELLIS_REQUIRE(cfg_.steps >= 0, "steps must be >= 0");
+  TRELLIS_REQUIRE(!task_ || !cfg_.document_mask,
+                  "document_mask applies to language-model token shards, not to task data");
+  TRELLIS_REQUIRE(cfg_.val_batches >= 0, "val_batches must be >= 0");
+  TRELLIS_REQUIRE(cfg_.peak_gflops_per_core >= 0.0, "peak_gflops_per_core must be >= 0 (got {})",
+                  cfg_.peak_gflops_per_core);
+}
+
+void Trainer::set_up_rank() {
+  if (const char* plant = std::getenv("TRELLIS_TEST_DROPOUT_PLANT"); plant && *plant == '1')
+    dropout_plant_ = uint64_t(world_.rank()) * 0x9E3779B97F4A7C15ull;
   for (Communicator* c : {&world_, &mesh_.dp_comm(), &mesh_.tp_comm(), &mesh_.pp_comm()})
     c->set_timeout(cfg_.comm_timeout);
   threads_ = cfg_.threads > 0 ? cfg_.threads : default_threads_per_rank();
@@ -252,39 +242,28 @@ Trainer::Trainer(TrainConfig cfg, Communicator& world)
   double fp32_somewhere = precision.compute == DType::F32 ? 1.0 : 0.0;
   world_.all_reduce_max(&fp32_somewhere, 1);
   compute_ = fp32_somewhere > 0.0 ? DType::F32 : DType::BF16;
+  shape_.compute = compute_;
   if (lead_ && !precision.notice.empty())
     fmt::print(stderr, "trellis: {}\n", precision.notice);
   else if (lead_ && precision.compute == DType::BF16 && compute_ == DType::F32 &&
            cfg_.precision == "bf16")
-    fmt::print(stderr, "trellis: precision bf16 needs AVX512-BF16 on every rank, and another "
-                       "rank's CPU lacks it: running in fp32\n");
+    fmt::print(stderr,
+               "trellis: precision bf16 needs AVX512-BF16 on every rank, and another "
+               "rank's CPU lacks it: running in fp32\n");
+}
 
-  load_data();
-  TRELLIS_REQUIRE(!cfg_.sequence_parallel || T_ % mesh_.tp() == 0,
-                  "sequence parallelism needs seq_len {} divisible by tp={}", T_, mesh_.tp());
-  const int dp = mesh_.dp();
-  G_ = cfg_.batch_size;
-  TRELLIS_REQUIRE(G_ >= 1 && G_ % dp == 0, "batch_size {} is not a positive multiple of dp={}", G_,
-                  dp);
-  per_rank_ = G_ / dp;
-  b_ = cfg_.micro_batch_size > 0 ? cfg_.micro_batch_size : per_rank_;
-  TRELLIS_REQUIRE(
-      per_rank_ % b_ == 0,
-      "micro_batch_size {} does not divide the per-rank batch {} (batch_size {} / dp {})", b_,
-      per_rank_, G_, dp);
-  accum_ = per_rank_ / b_;
-  TRELLIS_REQUIRE(cfg_.steps >= 0, "steps must be >= 0");
-
+void Trainer::build_layout_and_strategies() {
   build_pipeline_chunks();
   // This rank's tensor-parallel slices of its pipeline stage.
   layout_ = std::make_unique<ParamLayout>(mc_, mesh_.tp(), mesh_.tp_rank(), &stage_);
   n_ = layout_->size();
-  dp_sync_ = make_data_parallel_sync(mesh_.dp_comm(), zero_stage(cfg_.zero), *layout_,
+  dp_sync_ = make_data_parallel_sync(mesh_.dp_comm(), zero_stage(shape_.zero), *layout_,
                                      size_t(cfg_.bucket_mb * 1024 * 1024));
   optimizer_ = std::make_unique<Optimizer>(cfg_.optim, *layout_, dp_sync_->owned());
   check_memory_plan();
-  load_or_init();
-  check_replicas_agree();
+}
+
+void Trainer::set_up_checkpointing() {
   checkpointer_ = std::make_unique<Checkpointer>(world_, cfg_.out, cfg_.async_save);
   checkpointer_->on_commit = [this](int64_t step, const std::string& dir, double write_s) {
     if (!lead_) return;
@@ -297,26 +276,26 @@ Trainer::Trainer(TrainConfig cfg, Communicator& world)
   checkpointer_->reserve(owned_state());
   // ZeRO-2/3 keep their shards (or, resumed, gather the rest from them); ZeRO-3 frees the blocks.
   dp_sync_->adopt_params(!params_compact_);
+}
 
+void Trainer::build_chunks() {
   tp_ = std::make_unique<TensorParallel>(&mesh_.tp_comm(), cfg_.sequence_parallel);
   std::vector<ModelChunk*> chunk_models;
   for (const StageSpec& c : chunks_) {
-    models_.push_back(
-        std::make_unique<ModelChunk>(*layout_, dp_sync_->params(), dp_sync_->grads(), *tp_, &c,
-                                      compute_));
+    models_.push_back(std::make_unique<ModelChunk>(*layout_, dp_sync_->params(), dp_sync_->grads(),
+                                                   *tp_, &c, compute_));
     if (BlockHooks* hooks = dp_sync_->hooks()) models_.back()->add_block_hooks(*hooks);
     models_.back()->set_label_smoothing(float(cfg_.label_smoothing));
     chunk_models.push_back(models_.back().get());
   }
-  pipe_ = std::make_unique<Pipeline>(mesh_.pp_comm(), chunk_models, b_, T_,
-                                     parse_recompute(cfg_.recompute));
+  pipe_ = std::make_unique<Pipeline>(mesh_.pp_comm(), chunk_models, shape_.micro_batch, T_,
+                                     shape_.recompute);
   tied_ = std::make_unique<TiedWeights>(mesh_.pp_comm(), *layout_, cfg_.comm_timeout);
-  TRELLIS_REQUIRE(!task_ || !cfg_.document_mask,
-                  "document_mask applies to language-model token shards, not to task data");
+}
+
+void Trainer::set_up_batches_and_logging() {
   batches_ = task_ ? make_task_batches(*task_, T_, G_, cfg_.seed, cfg_.shuffle, augment_)
-                   : make_lm_batches(lm_data_, T_, G_, cfg_.seed, cfg_.shuffle,
-                                     cfg_.document_mask);
-  TRELLIS_REQUIRE(cfg_.val_batches >= 0, "val_batches must be >= 0");
+                   : make_lm_batches(lm_data_, T_, G_, cfg_.seed, cfg_.shuffle, cfg_.document_mask);
   for (int i = 0; i < batches_->val_sets(); ++i) val_items_ += val_items_of(i);
   best_ =
       BestTracker(cfg_.keep_best, cfg_.early_stop_patience, mc_.num_classes > 0, val_items_ > 0);
@@ -324,6 +303,9 @@ Trainer::Trainer(TrainConfig cfg, Communicator& world)
   if (lead_)
     log_ = std::make_unique<MetricsLog>(cfg_.out, cfg_.tensorboard,
                                         resumed_from_.empty() ? -1 : start_step_);
+}
+
+void Trainer::set_up_mfu() {
   // An untied input embedding is a lookup: its parameters do no multiply-adds.
   // (A classifier's token embedding is one too; feature inputs have none.)
   const int64_t lookup =
@@ -333,106 +315,31 @@ Trainer::Trainer(TrainConfig cfg, Communicator& world)
   // the precision in use (the largest over the ranks: oversubscribed ranks probe while others
   // run).
   peak_per_core_ = cfg_.peak_gflops_per_core;
-  TRELLIS_REQUIRE(peak_per_core_ >= 0.0, "peak_gflops_per_core must be >= 0 (got {})",
-                  peak_per_core_);
   if (peak_per_core_ == 0.0) {
     peak_per_core_ = measure_peak_gflops_per_core(compute_);
     world_.all_reduce_max(&peak_per_core_, 1);
   }
   peak_flops_ = peak_per_core_ * 1e9 * threads_ * world_.size();
-  mem_bytes_ = dp_sync_->resident_bytes() + int64_t(optimizer_->state_bytes());
-  print_header();
 }
 
-// What a run trains on (a corpus or mixture, or a task's examples) and the model and sequence
-// length that implies.
-struct RunData {
-  Mixture lm;
-  std::unique_ptr<TaskData> task;
-  TokenizerInfo tokenizer;
-  ModelConfig model;
-  int64_t T = 0;
-  Augment augment;
-};
-
-// A SentencePiece run copies its data's tokenizer.model into every checkpoint: read once here,
-// and checked against the vocabulary (and the task's special token) the data was encoded for.
-void load_sentencepiece(TokenizerInfo& info, int vocab_size, int special_token) {
-  const std::string path = (std::filesystem::path(info.dir) / kSentencePieceFile).string();
-  info.model = read_file(path);
-  const auto tok = make_sentencepiece_tokenizer(info.model, path);
-  const SpecialToken want =
-      special_token >= 0 ? task_special_token(*tok) : SpecialToken{-1, tok->vocab_size()};
-  TRELLIS_REQUIRE(want.vocab_size == vocab_size && want.id == special_token,
-                  "{}: a model of {} pieces, which gives vocab_size {} (special token {}), but "
-                  "meta.json beside it says vocab_size {} (special token {})",
-                  path, tok->vocab_size(), want.vocab_size, want.id, vocab_size, special_token);
-  info.vocab = tok->vocab_size();
-  info.dir.clear();  // checkpoints record none: their own copy is the tokenizer
-}
-
-RunData load_run_data(const TrainConfig& cfg) {
-  RunData d;
-  const bool task_dir = !cfg.data.empty() && is_task_dir(cfg.data);
-  const std::string task = task_dir ? read_task_meta(cfg.data).task : "lm";
-  TRELLIS_REQUIRE(cfg.task.empty() || cfg.task == task,
-                  "task {} needs data from `trellis prepare --task {}`; {} holds {}", cfg.task,
-                  cfg.task, cfg.data.empty() ? "the built-in corpus" : cfg.data,
-                  task == "lm" ? "language-model shards" : task + " examples");
-  if (!task_dir) {
-    check_augment(cfg.augment, nullptr, cfg.data);
-    d.lm = cfg.data.empty() ? default_mixture() : load_mixture(cfg.data);
-    d.tokenizer = {d.lm.tokenizer, d.lm.tokenizer_dir};
-    if (d.tokenizer.kind == "sentencepiece") load_sentencepiece(d.tokenizer, d.lm.vocab_size, -1);
-    d.model = cfg.model_config(d.lm.vocab_size);
-    d.T = cfg.seq_len > 0 ? cfg.seq_len : d.model.block_size;
-    TRELLIS_REQUIRE(d.T <= d.model.block_size, "seq_len {} exceeds the model's context length {}", d.T,
-                    d.model.block_size);
-    return d;
-  }
-  d.task = std::make_unique<TaskData>(load_task_data(cfg.data));
-  const TaskMeta& meta = d.task->meta;
-  d.augment = check_augment(cfg.augment, &meta, cfg.data);
-  d.tokenizer = {meta.tokenizer, meta.tokenizer_dir};
-  if (d.tokenizer.kind == "sentencepiece")
-    load_sentencepiece(d.tokenizer, meta.vocab_size, meta.special_token);
-  const bool classify = task == "classify";
-  d.model =
-      cfg.model_config(meta.vocab_size, classify ? int(meta.classes.size()) : 0, meta.feature_dim);
-  TRELLIS_REQUIRE(classify != d.model.encoder_decoder(), "model {}: {} needs {}", cfg.model, task,
-                  classify ? "an encoder or a decoder (encoder-*, gpt2*, llama*), not an "
-                             "encoder-decoder"
-                           : "an encoder-decoder (seq2seq-*, transformer-base, encdec-*)");
-  const int64_t needed = task_seq_len(*d.task);
-  d.T = cfg.seq_len > 0 ? cfg.seq_len : std::min<int64_t>(needed, d.model.block_size);
-  TRELLIS_REQUIRE(d.T <= d.model.block_size, "seq_len {} exceeds the model's context length {}", d.T,
-                  d.model.block_size);
-  TRELLIS_REQUIRE(classify || needed <= d.T,
-                  "{}: the longest translation pair needs {} positions (with its end token), more "
-                  "than seq_len {}; raise seq_len (and block_size) or prepare with a smaller "
-                  "--max-len",
-                  cfg.data, needed, d.T);
-  TRELLIS_REQUIRE(meta.feature_dim == 0 || needed <= d.T,
-                  "{}: images have {} patches, more than seq_len {}", cfg.data, needed, d.T);
-  return d;
-}
-
-void Trainer::load_data() {
-  RunData d = load_run_data(cfg_);
-  lm_data_ = std::move(d.lm);
-  task_ = std::move(d.task);
-  augment_ = d.augment;
-  tokenizer_ = d.tokenizer;
-  mc_ = d.model;
-  T_ = d.T;
+void Trainer::take_run(RunData data) {
+  lm_data_ = std::move(data.lm);
+  task_ = std::move(data.task);
+  augment_ = data.augment;
+  tokenizer_ = data.tokenizer;
+  mc_ = data.model;
+  T_ = data.T;
+  G_ = cfg_.batch_size;
+  per_rank_ = G_ / shape_.dp;
 }
 
 // Pipeline: pp * V model chunks, chunk g on pipeline rank g % pp. The schedule is built now so that
 // impossible combinations are refused before any work.
 void Trainer::build_pipeline_chunks() {
   const int pp = mesh_.pp(), pp_rank = mesh_.pp_rank();
-  RankChunks mine = rank_chunks(mc_, pp, V_, parse_layer_split(cfg_.layer_split), pp_rank);
-  step_ops_ = build_schedule(schedule_, pp, pp_rank, int(accum_), V_);
+  RankChunks mine = rank_chunks(mc_, pp, shape_.virtual_stages, shape_.layer_split, pp_rank);
+  step_ops_ =
+      build_schedule(shape_.schedule, pp, pp_rank, int(shape_.accum), shape_.virtual_stages);
   stage_ = std::move(mine.stage);
   chunks_ = std::move(mine.chunks);
 }
@@ -440,8 +347,8 @@ void Trainer::build_pipeline_chunks() {
 // --dry-run and the planner size this rank from the sizes alone (train/memory_plan); the
 // optimizer state they count follows ZeRO's shard arithmetic, which must be what this rank owns.
 void Trainer::check_memory_plan() const {
-  const RankMemory plan = predict_rank_memory(run_shape(cfg_, mc_, T_, mesh_.dp(), compute_),
-                                              mesh_.pp_rank(), mesh_.dp_rank(), mesh_.tp_rank());
+  const RankMemory plan =
+      predict_rank_memory(shape_, mesh_.pp_rank(), mesh_.dp_rank(), mesh_.tp_rank());
   TRELLIS_CHECK(int64_t(optimizer_->state_bytes()) == plan.optimizer,
                 "the memory plan counts {} bytes of optimizer state on this rank, the optimizer "
                 "holds {}",
@@ -558,10 +465,12 @@ void Trainer::print_header() const {
       "x {} tokens = {} per rank x {} micro-batches of {}{}\n",
       world_.size(), mesh_.dp(), mesh_.tp(), tp_->sequence_parallel() ? " + sequence parallel" : "",
       pp,
-      pp > 1 ? fmt::format(" {}{}", schedule_name(schedule_), V_ > 1 ? fmt::format(" x{}", V_) : "")
-             : "",
-      cfg_.zero, threads_, precision_name(compute_), G_, T_, per_rank_, accum_, b_,
-      resumed_from_.empty() ? "" : " | resumed from " + resumed_from_);
+      pp > 1
+          ? fmt::format(" {}{}", schedule_name(shape_.schedule),
+                        shape_.virtual_stages > 1 ? fmt::format(" x{}", shape_.virtual_stages) : "")
+          : "",
+      cfg_.zero, threads_, precision_name(compute_), G_, T_, per_rank_, shape_.accum,
+      shape_.micro_batch, resumed_from_.empty() ? "" : " | resumed from " + resumed_from_);
   // Next-token targets are inputs an encoder sees (bidirectionally, or through cross-attention).
   if (!task_ && (!mc_.causal || mc_.encoder_decoder()))
     fmt::print(
@@ -579,12 +488,13 @@ StepStats Trainer::forward_backward_step(int64_t step) {
   const int64_t targets = batches_->step_targets(step - 1);
   const float grad_scale = 1.0f / float(targets);
   auto load = [&](int k, Context& ctx) {
-    const int64_t first = mesh_.dp_rank() * per_rank_ + k * b_;  // in the global batch
-    batches_->fill(step - 1, first, b_, ctx);
+    const int64_t first =
+        mesh_.dp_rank() * per_rank_ + k * shape_.micro_batch;  // in the global batch
+    batches_->fill(step - 1, first, shape_.micro_batch, ctx);
     // Dropout masks address the global step and sequences (invariant 6), never the rank; the
     // planted key of dropout_test_plant is the exception that the layout tests must reject.
     ctx.dropout = {true, cfg_.seed ^ dropout_plant_, step - 1, first};
-    return b_;
+    return shape_.micro_batch;
   };
   // Without a pipeline, buckets are reduced while backward still runs (chunks finish in layout
   // order); with one, after the schedule.
@@ -668,7 +578,7 @@ int64_t Trainer::val_items_of(int set) {
 }
 
 EvalResult Trainer::evaluate_set(int64_t items) {
-  const int64_t b = b_;
+  const int64_t b = shape_.micro_batch;
   const int64_t lo = items * mesh_.dp_rank() / mesh_.dp();
   const int64_t hi = items * (mesh_.dp_rank() + 1) / mesh_.dp();
   const int micro = int((hi - lo + b - 1) / b);
@@ -686,7 +596,8 @@ EvalResult Trainer::evaluate_set(int64_t items) {
       for (int64_t r = 0; r < rows && K > 0; ++r)
         counts[size_t(ctx.labels[size_t(r)] * K + ctx.predictions[size_t(r)])] += 1.0;
     };
-    sum = pipe_->run(forward_schedule(micro, V_), load, 0.0f, {}, collect).loss_sum;
+    sum = pipe_->run(forward_schedule(micro, shape_.virtual_stages), load, 0.0f, {}, collect)
+              .loss_sum;
   }
   counts.push_back(sum);
   mesh_.pp_comm().all_reduce_sum(counts.data(), int64_t(counts.size()));
@@ -800,9 +711,12 @@ std::string Trainer::save(int64_t step, const std::string& name) {
              // paths and config values are bytes, not necessarily UTF-8: replaced, not refused
              {"state.json", state.dump(2, ' ', false, nlohmann::json::error_handler_t::replace)}};
   if (lead_ && !tokenizer_.model.empty()) files.emplace_back(kSentencePieceFile, tokenizer_.model);
-  const nlohmann::json layout = {{"world", world_.size()}, {"dp", mesh_.dp()},
-                                 {"tp", mesh_.tp()},       {"pp", mesh_.pp()},
-                                 {"virtual_stages", V_},   {"zero", cfg_.zero}};
+  const nlohmann::json layout = {{"world", world_.size()},
+                                 {"dp", mesh_.dp()},
+                                 {"tp", mesh_.tp()},
+                                 {"pp", mesh_.pp()},
+                                 {"virtual_stages", shape_.virtual_stages},
+                                 {"zero", cfg_.zero}};
   const double stall = checkpointer_->save(step, *layout_, owned_state(), files,
                                            {{"step", step}, {"layout", layout}}, name);
   if (lead_) {
@@ -841,28 +755,29 @@ void Trainer::log_step(int64_t step, const StepStats& st) {
   world_.all_reduce_max(mem, 3);
   if (!lead_) return;
   const double tokens_per_s = double(G_ * T_) / st.seconds;
-  log_->write({{"step", step},
-               {"loss", st.loss},
-               {"lr", st.lr},
-               {"grad_norm", st.grad_norm},
-               {"tokens_per_s", tokens_per_s},
-               {"mfu", step_flops_ / st.seconds / peak_flops_},
-               {"step_ms", st.seconds * 1e3},
-               {"start_s", st.start},
-               {"compute_ms", (st.seconds - st.comm_exposed - st.tp_comm) * 1e3},
-               {"comm_exposed_ms", st.comm_exposed * 1e3},
-               {"tp_comm_ms", st.tp_comm * 1e3},
-               {"mem_bytes", mem_bytes_},
-               {"mem_bytes_max", mem[0]},
-               {"peak_rss_bytes", peak_rss_bytes()},
-               {"peak_rss_bytes_max", mem[1]},
-               {"alloc_peak_bytes", alloc_peak},
-               {"alloc_peak_bytes_max", mem[2]},
-               {"bubble", st.bubble},
-               {"bubble_theory", theoretical_bubble(mesh_.pp(), int(accum_), V_)},
-               {"peak_micro_batches", st.peak_micro},
-               {"activation_bytes", pipe_->activation_bytes()}},
-              "train");
+  log_->write(
+      {{"step", step},
+       {"loss", st.loss},
+       {"lr", st.lr},
+       {"grad_norm", st.grad_norm},
+       {"tokens_per_s", tokens_per_s},
+       {"mfu", step_flops_ / st.seconds / peak_flops_},
+       {"step_ms", st.seconds * 1e3},
+       {"start_s", st.start},
+       {"compute_ms", (st.seconds - st.comm_exposed - st.tp_comm) * 1e3},
+       {"comm_exposed_ms", st.comm_exposed * 1e3},
+       {"tp_comm_ms", st.tp_comm * 1e3},
+       {"mem_bytes", mem_bytes_},
+       {"mem_bytes_max", mem[0]},
+       {"peak_rss_bytes", peak_rss_bytes()},
+       {"peak_rss_bytes_max", mem[1]},
+       {"alloc_peak_bytes", alloc_peak},
+       {"alloc_peak_bytes_max", mem[2]},
+       {"bubble", st.bubble},
+       {"bubble_theory", theoretical_bubble(mesh_.pp(), int(shape_.accum), shape_.virtual_stages)},
+       {"peak_micro_batches", st.peak_micro},
+       {"activation_bytes", pipe_->activation_bytes()}},
+      "train");
   if (!cfg_.quiet && (step % std::max<int64_t>(1, cfg_.log_every) == 0 || step == cfg_.steps)) {
     const double eta =
         seconds_since(loop_start_) / double(step - start_step_) * double(cfg_.steps - step);
@@ -954,23 +869,9 @@ int dry_run(const TrainConfig& cfg, bool json) {
                   "--dry-run predicts the layout given; for layout auto, `trellis plan` shows "
                   "every layout and which one auto takes");
   const RunData data = load_run_data(cfg);
-  const int dp = cfg.dp > 0 ? cfg.dp : 1;
-  TRELLIS_REQUIRE(cfg.zero >= 0 && cfg.zero <= 3, "zero must be 0, 1, 2 or 3 (got {})", cfg.zero);
-  TRELLIS_REQUIRE(cfg.zero <= 1 || cfg.pp == 1,
-                  "zero {} with pipeline parallelism (pp {}) is not supported", cfg.zero, cfg.pp);
-  // Parsed here so that a bad name is refused before the batch checks, as it always was.
-  parse_recompute(cfg.recompute);
-  parse_schedule(cfg.schedule);
-  parse_layer_split(cfg.layer_split);
-  TRELLIS_REQUIRE(cfg.batch_size >= 1 && cfg.batch_size % dp == 0,
-                  "batch_size {} is not a positive multiple of dp={}", cfg.batch_size, dp);
-  const int64_t per_rank = cfg.batch_size / dp;
-  const int64_t micro_batch = cfg.micro_batch_size > 0 ? cfg.micro_batch_size : per_rank;
-  TRELLIS_REQUIRE(per_rank % micro_batch == 0,
-                  "micro_batch_size {} does not divide the per-rank batch {}", micro_batch,
-                  per_rank);
-  const RunShape run =
-      run_shape(cfg, data.model, data.T, dp, choose_precision(cfg.precision).compute);
+  // One process predicts every rank of the layout cfg names (dp 0: one replica).
+  const int64_t world = int64_t(cfg.dp > 0 ? cfg.dp : 1) * cfg.tp * cfg.pp;
+  const RunShape run = validate_run(cfg, int(std::clamp<int64_t>(world, 0, INT_MAX)), data);
   const std::vector<RankMemory> ranks = predict_memory(run);
   if (json) {
     nlohmann::json out = nlohmann::json::array();
@@ -1011,11 +912,10 @@ int dry_run(const TrainConfig& cfg, bool json) {
 int run_training(TrainConfig cfg, Communicator& world) {
   TRELLIS_REQUIRE(cfg.layout.empty() || cfg.layout == "auto",
                   "layout must be auto or empty, not '{}'", cfg.layout);
-  if (cfg.layout == "auto") {
-    const RunData data = load_run_data(cfg);
-    cfg = choose_auto_layout(std::move(cfg), data.model, data.T, world);
-  }
-  Trainer trainer(std::move(cfg), world);
+  RunData data = load_run_data(cfg);  // once: layout auto plans for its model and seq_len
+  if (cfg.layout == "auto") cfg = choose_auto_layout(std::move(cfg), data, world);
+  const RunShape shape = validate_run(cfg, world.size(), data);
+  Trainer trainer(std::move(cfg), world, std::move(data), shape);
   return trainer.run();
 }
 
