@@ -3,7 +3,8 @@ import json
 import os
 import xml.etree.ElementTree as ET
 
-from trellis_test import checkpoint_tensors, check, fresh_dir, metrics, run, write_text_corpus, SOURCE, TMP
+from trellis_test import (checkpoint_tensors, check, expect_error, fresh_dir, metrics, run,
+                          write_text_corpus, SOURCE, TMP)
 
 out, _ = run(["train", "--help"])
 for flag in ["--model", "--data", "--out", "--steps", "--batch-size", "--micro-batch-size",
@@ -17,6 +18,16 @@ with open(cfg_file, "w") as f:
     f.write(dump)
 again, _ = run(["train", "--dump-config", "--config", cfg_file])
 check(again == dump, "a dumped config loads back to the same configuration")
+# An empty value is the value (a config's augment switched off from the command line), not "true":
+# only a bare boolean flag means true.
+aug_file = os.path.join(fresh_dir("config_augment"), "augment.toml")
+with open(aug_file, "w") as f:
+    f.write('augment = "flip"\n')
+flip, _ = run(["train", "--dump-config", "--config", aug_file])
+cleared, _ = run(["train", "--dump-config", "--config", aug_file, "--augment", ""])
+check('augment = "flip"' in flip and 'augment = ""' in cleared,
+      "--augment '' clears the config's augment")
+expect_error(["train", "--dump-config", "--lr", ""], "lr", what="--lr ''")
 
 corpus = fresh_dir("corpus")
 write_text_corpus(os.path.join(corpus, "text.txt"))

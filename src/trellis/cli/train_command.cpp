@@ -68,10 +68,14 @@ Command add_train_command(CLI::App& app) {
       TRELLIS_REQUIRE(eq != std::string::npos && eq > 0, "--set expects key=value, got '{}'", s);
       apply_setting(args->keys, s.substr(0, eq), s.substr(eq + 1));
     }
+    // A bare boolean flag means true; an empty value for any other key is that value (e.g.
+    // --augment "" switches off a config's augmentation).
     for (size_t i = 0; i < args->flag_opts.size(); ++i)
       if (args->flag_opts[i].second->count() > 0)
         apply_setting(args->keys, args->flag_opts[i].first,
-                      args->flag_values[i].empty() ? "true" : args->flag_values[i]);
+                      args->flag_values[i].empty() && args->keys[i].type == "BOOL"
+                          ? "true"
+                          : args->flag_values[i]);
     if (args->dump) {
       fmt::print("{}", dump_config(args->keys));
       return 0;
