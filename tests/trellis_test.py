@@ -5,6 +5,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import tempfile
 
 BIN = os.environ.get("TRELLIS_BIN", os.path.join(os.path.dirname(__file__), "..", "build", "trellis"))
 TMP = os.environ.get("TRELLIS_TMP", "/tmp/trellis-test")
@@ -242,7 +243,17 @@ def mpirun(np_, args, expect=0, timeout=300, launcher=None):
                OMPI_MCA_rmaps_base_oversubscribe="1")
     cmd = (launcher or ["mpirun", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1", "-np",
                         str(np_)]) + [BIN] + with_precision(args)
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    # Each local mpirun gets its own session directory: two tests' mpiruns (ctest -j 2) sharing
+    # OpenMPI's /tmp/ompi.HOST.UID can fail in orte_init ("mkdir ...: File exists") when one
+    # removes it while the other creates it.
+    session = None if launcher else tempfile.mkdtemp(prefix="ompi-")
+    if session:
+        env["OMPI_MCA_orte_tmpdir_base"] = session
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    finally:
+        if session:
+            shutil.rmtree(session, ignore_errors=True)
     if expect is not None and p.returncode != expect:
         fail(f"{' '.join(cmd)}\n  exit {p.returncode}, expected {expect}\n"
              f"  stdout: {p.stdout[-2000:]}\n  stderr: {p.stderr[-2000:]}")
