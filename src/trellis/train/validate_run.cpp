@@ -36,7 +36,7 @@ RunShape validate_run(const TrainConfig& cfg, int world_size, const RunData& dat
   run.pp = mesh.pp;
   run.virtual_stages = cfg.virtual_stages;
   run.zero = cfg.zero;
-  run.sequence_parallel = cfg.sequence_parallel && cfg.tp > 1;
+  run.sequence_parallel = cfg.sequence_parallel && mesh.tp > 1;
   run.schedule = parse_schedule(cfg.schedule);
   run.recompute = parse_recompute(cfg.recompute);
   run.layer_split = parse_layer_split(cfg.layer_split);
