@@ -16,7 +16,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "trellis: error: %s\n", e.what());
     return 1;
   }
-  CLI::App app{"trellis: ModelChunk training in C++ with data, tensor and pipeline parallelism"};
+  CLI::App app{"trellis: Transformer training in C++ with data, tensor and pipeline parallelism"};
   app.require_subcommand(1);
   const std::vector<Command> commands = {
       add_train_command(app),   add_eval_command(app),     add_sample_command(app),

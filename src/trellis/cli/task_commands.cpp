@@ -167,7 +167,7 @@ Command add_translate_command(CLI::App& app) {
   sub->add_option(
          "--beam", a->beam,
          "beam size (1 = greedy); hypotheses are ranked by log-probability / "
-         "((5 + length) / 6)^0.6, the length penalty of GNMT used by the ModelChunk paper")
+         "((5 + length) / 6)^0.6, the length penalty of GNMT used by the Transformer paper")
       ->capture_default_str();
   sub->add_option("--max-len", a->max_len, "most generated tokens (0 = the context)");
   sub->add_flag("--no-cache", a->no_cache,

@@ -34,7 +34,7 @@ struct TrainArgs {
 
 Command add_train_command(CLI::App& app) {
   auto args = std::make_shared<TrainArgs>();
-  CLI::App* sub = app.add_subcommand("train", "train a ModelChunk (one process or under mpirun)");
+  CLI::App* sub = app.add_subcommand("train", "train a Transformer (one process or under mpirun)");
   sub->add_option("--config", args->config_file, "TOML file of key = value settings")
       ->check(CLI::ExistingFile);
   sub->add_option("--set", args->sets, "override one setting: --set key=value (repeatable)");

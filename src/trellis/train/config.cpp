@@ -245,7 +245,7 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       make_key("lr", "peak learning rate", &o.lr),
       make_key("lr_schedule",
                "after warmup: cosine or linear (decay from lr to min_lr at the last step), "
-               "constant, or inverse_sqrt (lr * sqrt(warmup / step), the ModelChunk paper's)",
+               "constant, or inverse_sqrt (lr * sqrt(warmup / step), the Transformer paper's)",
                &o.lr_schedule),
       make_key("min_lr", "learning rate at the end of the cosine or linear decay", &o.min_lr),
       make_key("warmup_steps",
