@@ -93,6 +93,12 @@ class LocalCommunicator final : public Communicator {
   return 0;
 }
 
+// Tasks of the Slurm job step this process belongs to (0 outside srun).
+[[maybe_unused]] int slurm_step_tasks() {
+  const char* v = std::getenv("SLURM_STEP_NUM_TASKS");
+  return v ? std::atoi(v) : 0;
+}
+
 }  // namespace
 
 std::unique_ptr<Communicator> make_local_communicator() {
@@ -102,6 +108,13 @@ std::unique_ptr<Communicator> make_local_communicator() {
 std::unique_ptr<Communicator> make_world_communicator(int* argc, char*** argv) {
 #ifdef TRELLIS_WITH_MPI
   if (detail::launched_by_mpi()) return detail::make_mpi_world_communicator(argc, argv);
+  // srun without an MPI plugin (Slurm's default MpiDefault=none) gives its tasks no PMI: each
+  // would train alone on the whole problem, all of them into one output directory.
+  TRELLIS_REQUIRE(slurm_step_tasks() <= 1,
+                  "srun started {} tasks without an MPI bootstrap (no PMIx/PMI variables), so "
+                  "each would train alone: run srun --mpi=pmix (or set MpiDefault=pmix in "
+                  "slurm.conf); `trellis launch --launcher srun` passes --mpi=pmix itself",
+                  slurm_step_tasks());
 #else
   (void)argc;
   (void)argv;
