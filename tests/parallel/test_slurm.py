@@ -92,11 +92,12 @@ cluster = SlurmCluster(nodes=2)
 with cluster as c:
     print(c.started)
     out, _ = c.login(["sinfo", "-h", "-N", "-o", "%N %T %c"])
-    check(sorted(out.split()) == sorted([ns for _, ns, _ in c.hosts] + ["idle"] * 2 + ["2"] * 2),
-          f"sinfo shows both nodes idle with 2 CPUs: {', '.join(out.split(chr(10))).strip(', ')}")
+    nodes = sorted(line.split() for line in out.splitlines())
+    check(nodes == [[ns, "idle", "2"] for _, ns, _ in c.hosts],
+          f"sinfo shows both nodes idle with 2 CPUs: {nodes}")
 
-    phase("srun dp2")
     # 1. srun directly, one rank per node.
+    phase("srun dp2")
     def srun(n, args):
         return c.login(["srun", "--nodes", n, "--ntasks-per-node", 1, "--mpi=pmix", BIN] + args,
                        timeout=120, env=ENV)
@@ -110,8 +111,8 @@ with cluster as c:
           + ")")
     ref = os.path.join(TMP, "srun_dp2")
 
-    phase("srun without --mpi")
     # 2. srun without an MPI plugin: refused, not two lone runs.
+    phase("srun without --mpi")
     lone = fresh_dir("srun_no_mpi")
     _, err = c.login(["srun", "--nodes", 2, "--ntasks-per-node", 1, BIN] + common +
                      ["--dp", 2, "--out", lone], timeout=60, env=ENV, expect=2)
@@ -120,9 +121,9 @@ with cluster as c:
           "srun without --mpi: exit 2 naming --mpi=pmix, nothing trained: " +
           next((line for line in err.splitlines() if "trellis: error" in line), err[-300:]))
 
-    phase("sbatch, requeued")
     # 3. sbatch: the batch script docs/multinode.md shows, shrunk to this cluster, requeued once
     #    after its first checkpoint (scontrol requeue, as a preempted or failed node does).
+    phase("sbatch, requeued")
     def job_state(job):
         out, _ = c.login(["scontrol", "-o", "show", "job", job], timeout=30)
         return dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
@@ -141,15 +142,22 @@ with cluster as c:
             f.write("#!/bin/bash\n"
                     f"#SBATCH --nodes={n}\n#SBATCH --ntasks-per-node=1\n#SBATCH --cpus-per-task=1\n"
                     f"#SBATCH --requeue\n#SBATCH --open-mode=append\n#SBATCH --output={log}\n"
-                    f"exec {BIN} launch --launcher srun --np {n} --max-restarts 2 --backoff 0.2 "
+                    f"exec {BIN} launch --launcher srun --np \"$SLURM_NTASKS\" --max-restarts 2 "
+                    "--backoff 0.2 "
                     f"-- {' '.join(args)} --log-every 10 --resume\n")
         job = c.login(["sbatch", "--parsable", script], timeout=30, env=ENV)[0].strip()
         try:
             wait_for(lambda: last_step(out) >= 6, f"job {job} at step 6", 60,
                      ended=lambda: state_if_over(job))
-            phase(f"job {job} at step 6")
-            c.login(["scontrol", "requeue", job], timeout=30)
+            # Hold the ranks where they are, so that the requeue (a second or so through
+            # scontrol) lands mid-run however fast the steps go: Slurm sends SIGCONT with the
+            # SIGTERM that ends them.
+            for pid in ranks(out):
+                os.kill(pid, signal.SIGSTOP)
             at = last_step(out)
+            saved = max(d for d in os.listdir(out) if d.startswith("step_"))[5:]  # complete ones
+            phase(f"job {job} held at step {at}, checkpoint {saved}")
+            c.login(["scontrol", "requeue", job], timeout=30)
             # Slurm holds a requeued job back (BeginTime) before it may start again.
             wait_for(lambda: job_state(job)["JobState"] == "PENDING", f"job {job} requeued", 60,
                      every=0.1)
@@ -168,17 +176,18 @@ with cluster as c:
               f"sbatch job {job} requeued at step {at} of {STEPS} completed: JobState "
               f"{state['JobState']}, ExitCode {state['ExitCode']}, Restarts {state['Restarts']}" +
               ("" if state["JobState"] == "COMPLETED" else f"\n{c.logs()}"))
-        resumed = [line for line in text.splitlines() if "resumed from" in line]
-        check(len(resumed) == 1 and "/step_000000" in resumed[0],
-              f"the requeued job resumed from a checkpoint: {resumed}")
+        resumed = [line.rsplit("/step_", 1)[-1] for line in text.splitlines()
+                   if "resumed from" in line]
+        check(resumed == [saved],
+              f"the requeued job resumed from its newest checkpoint then ({saved}): {resumed}")
         return text, ""
     layouts.check("sbatch_dp2", 2, ["--dp", 2], launch=sbatch)
     a = checkpoint_bytes(os.path.join(ref, f"step_{STEPS:08d}"))
     b = checkpoint_bytes(os.path.join(TMP, "sbatch_dp2", f"step_{STEPS:08d}"))
     check(len(a) > 0 and a == b, "sbatch_dp2: final parameters bitwise equal to srun_dp2's")
 
-    phase("kill -9 under trellis launch")
     # 4. kill -9 of one rank of a `trellis launch --launcher srun` job.
+    phase("kill -9 under trellis launch")
     chaos = fresh_dir("srun_chaos")
     cmd = [BIN, "launch", "--launcher", "srun", "--np", 2, "--launcher-arg=--nodes=2",
            "--max-restarts", 2, "--backoff", 0.2, "--"] + common + ["--dp", 2, "--out", chaos]
