@@ -91,8 +91,8 @@ write_conf() {
     # The nodes are namespaces of one machine: take their configured CPUs as given.
     echo "SlurmdParameters=config_overrides"
     echo "ReturnToService=2"
-    # Cancelled or failed jobs end within seconds (default: SIGKILL 30 s after SIGTERM).
-    echo "KillWait=2"
+    # Cancelled, requeued or failed jobs end at once (default: SIGKILL 30 s after SIGTERM).
+    echo "KillWait=1"
     echo "MessageTimeout=20"
     while read -r ip ns _; do
       echo "NodeName=$ns NodeAddr=$ip CPUs=$cpus RealMemory=1000 State=UNKNOWN"

@@ -7,11 +7,12 @@ checks, each node running its own slurmd; jobs are submitted from node 1, the lo
   parameters), and its gradients crossed the nodes' links.
 - srun without --mpi (Slurm's default MpiDefault=none): every task exits 2 with one line naming
   --mpi=pmix, instead of each training alone into the same directory.
-- sbatch: a batch script (2 nodes, 1 task per node, 1 CPU per task) running `trellis launch
-  --launcher srun` equals the 1-process run too, and bitwise the srun run.
-- kill -9 of one rank of a `trellis launch --launcher srun` job, after its first checkpoint: the
-  job restarts from a checkpoint and ends bitwise equal (losses and final parameters) to the
-  uninterrupted srun run.
+- sbatch: a batch script (2 nodes, 1 task per node, 1 CPU per task, --requeue) running `trellis
+  launch --launcher srun ... --resume`, requeued mid-run (scontrol requeue), runs again from its
+  newest checkpoint and equals the 1-process run too, and bitwise the srun run.
+- kill -9 of one rank of a `trellis launch --launcher srun` job (in salloc), after its first
+  checkpoint: the job restarts from a checkpoint at once (srun --kill-on-bad-exit) and ends
+  bitwise equal (losses and final parameters) to the uninterrupted srun run.
 
 The cluster is gone afterwards (daemons, namespaces, state), also when a check fails."""
 import json
@@ -178,8 +179,11 @@ with cluster as c:
               ("" if state["JobState"] == "COMPLETED" else f"\n{c.logs()}"))
         resumed = [line.rsplit("/step_", 1)[-1] for line in text.splitlines()
                    if "resumed from" in line]
-        check(resumed == [saved],
-              f"the requeued job resumed from its newest checkpoint then ({saved}): {resumed}")
+        # Slurm's SIGCONT comes before its SIGTERM, so the ranks may finish a save in between.
+        check(len(resumed) == 1 and resumed[0].isdigit() and saved <= resumed[0] and
+              int(resumed[0]) < STEPS,
+              f"the requeued job resumed mid-run from a checkpoint no older than the newest one "
+              f"when it was held ({saved}): {resumed}")
         return text, ""
     layouts.check("sbatch_dp2", 2, ["--dp", 2], launch=sbatch)
     a = checkpoint_bytes(os.path.join(ref, f"step_{STEPS:08d}"))
@@ -189,9 +193,11 @@ with cluster as c:
     # 4. kill -9 of one rank of a `trellis launch --launcher srun` job.
     phase("kill -9 under trellis launch")
     chaos = fresh_dir("srun_chaos")
-    cmd = [BIN, "launch", "--launcher", "srun", "--np", 2, "--launcher-arg=--nodes=2",
+    cmd = [BIN, "launch", "--launcher", "srun", "--np", 2,
            "--max-restarts", 2, "--backoff", 0.2, "--"] + common + ["--dp", 2, "--out", chaos]
-    job = subprocess.Popen(c.login_cmd(180) + [str(a) for a in cmd], env=ENV,
+    # Inside an allocation, as in a batch script: each attempt is a step of it.
+    salloc = ["salloc", "--nodes", 2, "--ntasks-per-node", 1]
+    job = subprocess.Popen(c.login_cmd(180) + [str(a) for a in salloc + cmd], env=ENV,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     def job_over():
         return None if job.poll() is None else \
