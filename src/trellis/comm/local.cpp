@@ -1,5 +1,6 @@
 // Single-process backend (world size 1) and the choice of the world communicator. This file is
 // built with and without MPI; everything that touches MPI lives in comm/mpi_*.cpp.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -94,7 +95,7 @@ class LocalCommunicator final : public Communicator {
 }
 
 // Tasks of the Slurm job step this process belongs to (0 outside srun).
-[[maybe_unused]] int slurm_step_tasks() {
+int slurm_step_tasks() {
   const char* v = std::getenv("SLURM_STEP_NUM_TASKS");
   return v ? std::atoi(v) : 0;
 }
@@ -119,7 +120,7 @@ std::unique_ptr<Communicator> make_world_communicator(int* argc, char*** argv) {
   (void)argc;
   (void)argv;
   // Without MPI every rank would silently train alone on the whole problem.
-  const int launched = launcher_world_size();
+  const int launched = std::max(launcher_world_size(), slurm_step_tasks());
   TRELLIS_REQUIRE(launched <= 1,
                   "started by an MPI launcher with {} ranks, but this trellis was built without "
                   "MPI (configure with -DTRELLIS_WITH_MPI=ON)",
