@@ -24,11 +24,13 @@
 # - The host has no address on the namespaces' subnet, so slurmctld listens in node 1 and every
 #   client runs there: srun's step I/O (slurmd connecting back to srun) then reaches it from every
 #   node.
-# - No cgroups (ProctrackType=proctrack/pgid, TaskPlugin=task/none): none are needed for a test
-#   and a container rarely lets a daemon manage them.
+# - No cgroups (ProctrackType=proctrack/pgid, TaskPlugin=task/none, cgroup.conf below): none are
+#   needed for a test and a container rarely lets a daemon manage them.
 # - Every node shares the machine's /tmp, so a TaskProlog gives each task its node's own TMPDIR,
 #   as netns_cluster.sh does for mpirun's daemons (OpenMPI names session directories by host
-#   name, and every namespace has the machine's).
+#   name, and every namespace has the machine's), and TmpFS=.../%n does the same for the PMIx
+#   plugin's per-step directories (in one /tmp the second node's slurmstepd failed on
+#   "spmix_appdir_...: File exists").
 # - MpiDefault=none, as Debian ships it: a job asks for PMIx (srun --mpi=pmix), which Debian's
 #   OpenMPI 4 (built --with-pmix) and Slurm (mpi/pmix_v4) both speak; `trellis launch --launcher
 #   srun` asks for it itself.
