@@ -13,6 +13,8 @@ if [[ "${1:-}" == "--tests" ]]; then
   # clang, its sanitizer/libFuzzer runtimes and OpenMP: the fuzz targets (build-fuzz).
   packages+=(python3 python3-torch python3-numpy python3-sentencepiece dataset-fashion-mnist
              gettext iproute2 clang libclang-rt-dev libomp-dev)
+  # A real Slurm cluster in network namespaces (scripts/slurm_cluster.sh, ctest -R slurm).
+  packages+=(slurmctld slurmd slurm-client munge)
 fi
 
 missing=()

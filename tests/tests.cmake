@@ -15,8 +15,9 @@ foreach(script ${TRELLIS_SCRIPT_TESTS})
   # One network-namespace cluster at a time: test_calibrate_nodes times its links, and a second
   # cluster's job on the same 2 cores would be in those times.
   file(READ ${script} source)
-  string(FIND "${source}" "NetnsCluster(" uses_netns)
-  if(uses_netns GREATER -1)
+  # (a SlurmCluster is a NetnsCluster with Slurm's daemons in it)
+  string(REGEX MATCH "(Netns|Slurm)Cluster\\(" uses_netns "${source}")
+  if(uses_netns)
     set_tests_properties(${group}.${name} PROPERTIES RESOURCE_LOCK netns_cluster)
   endif()
   # Under TRELLIS_SANITIZE the CLI tests run the sanitized binary (label "sanitize"); the

@@ -156,7 +156,12 @@ std::vector<std::string> job_argv(const LaunchArgs& a, const std::string& self, 
     argv = {"mpirun", "-np", std::to_string(np), "-x", "TRELLIS_RESTART"};
     if (!a.hosts.empty()) argv.insert(argv.end(), {"-H", a.hosts});
   } else if (launcher == "srun") {
-    argv = {"srun", "-n", std::to_string(np)};
+    // --kill-on-bad-exit: one rank's failure ends the step, as under mpirun (Slurm's default
+    // lets the others wait for it). --mpi=pmix: Slurm's default (MpiDefault=none) gives ranks
+    // no MPI bootstrap; OpenMPI 4 speaks PMIx. SLURM_MPI_TYPE or a --launcher-arg=--mpi=...
+    // (later on the line, so it wins) chooses another.
+    argv = {"srun", "-n", std::to_string(np), "--kill-on-bad-exit=1"};
+    if (!std::getenv("SLURM_MPI_TYPE")) argv.push_back("--mpi=pmix");
   }
   argv.insert(argv.end(), a.launcher_args.begin(), a.launcher_args.end());
   argv.push_back(self);

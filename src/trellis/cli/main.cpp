@@ -12,6 +12,10 @@ int main(int argc, char** argv) {
   std::unique_ptr<Communicator> world;
   try {
     world = make_world_communicator(&argc, &argv);
+  } catch (const Error& e) {
+    // e.g. srun tasks without an MPI bootstrap: the launch command is the bad input
+    std::fprintf(stderr, "trellis: error: %s\n", e.what());
+    return e.kind() == ErrorKind::Input ? 2 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "trellis: error: %s\n", e.what());
     return 1;

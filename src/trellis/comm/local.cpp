@@ -1,5 +1,6 @@
 // Single-process backend (world size 1) and the choice of the world communicator. This file is
 // built with and without MPI; everything that touches MPI lives in comm/mpi_*.cpp.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -93,6 +94,12 @@ class LocalCommunicator final : public Communicator {
   return 0;
 }
 
+// Tasks of the Slurm job step this process belongs to (0 outside srun).
+int slurm_step_tasks() {
+  const char* v = std::getenv("SLURM_STEP_NUM_TASKS");
+  return v ? std::atoi(v) : 0;
+}
+
 }  // namespace
 
 std::unique_ptr<Communicator> make_local_communicator() {
@@ -102,11 +109,18 @@ std::unique_ptr<Communicator> make_local_communicator() {
 std::unique_ptr<Communicator> make_world_communicator(int* argc, char*** argv) {
 #ifdef TRELLIS_WITH_MPI
   if (detail::launched_by_mpi()) return detail::make_mpi_world_communicator(argc, argv);
+  // srun without an MPI plugin (Slurm's default MpiDefault=none) gives its tasks no PMI: each
+  // would train alone on the whole problem, all of them into one output directory.
+  TRELLIS_REQUIRE(slurm_step_tasks() <= 1,
+                  "srun started {} tasks without an MPI bootstrap (no PMIx/PMI variables), so "
+                  "each would train alone: run srun --mpi=pmix (or set MpiDefault=pmix in "
+                  "slurm.conf); `trellis launch --launcher srun` passes --mpi=pmix itself",
+                  slurm_step_tasks());
 #else
   (void)argc;
   (void)argv;
   // Without MPI every rank would silently train alone on the whole problem.
-  const int launched = launcher_world_size();
+  const int launched = std::max(launcher_world_size(), slurm_step_tasks());
   TRELLIS_REQUIRE(launched <= 1,
                   "started by an MPI launcher with {} ranks, but this trellis was built without "
                   "MPI (configure with -DTRELLIS_WITH_MPI=ON)",
