@@ -19,7 +19,7 @@ void write_trace(const std::string& path, Communicator& world, const Mesh& mesh,
   for (size_t i = 0; i < events.size(); ++i) {
     double* e = all.data() + (size_t(world.rank()) * per + i) * fields;
     e[0] = events[i].start_us, e[1] = events[i].dur_us, e[2] = events[i].micro;
-    e[3] = events[i].chunk, e[4] = events[i].forward ? 1.0 : 2.0;
+    e[3] = events[i].chunk, e[4] = 1.0 + double(events[i].pass);  // 0: padding
   }
   double* c = coords.data() + size_t(world.rank()) * 3;
   c[0] = mesh.pp_rank(), c[1] = mesh.dp_rank(), c[2] = mesh.tp_rank();
@@ -39,9 +39,12 @@ void write_trace(const std::string& path, Communicator& world, const Mesh& mesh,
     for (size_t i = 0; i < per; ++i) {
       const double* e = all.data() + (size_t(r) * per + i) * fields;
       if (e[4] == 0.0) continue;
-      const bool fwd = e[4] == 1.0;
-      trace.push_back({{"name", fmt::format("{}{}", fwd ? "F" : "B", int(e[2]))},
-                       {"cat", fwd ? "forward" : "backward"},
+      // Forward, Backward, Input (a split backward's input part), Weight (its weight part).
+      const int pass = int(e[4]) - 1;
+      static const char* const letter[] = {"F", "B", "B", "W"};
+      static const char* const category[] = {"forward", "backward", "input_grad", "weight_grad"};
+      trace.push_back({{"name", fmt::format("{}{}", letter[pass], int(e[2]))},
+                       {"cat", category[pass]},
                        {"ph", "X"},
                        {"pid", 0},
                        {"tid", r},
