@@ -700,7 +700,7 @@ void ModelChunk::backward_weights(Context& ctx, bool last_micro_step,
   TRELLIS_CHECK(ctx.split_backward, "backward_weights of a Context without a split backward");
   const bool notify = last_micro_step && on_block_done;
   // The classifier's head is small and stays whole in backward_input.
-  if (chunk_.head && cfg_.lm_head()) head_weights(ctx);
+  if (chunk_.head && cfg_.lm_head() && defers_head()) head_weights(ctx);
   for (int i = int(chunk_.layers.size()) - 1; i >= 0; --i) {
     block_weights(ctx, i);
     run_hooks(&BlockHooks::after_backward, blocks_[size_t(i)].layer);
@@ -791,7 +791,7 @@ void ModelChunk::head_backward(Context& ctx) {
   float* dln = dln_.f32();
   k_.gemm(false, false, BT, C, vocab_rows_, 1.0f, ctx.logits_or_grad.f32(), vocab_rows_, head_w_, C, 0.0f,
           dln, C);
-  if (!split_) head_weights(ctx);  // a split backward's weight part does it
+  if (!split_ || !defers_head()) head_weights(ctx);
   float* dlocal = sp ? dfull_.f32() : dln;
   tp_.enter_backward(dln, dlocal, BT, C);
   k_.zero(dres_.f32(), R * C);

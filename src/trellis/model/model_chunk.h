@@ -227,6 +227,10 @@ class ModelChunk {
   void backward_pass(Context& ctx, bool split, const std::function<void(int)>* notify);
   // The head's weight gradient (this rank's vocabulary rows) from ctx's dlogits.
   void head_weights(Context& ctx);
+  // Whether a split backward defers the head's weight gradient: not in a chunk that also embeds
+  // (a tied head shares its gradient with the embedding, which backward_input writes, so the
+  // sums keep backward's order: head, then embedding, micro-batch after micro-batch).
+  bool defers_head() const { return !chunk_.embedding && !decoder_start_; }
   // The input of block i of the chunk.
   const float* block_input(Context& ctx, int i) const;
   void head_backward(Context& ctx);
