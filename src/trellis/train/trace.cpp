@@ -13,13 +13,14 @@ void write_trace(const std::string& path, Communicator& world, const Mesh& mesh,
   // Ranks record different numbers of events: pad to the largest and sum (others add zeros).
   double count = double(events.size());
   world.all_reduce_max(&count, 1);
-  const size_t per = size_t(count), fields = 5;
+  const size_t per = size_t(count), fields = 6;
   std::vector<double> all(per * fields * size_t(world.size()), 0.0);
   std::vector<double> coords(size_t(world.size()) * 3, 0.0);
   for (size_t i = 0; i < events.size(); ++i) {
     double* e = all.data() + (size_t(world.rank()) * per + i) * fields;
     e[0] = events[i].start_us, e[1] = events[i].dur_us, e[2] = events[i].micro;
     e[3] = events[i].chunk, e[4] = 1.0 + double(events[i].pass);  // 0: padding
+    e[5] = events[i].compute_us;
   }
   double* c = coords.data() + size_t(world.rank()) * 3;
   c[0] = mesh.pp_rank(), c[1] = mesh.dp_rank(), c[2] = mesh.tp_rank();
@@ -50,7 +51,8 @@ void write_trace(const std::string& path, Communicator& world, const Mesh& mesh,
                        {"tid", r},
                        {"ts", e[0]},
                        {"dur", e[1]},
-                       {"args", {{"micro_batch", int(e[2])}, {"chunk", int(e[3])}}}});
+                       {"args",
+                        {{"micro_batch", int(e[2])}, {"chunk", int(e[3])}, {"compute_us", e[5]}}}});
     }
   }
   write_file_atomic(path, nlohmann::json{{"traceEvents", trace}, {"displayTimeUnit", "ms"}}.dump());

@@ -128,7 +128,7 @@ PipelineStats Pipeline::run(const std::vector<PipeOp>& ops, const Loader& load, 
 
   for (size_t i = 0; i < ops.size(); ++i) {
     const PipeOp& op = ops[i];
-    const double t0 = now_s();
+    const double t0 = now_s(), compute0 = rs.st.compute_s;
     if (op.forward())
       run_forward(op, rs);
     else if (op.pass == Pass::Weight)
@@ -136,8 +136,9 @@ PipelineStats Pipeline::run(const std::vector<PipeOp>& ops, const Loader& load, 
     else
       run_backward(op, i, rs);
     if (tracing_)
-      trace_.push_back({(t0 - trace_origin_) * 1e6, (now_s() - t0) * 1e6, op.micro,
-                        op.chunk * pp_ + rank_, op.pass});
+      trace_.push_back({(t0 - trace_origin_) * 1e6, (now_s() - t0) * 1e6,
+                        (rs.st.compute_s - compute0) * 1e6, op.micro, op.chunk * pp_ + rank_,
+                        op.pass});
   }
   release_finished(true);
   rs.st.total_s = now_s() - t_start;

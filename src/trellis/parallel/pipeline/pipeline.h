@@ -17,6 +17,7 @@ class Communicator;
 
 struct TraceEvent {
   double start_us, dur_us;
+  double compute_us;  // of dur_us, the model's own work (the rest waited for a message)
   int micro, chunk;
   Pass pass;
 };
