@@ -1,5 +1,6 @@
-"""Pipeline parallelism (GPipe, 1F1B, interleaved 1F1B) and full 3D layouts under mpirun equal
-the 1-process run: per-step losses over 20 steps and final parameters to <= 1e-5 relative.
+"""Pipeline parallelism (GPipe, 1F1B, interleaved 1F1B, zero-bubble zb1) and full 3D layouts under
+mpirun equal the 1-process run: per-step losses over 20 steps and final parameters to <= 1e-5
+relative. zb1 also resumes bitwise at pp 2.
 
 A pipeline always accumulates gradients over micro-batches, so each layout is compared with the
 1-process run that accumulates over the same micro-batches. (With this 8-layer model, 20 AdamW
@@ -22,7 +23,8 @@ baselines = {micro: LayoutCheck(common + ["--micro-batch-size", micro], n_embd=3
                                 name=f"baseline_micro{micro}") for micro in (1, 2, 4)}
 
 for pp in (2, 4):
-    for schedule in ("gpipe", "1f1b", "interleaved"):
+    # zb1 at pp 4 only (its weight parts lag by up to 3 there); pp 2 resumes below.
+    for schedule in ("gpipe", "1f1b", "interleaved") + (("zb1",) if pp == 4 else ()):
         args = ["--pp", pp, "--schedule", schedule, "--micro-batch-size", 2]
         if schedule == "interleaved":
             args += ["--virtual-stages", 2]
@@ -51,7 +53,22 @@ ops = [e for e in events if e["ph"] == "X"]
 check(len(ops) == 2 * 2 * 8 * 2 and {e["tid"] for e in ops} == {0, 1},
       "Chrome trace holds every F/B of 2 steps on both ranks")
 
+# zb1 resumes bitwise: 4 steps in one go == 2, --stop-at, --resume for 2 more (pp 2, m 4).
+zb1 = common + ["--pp", 2, "--schedule", "zb1", "--micro-batch-size", 2, "--steps", 4,
+                "--val-every", 0]
+whole, parts = fresh_dir("zb1_whole"), fresh_dir("zb1_parts")
+mpirun(2, zb1 + ["--out", whole])
+mpirun(2, zb1 + ["--out", parts, "--stop-at", 2])
+mpirun(2, zb1 + ["--out", parts, "--resume"])
+want = [r["loss"] for r in metrics(whole)[0]]
+got = {r["step"]: r["loss"] for r in metrics(parts)[0]}
+check(len(want) == 4 and [got.get(s) for s in range(1, 5)] == want,
+      f"zb1 pp2: stopped at 2 and resumed, the 4 losses are bitwise the uninterrupted run's")
+
 # Impossible combinations are refused before any work.
+_, err = mpirun(2, common + ["--pp", 2, "--schedule", "zb1", "--recompute", "full",
+                             "--out", fresh_dir("bad_zb1")], expect=2)
+check("schedule zb1 needs recompute none" in err, "zb1 with recompute is refused naming the key")
 _, err = mpirun(2, common + ["--pp", 2, "--schedule", "interleaved", "--virtual-stages", 2,
                              "--micro-batch-size", 8, "--out", fresh_dir("bad1")], expect=2)
 check("multiple of pp" in err, "interleaved with micro-batches not a multiple of pp is refused")

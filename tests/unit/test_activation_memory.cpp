@@ -163,6 +163,70 @@ TEST(ActivationMemory, EqualsWhatTheModelAllocates) {
 // residual sum twice as wide (as a block that kept a second tensor would); a prediction that
 // restated the sizes instead of summing the table would miss it, and so would a model that sized
 // its Context on its own.
+// zb1's split backward (backward_input, then backward_weights) gives bitwise the gradients and
+// d(input) of the whole backward, on every model family, chunk, tp and sequence parallelism;
+// its Context holds what activation_memory predicts with split_backward; and the hooks see
+// after_backward only once the weight part is done.
+TEST(ActivationMemory, SplitBackwardEqualsBackwardBitwiseAndIsPredicted) {
+  const int64_t B = 2, T = 8;
+  MirrorComm mirror;
+  struct HookLog final : BlockHooks {
+    std::vector<std::string> events;
+    void after_input_backward(int l) override { events.push_back("B" + std::to_string(l)); }
+    void after_backward(int l) override { events.push_back("W" + std::to_string(l)); }
+  };
+  int checked = 0;
+  for (const Case& c : cases())
+    for (const StageSpec& chunk : chunks(c.cfg))
+      for (int tp : {1, 2})
+        for (bool sp : {false, true}) {
+          if (sp && (tp == 1 || !c.cfg.lm_head())) continue;
+          SCOPED_TRACE(c.name + " layers " + std::to_string(chunk.layers.front()) + ".." +
+                       std::to_string(chunk.layers.back()) + " tp " + std::to_string(tp) +
+                       (sp ? " sp" : ""));
+          const ParamLayout layout(c.cfg, tp, 0, &chunk);
+          std::vector<float> params(layout.size());
+          init_params(layout, 5, params.data());
+          TensorParallel group(tp == 1 ? nullptr : &mirror, sp);
+          std::vector<std::vector<float>> grads(2, std::vector<float>(layout.size(), 0.0f));
+          std::vector<std::vector<float>> dinput(2);
+          HookLog log;
+          for (int split = 0; split < 2; ++split) {
+            ModelChunk model(layout, params.data(), grads[size_t(split)].data(), group, &chunk);
+            if (split) model.add_block_hooks(log);
+            Context ctx;
+            ctx.split_backward = split == 1;
+            model.prepare(ctx, B, T);
+            fill_inputs(c.cfg, ctx);
+            EXPECT_EQ(ctx.activation_bytes(),
+                      activation_memory(c.cfg, chunk, B, T, tp, sp, Recompute::None, DType::F32,
+                                        split == 1)
+                          .context);
+            for (int micro = 0; micro < 2; ++micro) {  // gradients accumulate over two
+              model.forward(ctx, 1.0f / float(B * T));
+              if (split) {
+                model.backward_input(ctx);
+                if (micro == 0) EXPECT_TRUE(log.events.empty() || log.events[0][0] == 'B');
+                model.backward_weights(ctx, micro == 1);
+              } else {
+                model.backward(ctx, micro == 1);
+              }
+            }
+            dinput[size_t(split)].assign(ctx.dinput.f32(), ctx.dinput.f32() + ctx.dinput.numel());
+          }
+          EXPECT_GT(layout.size(), 0u);
+          EXPECT_TRUE(grads[0] == grads[1]) << "the split backward's gradients differ";
+          EXPECT_TRUE(dinput[0] == dinput[1]) << "the split backward's d(input) differs";
+          // Per micro-batch: every block's input part, then every block's weight part.
+          const size_t per_micro = log.events.size() / 2;
+          ASSERT_GT(per_micro, 0u);
+          for (size_t i = 0; i < per_micro; ++i)
+            EXPECT_EQ(log.events[i][0], i < per_micro / 2 ? 'B' : 'W') << i;
+          ++checked;
+        }
+  EXPECT_GT(checked, 20);
+}
+
 TEST(ActivationMemory, AChangedBlockLayoutChangesTheModelAndThePredictionAlike) {
   ModelConfig cfg = model_preset("tiny");
   cfg.vocab_size = 70;

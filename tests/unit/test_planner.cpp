@@ -135,6 +135,12 @@ TEST(PlannerPipeline, ReplayMatchesClosedFormBubbles) {
       const int V = 2;
       const double span = pipeline_makespan(ScheduleKind::Interleaved, pp, m, V, f / V, b / V);
       EXPECT_NEAR(span, m * (f + b) + (pp - 1) * (f + b) / V, 1e-9) << pp << " " << m;
+      // zb1 with the backward split in halves (B = W = b / 2): the paper's ZB-H1 span
+      // m (F + B + W) + (p - 1)(F + B - W), when F = B = W its bubble_theory.
+      const double zb = pipeline_makespan(ScheduleKind::ZeroBubble, pp, m, 1, f, b, b / 2);
+      EXPECT_NEAR(zb, m * (f + b) + (pp - 1) * f, 1e-9) << pp << " " << m;
+      EXPECT_NEAR(1 - 3.0 * m / pipeline_makespan(ScheduleKind::ZeroBubble, pp, m, 1, 1, 2, 1),
+                  theoretical_bubble(pp, m, 1, ScheduleKind::ZeroBubble), 1e-12);
     }
   }
 }

@@ -12,10 +12,11 @@ int64_t numel(const std::vector<int64_t>& shape) {
 }
 
 // Bytes of a block's tensors that a Context keeps under `recompute`.
-int64_t kept_bytes(const std::vector<BlockTensor>& block, Recompute recompute) {
+int64_t kept_bytes(const std::vector<BlockTensor>& block, Recompute recompute,
+                   bool split_backward = false) {
   int64_t floats = 0;
   for (const BlockTensor& t : block)
-    if (context_keeps(recompute, t.group)) floats += numel(t.shape);
+    if (context_keeps(recompute, t.group, split_backward)) floats += numel(t.shape);
   return int64_t(sizeof(float)) * floats;
 }
 }  // namespace
@@ -62,8 +63,10 @@ ChunkRole chunk_role(const ModelConfig& cfg, const StageSpec& chunk) {
   return r;
 }
 
-bool context_keeps(Recompute policy, ActGroup group) {
+bool context_keeps(Recompute policy, ActGroup group, bool split_backward) {
   switch (group) {
+    case ActGroup::WeightGrad:
+      return split_backward;
     case ActGroup::Inner:
       return policy != Recompute::Full;
     case ActGroup::Recomputable:
@@ -72,6 +75,11 @@ bool context_keeps(Recompute policy, ActGroup group) {
       return true;
   }
   return true;
+}
+
+bool rebuilt_in_workspace(Recompute policy, ActGroup group) {
+  return (group == ActGroup::Inner || group == ActGroup::Recomputable) &&
+         !context_keeps(policy, group);
 }
 
 int64_t GradScratch::floats() const {
@@ -114,6 +122,11 @@ std::vector<BlockTensor> block_tensors(const ModelConfig& cfg, const ActivationD
       {&A::xprobs, rec, {x * B, d.Hl, T, T}},
       {&A::xatt, in, {x * BT, d.att}},
       {&A::res_x, in, {x * R, C}},
+      // a split backward's output gradients of attention's, the MLP's and cross-attention's
+      // output projections (all rows: they leave the tensor-parallel region's backward)
+      {&A::dproj, ActGroup::WeightGrad, {BT, C}},
+      {&A::ddown, ActGroup::WeightGrad, {m * BT, C}},
+      {&A::dxproj, ActGroup::WeightGrad, {x * BT, C}},
   };
 }
 
@@ -162,27 +175,28 @@ ActivationLayout activation_layout(const ModelConfig& cfg, const StageSpec& chun
   return L;
 }
 
-ActivationMemory activation_memory(const ActivationLayout& layout, Recompute recompute) {
+ActivationMemory activation_memory(const ActivationLayout& layout, Recompute recompute,
+                                   bool split_backward) {
   const int64_t f = int64_t(sizeof(float));
   ActivationMemory m;
   for (const std::vector<BlockTensor>& block : layout.blocks)
-    m.blocks += kept_bytes(block, recompute);
+    m.blocks += kept_bytes(block, recompute, split_backward);
   int64_t outside = 0;
   for (const ContextTensor& t : layout.context) outside += numel(t.shape);
   m.context = m.blocks + f * outside;
   // The workspace: backward's scratch, and the groups of one block the Context does not keep.
   int64_t rebuilt = 0;
   for (const BlockTensor& t : layout.workspace_block)
-    if (t.group != ActGroup::Output && !context_keeps(recompute, t.group))
-      rebuilt += numel(t.shape);
+    if (rebuilt_in_workspace(recompute, t.group)) rebuilt += numel(t.shape);
   m.workspace = f * (layout.scratch.floats() + rebuilt);
   return m;
 }
 
 ActivationMemory activation_memory(const ModelConfig& cfg, const StageSpec& chunk, int64_t B,
                                    int64_t T, int tp, bool sequence_parallel, Recompute recompute,
-                                   DType /*compute: activations stay fp32*/) {
-  return activation_memory(activation_layout(cfg, chunk, B, T, tp, sequence_parallel), recompute);
+                                   DType /*compute: activations stay fp32*/, bool split_backward) {
+  return activation_memory(activation_layout(cfg, chunk, B, T, tp, sequence_parallel), recompute,
+                           split_backward);
 }
 
 int64_t block_activation_bytes(const ModelConfig& cfg, bool decoder, int64_t B, int64_t T, int tp,

@@ -49,9 +49,16 @@ ChunkRole chunk_role(const ModelConfig& cfg, const StageSpec& chunk);
 // A block's tensors fall in three groups: `Inner` (all that full recompute does not keep but the
 // Recomputable ones), `Recomputable` (attention probabilities, the MLP's up projection and
 // activation: what selective recompute does not keep) and `Output` (the block's output, always
-// kept). The workspace holds, for one block, the groups a Context does not.
-enum class ActGroup : uint8_t { Inner, Recomputable, Output };
-bool context_keeps(Recompute policy, ActGroup group);
+// kept). The workspace holds, for one block, the groups a Context does not. `WeightGrad`: the
+// output gradients of the row-parallel projections that a split backward (zb1) keeps from its
+// input part for its weight part, held only by such a Context (never rebuilt, no workspace). The
+// column-parallel layers' output gradients need no tensor of their own: the input part leaves
+// them in q|k|v, the MLP's up projection and cross-attention's queries and keys|values, which it
+// has read by then.
+enum class ActGroup : uint8_t { Inner, Recomputable, Output, WeightGrad };
+bool context_keeps(Recompute policy, ActGroup group, bool split_backward = false);
+// Whether the workspace holds (one block's copy of) a group a Context does not keep.
+bool rebuilt_in_workspace(Recompute policy, ActGroup group);
 
 struct BlockTensor {
   Tensor Context::BlockActs::*member;
@@ -99,15 +106,17 @@ struct ActivationMemory {
   int64_t workspace = 0;
 };
 
-// The bytes of a layout under a recompute policy (every activation is fp32).
-ActivationMemory activation_memory(const ActivationLayout& layout, Recompute recompute);
+// The bytes of a layout under a recompute policy (every activation is fp32); split_backward: the
+// Contexts of a schedule that splits backwards (zb1), which keep the WeightGrad group too.
+ActivationMemory activation_memory(const ActivationLayout& layout, Recompute recompute,
+                                   bool split_backward = false);
 
 // For micro-batches of B sequences of T tokens on the chunk `chunk` of the model, at
 // tensor-parallel size tp (with or without sequence parallelism). Activations are fp32 whatever
 // the compute precision (bf16 rounds GEMM operands only), so `compute` changes nothing here.
 ActivationMemory activation_memory(const ModelConfig& cfg, const StageSpec& chunk, int64_t B,
                                    int64_t T, int tp, bool sequence_parallel, Recompute recompute,
-                                   DType compute = DType::F32);
+                                   DType compute = DType::F32, bool split_backward = false);
 
 // The bytes one block keeps in a Context (decoder: an encoder-decoder's decoder block, with
 // cross-attention): the per-layer term of the model.

@@ -9,13 +9,17 @@ namespace trellis {
 
 // Each call gets the block's global layer index. before_backward(-1) opens a micro-batch's
 // backward (before the head), after_backward(-1) closes it (after the embeddings). A hook left
-// alone does nothing.
+// alone does nothing. A split backward (zero-bubble schedules) calls before_backward before the
+// block's input-gradient part, after_input_backward after it and after_backward only once the
+// weight-gradient part has written the block's gradients for this micro-batch (other blocks and
+// micro-batches may run in between).
 class BlockHooks {
  public:
   virtual ~BlockHooks() = default;
   virtual void before_forward(int /*layer*/) {}
   virtual void after_forward(int /*layer*/) {}
   virtual void before_backward(int /*layer*/) {}
+  virtual void after_input_backward(int /*layer*/) {}
   virtual void after_backward(int /*layer*/) {}
 };
 

@@ -57,7 +57,7 @@ int64_t block_bytes(const Context::BlockActs& a) {
        {&a.ln1,      &a.ln1_mean, &a.ln1_rstd, &a.ln1_full, &a.qkv,      &a.probs,    &a.att,
         &a.res_mid,  &a.lnx,      &a.lnx_mean, &a.lnx_rstd, &a.lnx_full, &a.xq,       &a.enc_full,
         &a.xkv,      &a.xprobs,   &a.xatt,     &a.res_x,    &a.ln2,      &a.ln2_mean, &a.ln2_rstd,
-        &a.ln2_full, &a.up,       &a.act,      &a.res_out})
+        &a.ln2_full, &a.up,       &a.act,      &a.res_out,  &a.dproj,    &a.ddown,    &a.dxproj})
     n += owned_bytes(*t);
   return n;
 }
@@ -235,6 +235,10 @@ void ModelChunk::prepare(Context& ctx, const ActivationLayout& layout) {
   TRELLIS_CHECK(layout.blocks.size() == blocks_.size() && d.R == tp_.local_rows(d.BT) &&
                     d.vocab_rows == vocab_rows_,
                 "an activation layout for another chunk or tensor-parallel slice");
+  // The weight part reads the kept inputs of every linear layer, which recompute drops.
+  TRELLIS_REQUIRE(!ctx.split_backward || ctx.recompute == Recompute::None,
+                  "a split backward (schedule zb1) needs recompute none, not {}",
+                  recompute_name(ctx.recompute));
   ctx.B = d.B;
   ctx.T = d.T;
   ctx.tokens.resize(size_t(d.BT));
@@ -249,10 +253,11 @@ void ModelChunk::prepare(Context& ctx, const ActivationLayout& layout) {
   ctx.blocks.resize(blocks_.size());
   for (size_t i = 0; i < ctx.blocks.size(); ++i)
     for (const BlockTensor& t : layout.blocks[i])
-      fit(ctx.blocks[i].*t.member, kept(t.shape, context_keeps(ctx.recompute, t.group)));
+      fit(ctx.blocks[i].*t.member,
+          kept(t.shape, context_keeps(ctx.recompute, t.group, ctx.split_backward)));
   for (const BlockTensor& t : layout.workspace_block) {
     Tensor& w = work_.*t.member;
-    int64_t n = t.group != ActGroup::Output && !context_keeps(ctx.recompute, t.group);
+    int64_t n = rebuilt_in_workspace(ctx.recompute, t.group);
     for (int64_t dim : t.shape) n *= dim;
     if (!w.owned() || w.numel() < n) w = Tensor::zeros({n});
   }
@@ -515,13 +520,14 @@ void ModelChunk::mlp_backward(Context& ctx, int l, Context::BlockActs& a) {
   const float* dbranch = branch_grad(ctx, dres, dln, p.layer, kMlpOutDrop);
   if (p.down.bias_grad()) k_.bias_backward(p.down.bias_grad(), dbranch, R, C, C);
   const float* dy = tp_.leave_backward(dbranch, dfull, BT, C);
-  p.down.backward(dact_.f32(), dy, a.act.f32(), BT, false);
+  linear_backward(p.down, dact_.f32(), dy, a.act.f32(), BT, false, a.ddown);
   k_.zero(dup_.f32(), BT * p.up.out());
   if (cfg_.mlp == MlpKind::SwiGLU)
     k_.swiglu_backward(dup_.f32(), a.up.f32(), dact_.f32(), BT, Fl_);
   else
     k_.gelu_backward(dup_.f32(), a.up.f32(), dact_.f32(), BT * Fl_);
-  p.up.backward(dln, dup_.f32(), sp ? a.ln2_full.f32() : a.ln2.f32(), BT);
+  // (a.up, read by the activation's backward above, is free to keep d(up) for a split backward)
+  linear_backward(p.up, dln, dup_.f32(), sp ? a.ln2_full.f32() : a.ln2.f32(), BT, true, a.up);
   tp_.enter_backward(dln, dlocal, BT, C);
   p.ln2.backward(dres, dlocal, p.decoder ? a.res_x.f32() : a.res_mid.f32(), a.ln2_mean.f32(),
                  a.ln2_rstd.f32(), R);
@@ -548,7 +554,7 @@ void ModelChunk::block_backward(Context& ctx, int l, const float* x) {
   const float* dbranch = branch_grad(ctx, dres, dln, p.layer, kAttnOutDrop);
   if (p.proj.bias_grad()) k_.bias_backward(p.proj.bias_grad(), dbranch, R, C, C);
   const float* dy = tp_.leave_backward(dbranch, dfull, BT, C);
-  p.proj.backward(datt_.f32(), dy, a.att.f32(), BT, false);
+  linear_backward(p.proj, datt_.f32(), dy, a.att.f32(), BT, false, a.dproj);
   const int64_t W = p.qkv.out(), Q = Hl_ * hd_, KV = Hkvl_ * hd_;
   float* dqkv = dqkv_.f32();
   const float* qkv = a.qkv.f32();
@@ -557,7 +563,8 @@ void ModelChunk::block_backward(Context& ctx, int l, const float* x) {
                         W, a.probs.f32(), attention_shape(ctx, p));
   if (cfg_.positions == PositionKind::Rope)
     k_.rope_backward(dqkv, W, BT, 0, ctx.T, Hl_ + Hkvl_, hd_, cfg_.rope_theta, doc_positions(ctx));
-  p.qkv.backward(dln, dqkv, sp ? a.ln1_full.f32() : a.ln1.f32(), BT);
+  // (q|k|v, read by attention's backward above, is free to keep d(q|k|v) for a split backward)
+  linear_backward(p.qkv, dln, dqkv, sp ? a.ln1_full.f32() : a.ln1.f32(), BT, true, a.qkv);
   tp_.enter_backward(dln, dlocal, BT, C);
   p.ln1.backward(dres, dlocal, x, a.ln1_mean.f32(), a.ln1_rstd.f32(), R);
 }
@@ -573,7 +580,7 @@ void ModelChunk::cross_backward(Context& ctx, int l, Context::BlockActs& a) {
   const float* dbranch = branch_grad(ctx, dres, dln, p.layer, kCrossOutDrop);
   if (p.xproj.bias_grad()) k_.bias_backward(p.xproj.bias_grad(), dbranch, R, C, C);
   const float* dy = tp_.leave_backward(dbranch, dfull, BT, C);
-  p.xproj.backward(datt_.f32(), dy, a.xatt.f32(), BT, false);
+  linear_backward(p.xproj, datt_.f32(), dy, a.xatt.f32(), BT, false, a.dxproj);
   k_.zero(dxq_.f32(), BT * Q);
   k_.zero(dxkv_.f32(), BT * 2 * KV);
   k_.attention_backward(dxq_.f32(), dxkv_.f32(), dxkv_.f32() + KV, datt_.f32(), a.xq.f32(), Q,
@@ -581,23 +588,43 @@ void ModelChunk::cross_backward(Context& ctx, int l, Context::BlockActs& a) {
                         cross_attention_shape(ctx, p));
   // Keys and values: gradient of the encoder output (summed over the decoder blocks).
   float* denc_full = denc_full_.f32();
-  p.xkv.backward(denc_full, dxkv_.f32(), sp ? a.enc_full.f32() : encoder_output(ctx), BT);
+  linear_backward(p.xkv, denc_full, dxkv_.f32(), sp ? a.enc_full.f32() : encoder_output(ctx), BT,
+                  true, a.xkv);
   float* denc_local = sp ? dfull : denc_full;
   tp_.enter_backward(denc_full, denc_local, BT, C);
   k_.accumulate(denc_.f32(), denc_local, R * C);
   // Queries: through the cross-attention norm into the residual.
-  p.xq.backward(dln, dxq_.f32(), sp ? a.lnx_full.f32() : a.lnx.f32(), BT);
+  linear_backward(p.xq, dln, dxq_.f32(), sp ? a.lnx_full.f32() : a.lnx.f32(), BT, true, a.xq);
   float* dlocal = sp ? dfull : dln;
   tp_.enter_backward(dln, dlocal, BT, C);
   p.lnx.backward(dres, dlocal, a.res_mid.f32(), a.lnx_mean.f32(), a.lnx_rstd.f32(), R);
 }
 
+void ModelChunk::linear_backward(const Linear& lin, float* dx, const float* dy, const float* x,
+                                 int64_t rows, bool bias_grad, Tensor& keep) const {
+  if (!split_) return lin.backward(dx, dy, x, rows, bias_grad);
+  lin.backward_input(dx, dy, rows);
+  if (keep.f32() != dy) std::copy_n(dy, rows * lin.out(), keep.f32());
+}
+
 void ModelChunk::backward(Context& ctx, bool last_micro_step,
-                           const std::function<void(int)>& on_block_done) {
+                          const std::function<void(int)>& on_block_done) {
+  backward_pass(ctx, false, last_micro_step && on_block_done ? &on_block_done : nullptr);
+}
+
+void ModelChunk::backward_input(Context& ctx) {
+  TRELLIS_CHECK(ctx.split_backward && ctx.recompute == Recompute::None,
+                "backward_input needs a Context prepared for a split backward without recompute");
+  split_ = true;
+  backward_pass(ctx, true, nullptr);
+  split_ = false;
+}
+
+void ModelChunk::backward_pass(Context& ctx, bool split, const std::function<void(int)>* notify) {
   TRELLIS_CHECK(blocks_[0].ln1.dweight() != nullptr,
                 "backward on a model without gradient buffers");
   const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT), C = C_;
-  const bool notify = last_micro_step && on_block_done;
+  const auto block_done = split ? &BlockHooks::after_input_backward : &BlockHooks::after_backward;
   run_hooks(&BlockHooks::before_backward, -1);
   if (chunk_.head) {
     head_backward(ctx);
@@ -627,8 +654,8 @@ void ModelChunk::backward(Context& ctx, bool last_micro_step,
       enc_norm_.backward(dres_.f32(), denc_.f32(), x_enc, ctx.enc_mean.f32(), ctx.enc_rstd.f32(),
                          R);
     }
-    run_hooks(&BlockHooks::after_backward, b.layer);
-    if (notify) on_block_done(b.layer);
+    run_hooks(block_done, b.layer);
+    if (notify) (*notify)(b.layer);
   }
   if (!chunk_.embedding) {
     std::copy_n(dres_.f32(), R * C, ctx.dinput.f32());
@@ -639,6 +666,48 @@ void ModelChunk::backward(Context& ctx, bool last_micro_step,
   if (const ops::Dropout d = dropout_of(ctx, cfg_.dropout, 0, kEmbedDrop); d.p > 0.0f)
     drop_rows(ctx, dres_.f32(), dres_.f32(), nullptr, d);
   embed_backward(src ? ctx.src_tokens.data() : ctx.tokens.data(), dpos_, ctx);
+  run_hooks(block_done, -1);
+  if (notify) (*notify)(-1);
+}
+
+void ModelChunk::block_weights(Context& ctx, int l) {
+  const int64_t BT = ctx.B * ctx.T;
+  const bool sp = tp_.sequence_parallel();
+  const Block& p = blocks_[size_t(l)];
+  Context::BlockActs& a = ctx.blocks[size_t(l)];
+  if (!p.up.empty()) {
+    p.down.backward_weights(a.ddown.f32(), a.act.f32(), BT, false);
+    p.up.backward_weights(a.up.f32(), sp ? a.ln2_full.f32() : a.ln2.f32(), BT);
+  }
+  if (p.decoder) {
+    p.xproj.backward_weights(a.dxproj.f32(), a.xatt.f32(), BT, false);
+    p.xkv.backward_weights(a.xkv.f32(), sp ? a.enc_full.f32() : encoder_output(ctx), BT);
+    p.xq.backward_weights(a.xq.f32(), sp ? a.lnx_full.f32() : a.lnx.f32(), BT);
+  }
+  p.proj.backward_weights(a.dproj.f32(), a.att.f32(), BT, false);
+  p.qkv.backward_weights(a.qkv.f32(), sp ? a.ln1_full.f32() : a.ln1.f32(), BT);
+}
+
+void ModelChunk::head_weights(Context& ctx) {
+  const int64_t BT = ctx.B * ctx.T;
+  const float* lnf_in = tp_.sequence_parallel() ? ctx.lnf_full.f32() : ctx.lnf.f32();
+  k_.gemm(true, false, vocab_rows_, C_, BT, 1.0f, ctx.logits_or_grad.f32(), vocab_rows_, lnf_in, C_,
+          1.0f, dhead_w_, C_);
+}
+
+void ModelChunk::backward_weights(Context& ctx, bool last_micro_step,
+                                  const std::function<void(int)>& on_block_done) {
+  TRELLIS_CHECK(ctx.split_backward, "backward_weights of a Context without a split backward");
+  const bool notify = last_micro_step && on_block_done;
+  // The classifier's head is small and stays whole in backward_input.
+  if (chunk_.head && cfg_.lm_head() && defers_head()) head_weights(ctx);
+  for (int i = int(chunk_.layers.size()) - 1; i >= 0; --i) {
+    block_weights(ctx, i);
+    run_hooks(&BlockHooks::after_backward, blocks_[size_t(i)].layer);
+    if (notify) on_block_done(blocks_[size_t(i)].layer);
+  }
+  // As backward: the root's hooks close a chunk that holds the embeddings.
+  if (!chunk_.embedding) return;
   run_hooks(&BlockHooks::after_backward, -1);
   if (notify) on_block_done(-1);
 }
@@ -722,8 +791,7 @@ void ModelChunk::head_backward(Context& ctx) {
   float* dln = dln_.f32();
   k_.gemm(false, false, BT, C, vocab_rows_, 1.0f, ctx.logits_or_grad.f32(), vocab_rows_, head_w_, C, 0.0f,
           dln, C);
-  k_.gemm(true, false, vocab_rows_, C, BT, 1.0f, ctx.logits_or_grad.f32(), vocab_rows_, lnf_in, C, 1.0f,
-          dhead_w_, C);
+  if (!split_ || !defers_head()) head_weights(ctx);
   float* dlocal = sp ? dfull_.f32() : dln;
   tp_.enter_backward(dln, dlocal, BT, C);
   k_.zero(dres_.f32(), R * C);

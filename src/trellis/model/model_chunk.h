@@ -46,8 +46,11 @@ const char* recompute_name(Recompute r);
 // Everything one micro-batch's forward saves for its backward. "local" tensors hold this rank's
 // rows (all rows unless sequence parallelism splits them); "full" ones all B*T rows.
 struct Context {
-  // Set before ModelChunk::prepare, which sizes the buffers for it.
+  // Set before ModelChunk::prepare, which sizes the buffers for it. split_backward: backward runs
+  // as backward_input then backward_weights (zb1), so the Context keeps the weight part's output
+  // gradients too.
   Recompute recompute = Recompute::None;
+  bool split_backward = false;
   int64_t B = 0, T = 0;
   std::vector<int32_t> tokens, targets;  // [B*T]
   // An encoder-decoder's source tokens [B*T] (empty: the encoder reads `tokens` too).
@@ -81,6 +84,8 @@ struct Context {
     // cross-attention (decoder blocks of an encoder-decoder)
     Tensor lnx, lnx_mean, lnx_rstd, lnx_full, xq, enc_full, xkv, xprobs, xatt, res_x;
     Tensor ln2, ln2_mean, ln2_rstd, ln2_full, up, act, res_out;
+    // A split backward's output gradients of the output projections (for backward_weights).
+    Tensor dproj, ddown, dxproj;
   };
   std::vector<BlockActs> blocks;
   // At the first decoder block: the encoder's output (its final norm) and the decoder's input.
@@ -135,6 +140,18 @@ class ModelChunk {
   // parameters are this rank's rows' share (reduce_replicated_grads sums them).
   void backward(Context& ctx, bool last_micro_step,
                 const std::function<void(int)>& on_block_done = {});
+  // The same backward in two parts (zero-bubble schedules; ctx prepared with split_backward and
+  // no recompute). backward_input does all but the weight GEMMs: d(input) into ctx.dinput, the
+  // norms', biases' and embeddings' gradients, and keeps each linear layer's output gradient in
+  // ctx (over activations it has read by then) — hooks: before_backward as backward does,
+  // after_input_backward where backward calls after_backward. backward_weights then accumulates
+  // the weight GEMMs from those and the kept inputs, calling after_backward (and on the last
+  // micro-step on_block_done) as each block's gradients are complete for this micro-batch. The
+  // gradients equal backward's bit for bit. Neither part communicates but through the
+  // tensor-parallel operators of backward_input.
+  void backward_input(Context& ctx);
+  void backward_weights(Context& ctx, bool last_micro_step,
+                        const std::function<void(int)>& on_block_done = {});
   // Vocabulary logits (true vocabulary only) at rows b*T + t of the batch, [rows.size(), vocab],
   // for sampling and decoding (the whole model on one rank).
   std::vector<float> logits_at(Context& ctx, const std::vector<int64_t>& rows);
@@ -199,6 +216,21 @@ class ModelChunk {
   void head_forward(Context& ctx, const float* x);
   void block_backward(Context& ctx, int l, const float* x);
   void mlp_backward(Context& ctx, int l, Context::BlockActs& a);
+  // The weight GEMMs of block l that backward_input deferred.
+  void block_weights(Context& ctx, int l);
+  // A linear layer's backward inside backward (whole) or backward_input (split_: dx only, its
+  // output gradient dy copied into `keep` unless it is there already).
+  void linear_backward(const Linear& lin, float* dx, const float* dy, const float* x, int64_t rows,
+                       bool bias_grad, Tensor& keep) const;
+  // backward (split false; notify: on_block_done on the last micro-step, else null) or
+  // backward_input (split true).
+  void backward_pass(Context& ctx, bool split, const std::function<void(int)>* notify);
+  // The head's weight gradient (this rank's vocabulary rows) from ctx's dlogits.
+  void head_weights(Context& ctx);
+  // Whether a split backward defers the head's weight gradient: not in a chunk that also embeds
+  // (a tied head shares its gradient with the embedding, which backward_input writes, so the
+  // sums keep backward's order: head, then embedding, micro-batch after micro-batch).
+  bool defers_head() const { return !chunk_.embedding && !decoder_start_; }
   // The input of block i of the chunk.
   const float* block_input(Context& ctx, int i) const;
   void head_backward(Context& ctx);
@@ -237,6 +269,7 @@ class ModelChunk {
   bool carry_in_ = false, carry_out_ = false, decoder_start_ = false, has_decoder_ = false;
   std::vector<Block> blocks_;
   std::vector<BlockHooks*> hooks_;  // called in the order added
+  bool split_ = false;              // inside backward_input: linear layers defer their weights
   void run_hooks(void (BlockHooks::*hook)(int), int layer) {
     for (BlockHooks* h : hooks_) (h->*hook)(layer);
   }

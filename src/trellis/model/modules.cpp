@@ -49,20 +49,30 @@ void Linear::forward(float* y, const float* x, int64_t rows, bool add_bias) cons
 
 void Linear::backward(float* dx, const float* dy, const float* x, int64_t rows,
                       bool bias_grad) const {
+  if (dx) backward_input(dx, dy, rows);
+  backward_weights(dy, x, rows, bias_grad);
+}
+
+void Linear::backward_input(float* dx, const float* dy, int64_t rows) const {
   float dx_beta = 0.0f;  // the first piece writes dx, the others add to it
   for (const Piece& p : pieces_) {
     const float* dyp = dy + p.col;
-    if (p.out_in) {
-      if (dx)
-        k_->gemm(false, false, rows, in_, p.cols, 1.0f, dyp, out_, p.w, in_, dx_beta, dx, in_);
-      k_->gemm(true, false, p.cols, in_, rows, 1.0f, dyp, out_, x, in_, 1.0f, p.dw, in_);
-    } else {
-      if (dx)
-        k_->gemm(false, true, rows, in_, p.cols, 1.0f, dyp, out_, p.w, p.cols, dx_beta, dx, in_);
-      k_->gemm(true, false, in_, p.cols, rows, 1.0f, x, in_, dyp, out_, 1.0f, p.dw, p.cols);
-    }
-    if (bias_grad && p.db) k_->bias_backward(p.db, dyp, rows, p.cols, out_);
+    if (p.out_in)
+      k_->gemm(false, false, rows, in_, p.cols, 1.0f, dyp, out_, p.w, in_, dx_beta, dx, in_);
+    else
+      k_->gemm(false, true, rows, in_, p.cols, 1.0f, dyp, out_, p.w, p.cols, dx_beta, dx, in_);
     dx_beta = 1.0f;
+  }
+}
+
+void Linear::backward_weights(const float* dy, const float* x, int64_t rows, bool bias_grad) const {
+  for (const Piece& p : pieces_) {
+    const float* dyp = dy + p.col;
+    if (p.out_in)
+      k_->gemm(true, false, p.cols, in_, rows, 1.0f, dyp, out_, x, in_, 1.0f, p.dw, in_);
+    else
+      k_->gemm(true, false, in_, p.cols, rows, 1.0f, x, in_, dyp, out_, 1.0f, p.dw, p.cols);
+    if (bias_grad && p.db) k_->bias_backward(p.db, dyp, rows, p.cols, out_);
   }
 }
 

@@ -26,6 +26,10 @@ class Linear {
   // gradients accumulate.
   void backward(float* dx, const float* dy, const float* x, int64_t rows,
                 bool bias_grad = true) const;
+  // backward's two independent halves (a split backward runs them apart): dx, then the weight
+  // (and bias) gradients.
+  void backward_input(float* dx, const float* dy, int64_t rows) const;
+  void backward_weights(const float* dy, const float* x, int64_t rows, bool bias_grad = true) const;
   const float* bias() const { return pieces_.size() == 1 ? pieces_[0].b : nullptr; }
   float* bias_grad() const { return pieces_.size() == 1 ? pieces_[0].db : nullptr; }
 

@@ -104,10 +104,35 @@ double gemm_backward_seconds(const Gemm& g, const Machine& machine, const std::s
 
 struct ChunkCost {
   double fwd_compute = 0, fwd_comm = 0, bwd_compute = 0, bwd_comm = 0, recompute = 0;
+  // ... of bwd_compute, the weight-gradient GEMMs and their accumulation (a split backward's
+  // Weight op; its Input op is the rest, all of the communication included)
+  double weight_compute = 0;
   double gemm_flops_fwd = 0, recompute_flops = 0;
   int blocks = 1;  // polls between blocks (see SendModel)
   double fwd() const { return fwd_compute + fwd_comm; }
   double bwd() const { return bwd_compute + bwd_comm; }
+  double seconds(Pass pass) const {
+    switch (pass) {
+      case Pass::Forward:
+        return fwd();
+      case Pass::Backward:
+        return bwd();
+      case Pass::Input:
+        return bwd() - weight_compute;
+      case Pass::Weight:
+        return weight_compute;
+    }
+    return 0;
+  }
+  double compute(Pass pass) const {
+    return pass == Pass::Forward  ? fwd_compute
+           : pass == Pass::Input  ? bwd_compute - weight_compute
+           : pass == Pass::Weight ? weight_compute
+                                  : bwd_compute;
+  }
+  double comm(Pass pass) const {
+    return pass == Pass::Forward ? fwd_comm : pass == Pass::Weight ? 0 : bwd_comm;
+  }
 };
 
 // How a message between pipeline stages travels in the replay. By default it arrives `latency +
@@ -163,7 +188,9 @@ double play_schedule(const std::vector<std::vector<PipeOp>>& ops, const std::vec
         const int g = op.chunk * pp + r;
         const size_t at = size_t(op.micro) * size_t(G) + size_t(g);
         double ready = 0;
-        if (op.forward) {
+        if (op.pass == Pass::Weight) {
+          // local: after its Input op, earlier in this rank's list
+        } else if (op.forward()) {
           if (g > 0) {
             const double d = done_f[at - 1];
             if (d < 0) break;
@@ -178,9 +205,9 @@ double play_schedule(const std::vector<std::vector<PipeOp>>& ops, const std::vec
           ready = arrival((g + 1) % pp, d, r);
         }
         const double start = std::max(clock[size_t(r)], ready);
-        clock[size_t(r)] = start + (op.forward ? c[size_t(g)].fwd() : c[size_t(g)].bwd());
+        clock[size_t(r)] = start + c[size_t(g)].seconds(op.pass);
         placed[size_t(r)].push_back({start, clock[size_t(r)], c[size_t(g)].blocks});
-        (op.forward ? done_f : done_b)[at] = clock[size_t(r)];
+        if (op.pass != Pass::Weight) (op.forward() ? done_f : done_b)[at] = clock[size_t(r)];
         ++next[size_t(r)];
         --remaining;
         progressed = true;
@@ -194,10 +221,11 @@ double play_schedule(const std::vector<std::vector<PipeOp>>& ops, const std::vec
 }  // namespace
 
 double pipeline_makespan(ScheduleKind kind, int pp, int micro_batches, int virtual_stages,
-                         double fwd_s, double bwd_s) {
+                         double fwd_s, double bwd_s, double weight_s) {
   ChunkCost c;
   c.fwd_compute = fwd_s;
   c.bwd_compute = bwd_s;
+  c.weight_compute = weight_s;
   const std::vector<ChunkCost> cost(static_cast<size_t>(pp * virtual_stages), c);
   std::vector<std::vector<PipeOp>> ops;
   for (int r = 0; r < pp; ++r)
@@ -350,6 +378,8 @@ void add_block(ChunkCost& c, const StepSetting& x, bool decoder) {
   c.bwd_compute +=
       gemm_bwd_s + 2 * attention_s + 2 * memory_bound_s / 3 + 2 * weights * 4 / x.stream;
   c.bwd_comm += colls * x.tp_coll;
+  // Half the backward GEMMs (the weight-gradient ones) and the gradients' accumulation.
+  c.weight_compute += gemm_bwd_s / 2 + 2 * weights * 4 / x.stream;
   const RecomputeCost re =
       block_recompute(x, fl, gemm_s + attention_s + memory_bound_s / 3, colls);
   c.recompute_flops += re.flops;
@@ -372,6 +402,8 @@ void add_head(ChunkCost& c, const StepSetting& x) {
   c.fwd_compute += head_s + 3 * logits / x.hbm;
   c.bwd_compute += gemm_backward_seconds(head, x.machine, x.in.precision) + 3 * logits / x.hbm +
                    2 * vocab / t * h * 4 / x.stream;
+  c.weight_compute +=
+      gemm_backward_seconds(head, x.machine, x.in.precision) / 2 + 2 * vocab / t * h * 4 / x.stream;
   c.bwd_comm += x.tp_coll;  // the head's input gradient
 }
 
@@ -410,9 +442,9 @@ double take_busiest_rank(StepCost& out, const std::vector<std::vector<PipeOp>>& 
     double compute = 0, comm = 0, recompute = 0;
     for (const PipeOp& op : ops[size_t(r)]) {
       const ChunkCost& c = cost[size_t(op.chunk * pp + r)];
-      compute += op.forward ? c.fwd_compute : c.bwd_compute;
-      comm += op.forward ? c.fwd_comm : c.bwd_comm;
-      if (!op.forward) recompute += c.recompute;
+      compute += c.compute(op.pass);
+      comm += c.comm(op.pass);
+      if (op.pass == Pass::Backward || op.pass == Pass::Input) recompute += c.recompute;
     }
     if (compute + comm > busiest) {
       busiest = compute + comm;

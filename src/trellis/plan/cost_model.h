@@ -89,10 +89,11 @@ struct CostInputs {
 // Throws an input error for a layout the schedule refuses.
 StepCost predict_step(const CostInputs& in, const Machine& machine);
 
-// The step time of a pipeline whose every chunk takes fwd_s forward and bwd_s backward, from
-// the ranks' op lists alone (no sends): what the planner's replay gives for a uniform model.
+// The step time of a pipeline whose every chunk takes fwd_s forward and bwd_s backward (of which
+// weight_s is the weight-gradient part a split backward runs apart), from the ranks' op lists
+// alone (no sends): what the planner's replay gives for a uniform model.
 double pipeline_makespan(ScheduleKind kind, int pp, int micro_batches, int virtual_stages,
-                         double fwd_s, double bwd_s);
+                         double fwd_s, double bwd_s, double weight_s = 0);
 
 // Forward FLOPs of one block for one micro-batch of b sequences of s tokens on one of tp ranks
 // (GEMMs and attention's two batched products; decoder: with cross-attention).

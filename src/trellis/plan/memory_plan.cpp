@@ -13,7 +13,7 @@ std::vector<int> peak_contexts(const std::vector<PipeOp>& ops, int virtual_stage
   std::vector<int> alive(size_t(virtual_stages), 0), peak(size_t(virtual_stages), 0);
   for (const PipeOp& op : ops) {
     int& a = alive[size_t(op.chunk)];
-    a += op.forward ? 1 : -1;
+    a += op.forward() ? 1 : op.ends_micro_batch() ? -1 : 0;
     peak[size_t(op.chunk)] = std::max(peak[size_t(op.chunk)], a);
   }
   return peak;
@@ -52,9 +52,9 @@ RankMemory rank_memory(const RunShape& run, const StageSpec& stage,
   m.shards = z.shards;
   m.optimizer = Optimizer::state_tensors(run.optimizer) * z.owned * int64_t(sizeof(float));
   for (int v = 0; v < run.virtual_stages; ++v) {
-    const ActivationMemory a =
-        activation_memory(mc, chunks[size_t(v)], run.micro_batch, run.seq_len, run.tp,
-                          run.sequence_parallel, run.recompute, run.compute);
+    const ActivationMemory a = activation_memory(
+        mc, chunks[size_t(v)], run.micro_batch, run.seq_len, run.tp, run.sequence_parallel,
+        run.recompute, run.compute, splits_backward(run.schedule));
     m.activations += contexts[size_t(v)] * a.context;
     m.workspace += a.workspace;
     m.contexts += contexts[size_t(v)];

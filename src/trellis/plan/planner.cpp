@@ -85,6 +85,7 @@ std::vector<Layout> enumerate_layouts(const ModelConfig& model, int world, int64
       } else {
         schedules.push_back({ScheduleKind::GPipe, 1});
         schedules.push_back({ScheduleKind::OneFOneB, 1});
+        schedules.push_back({ScheduleKind::ZeroBubble, 1});
         if (accum % mesh.pp == 0)
           for (int v = 2; v <= model.total_layers() / mesh.pp; ++v)
             if (model.total_layers() % (mesh.pp * v) == 0)
@@ -107,7 +108,8 @@ std::vector<Layout> enumerate_layouts(const ModelConfig& model, int world, int64
               l.sequence_parallel = sp == 1;
               l.micro_batch = mb;
               l.accum = accum;
-              out.push_back(l);
+              // zb1's weight part reads the kept activations: no recompute (check_run_shape).
+              if (kind != ScheduleKind::ZeroBubble || rc == Recompute::None) out.push_back(l);
             }
     }
   }

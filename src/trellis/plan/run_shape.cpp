@@ -19,6 +19,15 @@ void check_run_shape(const RunShape& run) {
                   "zero {} with pipeline parallelism (pp {}) is not supported: use zero 1 with "
                   "pp, or zero 2/3 with dp and tp",
                   run.zero, run.pp);
+  // zb1 fills a pipeline's bubble; its weight part reads every linear layer's kept input.
+  TRELLIS_REQUIRE(run.schedule != ScheduleKind::ZeroBubble || run.pp >= 2,
+                  "schedule zb1 needs pp >= 2 (got pp {}): without a pipeline there is no bubble "
+                  "to fill",
+                  run.pp);
+  TRELLIS_REQUIRE(run.schedule != ScheduleKind::ZeroBubble || run.recompute == Recompute::None,
+                  "schedule zb1 needs recompute none (got recompute {}): its weight-gradient ops "
+                  "read the activations recompute drops",
+                  recompute_name(run.recompute));
   TRELLIS_REQUIRE(!run.sequence_parallel || run.seq_len % run.tp == 0,
                   "sequence parallelism needs seq_len {} divisible by tp={}", run.seq_len, run.tp);
   // These rules do not depend on the rank: pipeline and tensor-parallel rank 0 stand for all.

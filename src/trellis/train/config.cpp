@@ -298,7 +298,10 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       make_key("dp", "data-parallel size (0 = world / (tp*pp))", &c.dp),
       make_key("tp", "tensor-parallel size (must divide the number of heads)", &c.tp),
       make_key("pp", "pipeline-parallel size (stages)", &c.pp),
-      make_key("schedule", "pipeline schedule: gpipe, 1f1b or interleaved", &c.schedule),
+      make_key("schedule",
+               "pipeline schedule: gpipe, 1f1b, interleaved or zb1 (zero-bubble ZB-H1: pp >= 2, "
+               "recompute none)",
+               &c.schedule),
       make_key("virtual_stages", "model chunks per pipeline rank (interleaved schedule)",
                &c.virtual_stages),
       make_key("layer_split", "blocks per pipeline chunk, e.g. 3,1 (empty = balanced)",

@@ -289,7 +289,7 @@ void Trainer::build_chunks() {
     chunk_models.push_back(models_.back().get());
   }
   pipe_ = std::make_unique<Pipeline>(mesh_.pp_comm(), chunk_models, shape_.micro_batch, T_,
-                                     shape_.recompute);
+                                     shape_.recompute, splits_backward(shape_.schedule));
   tied_ = std::make_unique<TiedWeights>(mesh_.pp_comm(), *layout_, cfg_.comm_timeout);
 }
 
@@ -774,7 +774,8 @@ void Trainer::log_step(int64_t step, const StepStats& st) {
        {"alloc_peak_bytes", alloc_peak},
        {"alloc_peak_bytes_max", mem[2]},
        {"bubble", st.bubble},
-       {"bubble_theory", theoretical_bubble(mesh_.pp(), int(shape_.accum), shape_.virtual_stages)},
+       {"bubble_theory", theoretical_bubble(mesh_.pp(), int(shape_.accum), shape_.virtual_stages,
+                                            shape_.schedule)},
        {"peak_micro_batches", st.peak_micro},
        {"activation_bytes", pipe_->activation_bytes()}},
       "train");

@@ -16,7 +16,7 @@ double now_s() {
 }  // namespace
 
 Pipeline::Pipeline(Communicator& pp_comm, std::vector<ModelChunk*> chunks, int64_t micro_batch,
-                   int64_t seq_len, Recompute recompute)
+                   int64_t seq_len, Recompute recompute, bool split_backward)
     : comm_(pp_comm),
       chunks_(std::move(chunks)),
       pp_(pp_comm.size()),
@@ -25,6 +25,7 @@ Pipeline::Pipeline(Communicator& pp_comm, std::vector<ModelChunk*> chunks, int64
       b_(micro_batch),
       T_(seq_len),
       recompute_(recompute),
+      split_backward_(split_backward),
       pool_(chunks_.size()) {
   // A large message moves only inside MPI calls on both sides: over TCP, once the receiver's
   // handshake is back, the rest goes when the sender next enters the library. Polling only
@@ -53,6 +54,7 @@ Context* Pipeline::acquire(int v) {
   pool_[size_t(v)].push_back({std::make_unique<Context>(), true});
   Context* ctx = pool_[size_t(v)].back().ctx.get();
   ctx->recompute = recompute_;
+  ctx->split_backward = split_backward_;
   chunks_[size_t(v)]->prepare(*ctx, b_, T_);
   return ctx;
 }
@@ -92,7 +94,8 @@ struct Pipeline::RunState {
   int last_chunk;
   std::vector<size_t> last_backward;  // per local chunk: the op that completes its gradients
   PipelineStats st;
-  std::map<std::pair<int, int>, Context*> alive;  // (chunk, micro) -> context between F and B
+  // (chunk, micro) -> context between its Forward and its Backward (or Weight) op
+  std::map<std::pair<int, int>, Context*> alive;
   int n_alive = 0;
 };
 
@@ -117,19 +120,25 @@ PipelineStats Pipeline::run(const std::vector<PipeOp>& ops, const Loader& load, 
                   micro_count, global_chunks_);
   RunState rs{load, grad_scale, on_block_done, collect, global_chunks_ - 1,
               std::vector<size_t>(chunks_.size(), ops.size())};
-  for (size_t i = 0; i < ops.size(); ++i)
-    if (!ops[i].forward) rs.last_backward[size_t(ops[i].chunk)] = i;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].ends_micro_batch()) rs.last_backward[size_t(ops[i].chunk)] = i;
+    TRELLIS_CHECK(split_backward_ || (ops[i].pass != Pass::Input && ops[i].pass != Pass::Weight),
+                  "a split-backward schedule on a pipeline built without split backwards");
+  }
 
   for (size_t i = 0; i < ops.size(); ++i) {
     const PipeOp& op = ops[i];
-    const double t0 = now_s();
-    if (op.forward)
+    const double t0 = now_s(), compute0 = rs.st.compute_s;
+    if (op.forward())
       run_forward(op, rs);
+    else if (op.pass == Pass::Weight)
+      run_weights(op, i, rs);
     else
       run_backward(op, i, rs);
     if (tracing_)
-      trace_.push_back({(t0 - trace_origin_) * 1e6, (now_s() - t0) * 1e6, op.micro,
-                        op.chunk * pp_ + rank_, op.forward});
+      trace_.push_back({(t0 - trace_origin_) * 1e6, (now_s() - t0) * 1e6,
+                        (rs.st.compute_s - compute0) * 1e6, op.micro, op.chunk * pp_ + rank_,
+                        op.pass});
   }
   release_finished(true);
   rs.st.total_s = now_s() - t_start;
@@ -175,13 +184,15 @@ void Pipeline::run_forward(const PipeOp& op, RunState& rs) {
   }
 }
 
+// A Backward op, or a split backward's Input op (its Context stays for the Weight op).
 void Pipeline::run_backward(const PipeOp& op, size_t i, RunState& rs) {
   const int g = op.chunk * pp_ + rank_;
   ModelChunk& model = *chunks_[size_t(op.chunk)];
   auto it = rs.alive.find({op.chunk, op.micro});
   TRELLIS_CHECK(it != rs.alive.end(), "backward of micro-batch {} before its forward", op.micro);
   Context* ctx = it->second;
-  rs.alive.erase(it);
+  const bool whole = op.pass == Pass::Backward;
+  if (whole) rs.alive.erase(it);
   release_finished(false);
   if (g < rs.last_chunk)
     comm_
@@ -189,10 +200,30 @@ void Pipeline::run_backward(const PipeOp& op, size_t i, RunState& rs) {
                     message_tag(op.micro, g, false, global_chunks_))
         ->wait();
   const double tc = now_s();
-  model.backward(*ctx, i == rs.last_backward[size_t(op.chunk)], rs.on_block_done);
+  if (whole)
+    model.backward(*ctx, i == rs.last_backward[size_t(op.chunk)], rs.on_block_done);
+  else
+    model.backward_input(*ctx);
   rs.st.compute_s += now_s() - tc;
   if (g > 0)
     send_copy(ctx->dinput, (g - 1) % pp_, message_tag(op.micro, g - 1, false, global_chunks_));
+  if (!whole) return;
+  release(op.chunk, ctx);
+  --rs.n_alive;
+}
+
+// A split backward's Weight op: local work only, from what its Input op kept.
+void Pipeline::run_weights(const PipeOp& op, size_t i, RunState& rs) {
+  auto it = rs.alive.find({op.chunk, op.micro});
+  TRELLIS_CHECK(it != rs.alive.end(), "weight gradients of micro-batch {} before its forward",
+                op.micro);
+  Context* ctx = it->second;
+  rs.alive.erase(it);
+  release_finished(false);
+  const double tc = now_s();
+  chunks_[size_t(op.chunk)]->backward_weights(*ctx, i == rs.last_backward[size_t(op.chunk)],
+                                              rs.on_block_done);
+  rs.st.compute_s += now_s() - tc;
   release(op.chunk, ctx);
   --rs.n_alive;
 }

@@ -17,8 +17,9 @@ class Communicator;
 
 struct TraceEvent {
   double start_us, dur_us;
+  double compute_us;  // of dur_us, the model's own work (the rest waited for a message)
   int micro, chunk;
-  bool forward;
+  Pass pass;
 };
 
 struct PipelineStats {
@@ -33,8 +34,10 @@ class Pipeline {
   // chunks: this rank's model chunks by local index v (global chunk v * pp + rank). pp_comm:
   // the pipeline group (size 1 without pipeline parallelism).
   // recompute: the policy of every micro-batch Context (what its forward keeps for backward).
+  // split_backward: the Contexts serve a schedule of Input and Weight ops (zb1) and keep what
+  // the weight part reads.
   Pipeline(Communicator& pp_comm, std::vector<ModelChunk*> chunks, int64_t micro_batch,
-           int64_t seq_len, Recompute recompute = Recompute::None);
+           int64_t seq_len, Recompute recompute = Recompute::None, bool split_backward = false);
 
   // Loads micro-batch `micro` into ctx.tokens/targets; returns how many of its rows count.
   using Loader = std::function<int64_t(int micro, Context& ctx)>;
@@ -42,7 +45,8 @@ class Pipeline {
   // predictions), with the count of its rows that count.
   using Collector = std::function<void(int micro, const Context& ctx, int64_t rows)>;
   // Runs `ops`. grad_scale != 0 trains (backward ops present); on_block_done is passed to the
-  // last backward of each chunk (see ModelChunk::backward).
+  // op that completes each chunk's gradients: its last Backward or Weight op (see
+  // ModelChunk::backward and backward_weights).
   PipelineStats run(const std::vector<PipeOp>& ops, const Loader& load, float grad_scale,
                     const std::function<void(int)>& on_block_done = {},
                     const Collector& collect = {});
@@ -61,12 +65,14 @@ class Pipeline {
   struct RunState;  // one run's bookkeeping (pipeline.cpp)
   void run_forward(const PipeOp& op, RunState& rs);
   void run_backward(const PipeOp& op, size_t i, RunState& rs);
+  void run_weights(const PipeOp& op, size_t i, RunState& rs);
 
   Communicator& comm_;
   std::vector<ModelChunk*> chunks_;
   int pp_, rank_, global_chunks_;
   int64_t b_, T_;
   Recompute recompute_;
+  bool split_backward_;
   struct ContextSlot {
     std::unique_ptr<Context> ctx;
     bool busy = false;
@@ -82,6 +88,7 @@ class Pipeline {
    public:
     explicit SendPolling(Pipeline& pipe) : pipe_(pipe) {}
     void after_forward(int) override { pipe_.release_finished(false); }
+    void after_input_backward(int) override { pipe_.release_finished(false); }
     void after_backward(int) override { pipe_.release_finished(false); }
 
    private:

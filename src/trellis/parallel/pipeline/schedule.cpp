@@ -11,7 +11,8 @@ ScheduleKind parse_schedule(const std::string& name) {
   if (name == "gpipe") return ScheduleKind::GPipe;
   if (name == "1f1b") return ScheduleKind::OneFOneB;
   if (name == "interleaved") return ScheduleKind::Interleaved;
-  TRELLIS_REQUIRE(false, "unknown schedule '{}' (choose gpipe, 1f1b or interleaved)", name);
+  if (name == "zb1") return ScheduleKind::ZeroBubble;
+  TRELLIS_REQUIRE(false, "unknown schedule '{}' (choose gpipe, 1f1b, interleaved or zb1)", name);
   return ScheduleKind::OneFOneB;
 }
 
@@ -23,30 +24,58 @@ std::string schedule_name(ScheduleKind kind) {
       return "1f1b";
     case ScheduleKind::Interleaved:
       return "interleaved";
+    case ScheduleKind::ZeroBubble:
+      return "zb1";
   }
   return "?";
 }
+
+bool splits_backward(ScheduleKind kind) { return kind == ScheduleKind::ZeroBubble; }
+
+namespace {
+// ZB-H1 on rank `rank` of pp: 1F1B's warm-up forwards, then forward / input-gradient pairs, the
+// weight-gradient part of micro-batch i following the input-gradient part of micro-batch
+// i + rank (the later a stage, the more input gradients it sends back before its first weight
+// gradient: the last stage's run back to back). Every rank holds at most pp micro-batches
+// (Forward to Weight) at once: 1F1B's peak, which rank 0 already had.
+std::vector<PipeOp> zero_bubble_h1(int pp, int rank, int m) {
+  std::vector<PipeOp> ops;
+  const int warmup = std::min(pp - rank - 1, m);
+  int next_weight = 0;
+  for (int i = 0; i < warmup; ++i) ops.push_back({Pass::Forward, i, 0});
+  for (int i = 0; i < m; ++i) {
+    if (warmup + i < m) ops.push_back({Pass::Forward, warmup + i, 0});
+    ops.push_back({Pass::Input, i, 0});
+    // In the steady phase W lags by `rank`; once the forwards are done (cool-down) one W
+    // follows each B, filling the wait for the next input gradient.
+    if (i >= rank || warmup + i >= m) ops.push_back({Pass::Weight, next_weight++, 0});
+  }
+  while (next_weight < m) ops.push_back({Pass::Weight, next_weight++, 0});
+  return ops;
+}
+}  // namespace
 
 std::vector<PipeOp> build_schedule(ScheduleKind kind, int pp, int rank, int m, int V) {
   TRELLIS_REQUIRE(m >= 1, "a pipeline step needs at least one micro-batch");
   std::vector<PipeOp> ops;
   if (kind != ScheduleKind::Interleaved) {
     TRELLIS_REQUIRE(V == 1, "virtual_stages={} needs the interleaved schedule", V);
+    if (kind == ScheduleKind::ZeroBubble) return zero_bubble_h1(pp, rank, m);
     if (kind == ScheduleKind::GPipe) {
       // All forwards, then all backwards: m micro-batches of activations alive at once.
-      for (int i = 0; i < m; ++i) ops.push_back({true, i, 0});
-      for (int i = 0; i < m; ++i) ops.push_back({false, i, 0});
+      for (int i = 0; i < m; ++i) ops.push_back({Pass::Forward, i, 0});
+      for (int i = 0; i < m; ++i) ops.push_back({Pass::Backward, i, 0});
       return ops;
     }
     // 1F1B: enough forwards to fill the pipeline below this rank, then alternate, then drain.
     // At most pp - rank micro-batches are alive on this rank.
     const int warmup = std::min(pp - rank - 1, m);
-    for (int i = 0; i < warmup; ++i) ops.push_back({true, i, 0});
+    for (int i = 0; i < warmup; ++i) ops.push_back({Pass::Forward, i, 0});
     for (int i = 0; i < m - warmup; ++i) {
-      ops.push_back({true, warmup + i, 0});
-      ops.push_back({false, i, 0});
+      ops.push_back({Pass::Forward, warmup + i, 0});
+      ops.push_back({Pass::Backward, i, 0});
     }
-    for (int i = m - warmup; i < m; ++i) ops.push_back({false, i, 0});
+    for (int i = m - warmup; i < m; ++i) ops.push_back({Pass::Backward, i, 0});
     return ops;
   }
   TRELLIS_REQUIRE(V >= 2, "the interleaved schedule needs virtual_stages >= 2 (got {})", V);
@@ -61,7 +90,7 @@ std::vector<PipeOp> build_schedule(ScheduleKind kind, int pp, int rank, int m, i
     const int in_group = k % (pp * V);
     int chunk = in_group / pp;
     if (!forward) chunk = V - 1 - chunk;
-    return PipeOp{forward, (k / (pp * V)) * pp + k % pp, chunk};
+    return PipeOp{forward ? Pass::Forward : Pass::Backward, (k / (pp * V)) * pp + k % pp, chunk};
   };
   const int warmup = std::min((pp - rank - 1) * 2 + (V - 1) * pp, total);
   for (int k = 0; k < warmup; ++k) ops.push_back(op(k, true));
@@ -76,7 +105,7 @@ std::vector<PipeOp> build_schedule(ScheduleKind kind, int pp, int rank, int m, i
 std::vector<PipeOp> forward_schedule(int m, int V) {
   std::vector<PipeOp> ops;
   for (int i = 0; i < m; ++i)
-    for (int v = 0; v < V; ++v) ops.push_back({true, i, v});
+    for (int v = 0; v < V; ++v) ops.push_back({Pass::Forward, i, v});
   return ops;
 }
 
@@ -106,7 +135,8 @@ std::vector<std::vector<int>> partition_layers(int n_layer, int chunks,
   return layers;
 }
 
-double theoretical_bubble(int pp, int m, int V) {
+double theoretical_bubble(int pp, int m, int V, ScheduleKind kind) {
+  if (kind == ScheduleKind::ZeroBubble) return double(pp - 1) / double(3 * m + pp - 1);
   return double(pp - 1) / double(m + pp - 1) / double(V);
 }
 
