@@ -290,6 +290,13 @@ def main():
     print("\n## trellis vs PyTorch eager, one process\n")
     print(f"- command: `{command}`")
     print(f"- 1-minute load average: {load_start:.2f} at start, {load_end:.2f} at end")
+    cores = os.cpu_count() or 1
+    if max(load_start, load_end) > cores + 0.5:
+        # Measured 2026-12-05 at load 9-15 on 2 cores: trellis's two OpenMP threads wait at every
+        # barrier for a descheduled peer (a baby step 11x its idle time) while a one-thread torch
+        # lost 3x, so such a run ranks the schedulers, not the engines.
+        print(f"- **warning: load above the machine's {cores} cores; the ratios below measure "
+              "contention with other jobs, not the engines; rerun on an idle machine**")
     print(f"- {a.steps} steps per run ({a.steps - SKIP} timed), {a.repeats} run(s) per side, "
           "trellis and torch alternating; median of the per-run medians; AdamW, fp32 master "
           "weights")
