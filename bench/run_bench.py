@@ -27,11 +27,14 @@ PyTorch gets the setup a careful user would give it:
     environments pin the twice-slower Haswell kernels; trellis' oneDNN GEMM dispatches by CPUID
     anyway); `env` keeps the environment's value, any other value is set as is;
   * its best thread setup: before the measured runs of each config and precision, a short probe
-    (--probe-steps) runs 1 thread (OMP_NUM_THREADS=OPENBLAS_NUM_THREADS=1), --threads threads
-    (OMP_NUM_THREADS=OPENBLAS_NUM_THREADS=N, torch.set_num_threads(N)) and --threads threads with
-    a single-threaded OpenBLAS (OMP_NUM_THREADS=N, OPENBLAS_NUM_THREADS=1); the fastest is used
-    (--torch-setup picks one instead). The variables are set in the subprocess's environment,
-    so they hold before torch is imported;
+    (--probe-steps) runs every combination of torch threads {1, N} x OpenBLAS threads {1, N}
+    (N = --threads; torch.set_num_threads(t) with OMP_NUM_THREADS=t, OPENBLAS_NUM_THREADS=b),
+    separately for fp32 and bf16, and the fastest is used (--torch-setup picks one instead). On
+    2 cores fp32's best is often 1 torch thread with 2 OpenBLAS threads (OpenBLAS's pthreads and
+    torch's OpenMP pool would otherwise compete for the cores), while autocast's GEMMs run in
+    oneDNN on torch's own threads. The variables are set in the subprocess's environment, so
+    they hold before torch is imported, and each run checks that OpenBLAS reports the thread
+    count asked for;
   * glibc malloc without mmap and trimming (MALLOC_MMAP_MAX_=0,
     MALLOC_TRIM_THRESHOLD_=4294967295), which trellis sets for itself with mallopt.
 trellis gets --threads threads.
@@ -39,6 +42,7 @@ trellis gets --threads threads.
   bench/setup_peer.sh    # once
   /usr/bin/python3 bench/run_bench.py --steps 10 --repeats 3 [--configs baby,gpt2] \\
       [--precision fp32,bf16]
+  /usr/bin/python3 bench/run_bench.py --quick   # 6-step runs, 4-step probes, 1 repeat
 """
 
 import argparse
@@ -66,13 +70,10 @@ TORCH_MALLOC_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "42949672
 
 
 def torch_setups(threads):
-    """{key: (label, torch.set_num_threads, OMP_NUM_THREADS, OPENBLAS_NUM_THREADS)}"""
-    s = {"one": ("1 thread (OMP 1, OpenBLAS 1)", 1, 1, 1)}
-    if threads > 1:
-        n = threads
-        s["all"] = (f"{n} threads (OMP {n}, OpenBLAS {n})", n, n, n)
-        s["all-blas1"] = (f"{n} threads (OMP {n}, OpenBLAS 1)", n, n, 1)
-    return s
+    """{key: (label, torch.set_num_threads, OMP_NUM_THREADS, OPENBLAS_NUM_THREADS)}: every
+    combination of torch threads {1, threads} x OpenBLAS threads {1, threads}."""
+    counts = sorted({1, threads})
+    return {f"t{t}-b{b}": (f"torch {t} / OpenBLAS {b}", t, t, b) for t in counts for b in counts}
 
 
 def sh(cmd, stderr=False, **kw):
@@ -166,24 +167,30 @@ def run_torch(python, cfg, steps, setup, precision, coretype):
     r = json.loads(out.strip().splitlines()[-1])
     env = r["env"]
     if (r["torch_threads"], env["OMP_NUM_THREADS"], env["OPENBLAS_NUM_THREADS"]) != (
-            threads, str(omp), str(blas)) or r["precision"] != precision:
+            threads, str(omp), str(blas)) or r["precision"] != precision or (
+            r["openblas_threads"] is not None and r["openblas_threads"] != blas):
         sys.exit(f"torch_gpt_bench.py ran another setup than asked: {out}")
     return dict(ms=r["ms_per_step"], tok_s=r["tokens_per_s"], info=r)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=10, help="steps per run, 2 warm-ups included")
-    ap.add_argument("--repeats", type=int, default=1,
-                    help="runs of each side per config and precision")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="steps per run, 2 warm-ups included (default 10, --quick 6)")
+    ap.add_argument("--repeats", type=int, default=None,
+                    help="runs of each side per config and precision (default 1)")
+    ap.add_argument("--quick", action="store_true",
+                    help="a run that fits a busy afternoon: --steps 6 --probe-steps 4 --repeats 1 "
+                         "unless given")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--configs", default="baby,gpt2", help="comma list of: baby, gpt2")
     ap.add_argument("--precision", default="fp32,bf16", help="comma list of: fp32, bf16")
-    ap.add_argument("--torch-setup", default="probe", choices=("probe", "one", "all", "all-blas1"),
-                    help="torch threads: probe the three setups (default), or use one: 1 thread, "
-                         "--threads threads, --threads threads with OPENBLAS_NUM_THREADS=1")
-    ap.add_argument("--probe-steps", type=int, default=5,
-                    help="steps per probe run of each torch thread setup, 2 warm-ups included")
+    ap.add_argument("--torch-setup", default="probe",
+                    help="torch threads: probe every setup (default), or use one, tT-bB: T torch "
+                         "(and OpenMP) threads, B OpenBLAS threads, each 1 or --threads")
+    ap.add_argument("--probe-steps", type=int, default=None,
+                    help="steps per probe run of each torch thread setup, 2 warm-ups included "
+                         "(default 5, --quick 4)")
     ap.add_argument("--openblas-coretype", default="auto",
                     help="OPENBLAS_CORETYPE for torch: auto (unset: OpenBLAS detects the CPU), "
                          "env (keep the environment's), or a core name such as SkylakeX")
@@ -191,6 +198,12 @@ def main():
     ap.add_argument("--python", default="/usr/bin/python3", help="python with torch")
     ap.add_argument("--work", default="", help="scratch directory (default: a temp dir)")
     a = ap.parse_args()
+    quick = dict(steps=6, probe_steps=4, repeats=1) if a.quick else {}
+    for key, default in dict(steps=10, probe_steps=5, repeats=1).items():
+        if getattr(a, key) is None:
+            setattr(a, key, quick.get(key, default))
+    if a.repeats < 1:
+        ap.error("--repeats must be at least 1")
     if a.steps <= SKIP:
         ap.error(f"--steps must exceed the {SKIP} warm-up steps")
     if a.probe_steps <= SKIP:
@@ -209,7 +222,7 @@ def main():
         ap.error("nothing to run")
     setups = torch_setups(a.threads)
     if a.torch_setup != "probe" and a.torch_setup not in setups:
-        ap.error(f"--torch-setup {a.torch_setup} needs --threads > 1")
+        ap.error(f"--torch-setup {a.torch_setup!r}: choose probe or one of {', '.join(setups)}")
     blas = check_torch_blas(a.python, a.openblas_coretype)
     if not os.access(a.trellis, os.X_OK):
         sys.exit(f"run_bench.py: error: no trellis binary at {a.trellis} (cmake --build build)")
@@ -241,7 +254,7 @@ def main():
                 for key, setup in setups.items():
                     times[key] = run_torch(a.python, cfg, a.probe_steps, setup, prec,
                                            a.openblas_coretype)["ms"]
-                    log(f"{name} {prec} probe torch {setup[0]}: {times[key]:.1f} ms/step")
+                    log(f"{name} {prec} probe {setup[0]}: {times[key]:.1f} ms/step")
                 best = min(times, key=times.get)
                 probes.append(dict(label=cfg["label"], prec=prec, times=times, best=best))
             setup = setups[best]
@@ -277,6 +290,13 @@ def main():
     print("\n## trellis vs PyTorch eager, one process\n")
     print(f"- command: `{command}`")
     print(f"- 1-minute load average: {load_start:.2f} at start, {load_end:.2f} at end")
+    cores = os.cpu_count() or 1
+    if max(load_start, load_end) > cores + 0.5:
+        # Measured 2026-12-05 at load 9-15 on 2 cores: trellis's two OpenMP threads wait at every
+        # barrier for a descheduled peer (a baby step 11x its idle time) while a one-thread torch
+        # lost 3x, so such a run ranks the schedulers, not the engines.
+        print(f"- **warning: load above the machine's {cores} cores; the ratios below measure "
+              "contention with other jobs, not the engines; rerun on an idle machine**")
     print(f"- {a.steps} steps per run ({a.steps - SKIP} timed), {a.repeats} run(s) per side, "
           "trellis and torch alternating; median of the per-run medians; AdamW, fp32 master "
           "weights")
@@ -288,7 +308,8 @@ def main():
         print(f"- torch thread setup fixed by --torch-setup: {setups[a.torch_setup][0]}")
     elif probes:
         print(f"- torch thread setup: the fastest of a {a.probe_steps}-step probe "
-              f"({a.probe_steps - SKIP} timed) per config and precision\n")
+              f"({a.probe_steps - SKIP} timed; ms/step below, the winner in bold) per config "
+              "and precision\n")
         keys = list(setups)
         print("| config | precision | " + " | ".join(setups[k][0] for k in keys) + " | used |")
         print("|---|---|" + "---:|" * len(keys) + "---|")
@@ -298,12 +319,12 @@ def main():
             print(f"| {p['label']} | {p['prec']} | " + " | ".join(cells)
                   + f" | {setups[p['best']][0]} |")
     print("\n| config | precision | trellis ms/step | trellis tok/s | torch ms/step | torch tok/s "
-          "| trellis/torch time | torch threads | trellis MFU |")
+          "| trellis speed ÷ torch | torch threads | trellis MFU |")
     print("|---|---|---:|---:|---:|---:|---:|---|---:|")
     for r in results:
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
         print(f"| {r['label']} | {r['prec']} | {r['t_ms']:.1f} | {r['t_tok']:.0f} | "
-              f"{r['p_ms']:.1f} | {r['p_tok']:.0f} | {r['t_ms'] / r['p_ms']:.2f} | {r['setup']} "
+              f"{r['p_ms']:.1f} | {r['p_tok']:.0f} | {r['p_ms'] / r['t_ms']:.2f}× | {r['setup']} "
               f"| {mfu} |")
     by = {(r["name"], r["prec"]): r for r in results}
     both = [n for n in names if (n, "fp32") in by and (n, "bf16") in by]

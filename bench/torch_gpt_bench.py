@@ -157,7 +157,7 @@ def blas_info():
     """The BLAS this process (torch imported) runs on: the library whose sgemm_ libtorch_cpu's
     dependencies resolve to (dlsym through libtorch_cpu's handle, then dladdr), whether that is
     netlib's reference BLAS (Debian's libblas3, .../blas/libblas.so.3), the BLAS-like libraries
-    mapped, and OpenBLAS's config and core type when it is loaded."""
+    mapped, and OpenBLAS's config, core type and thread count when it is loaded."""
     mapped = []
     with open("/proc/self/maps") as f:
         for line in f:
@@ -177,7 +177,7 @@ def blas_info():
     libs = [os.path.realpath(p) for p in mapped if os.path.basename(p).startswith(
         ("libblas.so", "libopenblas", "libblis", "libmkl_rt"))]
     info = {"sgemm_from": sgemm, "reference": False, "blas_libs": libs,
-            "openblas_config": None, "openblas_core": None}
+            "openblas_config": None, "openblas_core": None, "openblas_threads": None}
     if sgemm is not None:
         info["reference"] = os.path.basename(os.path.dirname(sgemm)) == "blas"
     else:  # cannot tell where sgemm_ binds: reference if it is the only BLAS mapped
@@ -192,6 +192,9 @@ def blas_info():
                     f = getattr(lib, fn)
                     f.restype = ctypes.c_char_p
                     info[key] = f().decode().strip()
+                # The pool OpenBLAS really uses: what OPENBLAS_NUM_THREADS set at load time,
+                # unless something called openblas_set_num_threads since.
+                info["openblas_threads"] = int(lib.openblas_get_num_threads())
             except (OSError, AttributeError):
                 pass
             break

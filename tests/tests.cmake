@@ -31,9 +31,10 @@ foreach(script ${TRELLIS_SCRIPT_TESTS})
   # rest is the task paths again) and test_kv_decode (80 s under ASan: it trains three models;
   # the unit tests *.CachedLogitsEqualTheFullForward run the cache's code under ASan) and test_plan
   # (50 s under ASan, the longest of the label; the planner's enumeration, cost and memory model
-  # and machine files run under ASan in the unit tests Planner* and ValidateRun*).
+  # and machine files run under ASan in the unit tests Planner* and ValidateRun*) and
+  # test_run_bench_peer (it runs no trellis binary).
   set(not_sanitized test_big_corpus test_streaming_prepare test_launch_chaos test_task_commands
-      test_sentencepiece_runs test_kv_decode test_plan)
+      test_sentencepiece_runs test_kv_decode test_plan test_run_bench_peer)
   if(TRELLIS_SANITIZE AND group STREQUAL "cli" AND NOT name IN_LIST not_sanitized)
     set_tests_properties(${group}.${name} PROPERTIES LABELS sanitize)
   endif()

@@ -299,6 +299,23 @@ TEST(PlannerCalibration, GemmFitRecoversItsCoefficients) {
   EXPECT_NEAR(flops_only.rate / 400e9, 1, 0.02);
 }
 
+// calibrate's timing keeps the fastest window: another job that slows three windows of five
+// (most of the measurement, so a median would report it) leaves the kernel's own speed.
+TEST(PlannerCalibration, TimePerCallKeepsTheFastestWindow) {
+  double now = 0;  // a fake clock: calls take 4 ms while the interference lasts, then 1 ms
+  int calls = 0;
+  const auto kernel = [&] {
+    now += now < 0.035 ? 4e-3 : 1e-3;
+    ++calls;
+  };
+  // 5 windows of 10 ms: 4, 4, 2.5 (the interference ends in it), 1 and 1 ms per call.
+  const double t = time_per_call(kernel, 0.05, 5, [&] { return now; });
+  EXPECT_NEAR(t, 1e-3, 1e-12);
+  EXPECT_EQ(calls, 1 + 3 + 3 + 4 + 10 + 10);  // the untimed call, then every window's calls
+  // Rounds keep their fastest too: a calibration whose second round met the interference.
+  EXPECT_EQ(fastest_of({1.1e-3, 4e-3, 1.0e-3}), 1.0e-3);
+}
+
 // With a calibrated machine (per-shape GEMM fit, page refill cost), micro-batch sizes no longer
 // tie, and ZeRO-2/3 pay for the pages they give back.
 TEST(PlannerCalibration, ShapesAndPageRefillsChangeTheRanking) {

@@ -33,7 +33,7 @@ Command add_calibrate_command(CLI::App& app) {
   sub->add_option("--gemm-size", a->gemm_size, "n of the n x n x n GEMMs timed (default 1024)");
   sub->add_option("--seconds", a->seconds, "time per measurement (default 0.3)");
   sub->add_option("--rounds", a->rounds,
-                  "rounds of the compute measurements; each keeps its median (default 3)");
+                  "rounds of the compute measurements; each keeps its fastest (default 3)");
   return {sub, [a](Communicator& world) {
             TRELLIS_REQUIRE(a->threads >= 0, "--threads must not be negative");
             omp_set_num_threads(a->threads > 0 ? a->threads : default_threads_per_rank());

@@ -46,27 +46,6 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Seconds per call of f: the median of five windows of seconds/5 (each at least one call, after
-// an untimed one), so that a moment's interference on a shared machine does not move it. A
-// call longer than a window (the largest GEMMs' backward at one thread) is a window itself.
-template <class F>
-double time_per_call(F&& f, double seconds) {
-  f();
-  std::vector<double> windows(5);
-  for (double& w : windows) {
-    int calls = 0;
-    const auto start = Clock::now();
-    double elapsed = 0;
-    do {
-      f();
-      ++calls;
-      elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-    } while (elapsed < seconds / 5);
-    w = elapsed / calls;
-  }
-  return median(windows);
-}
-
 // time_per_call for a collective: every rank must run it the same number of times, so the
 // count comes from the slowest rank's first call. The calls run in up to five batches, each
 // started together after a barrier, and the median batch counts (its slowest rank's time): run
@@ -328,6 +307,33 @@ nlohmann::json gemm_json(const GemmFit& f, const nlohmann::json& table, const Ge
 
 }  // namespace
 
+double time_per_call(const std::function<void()>& f, double seconds, int windows,
+                     const std::function<double()>& now) {
+  TRELLIS_CHECK(windows >= 1, "time_per_call: {} windows", windows);
+  const auto clock = now ? now : [] {
+    return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+  };
+  f();
+  double fastest = INFINITY;
+  for (int w = 0; w < windows; ++w) {
+    int calls = 0;
+    const double start = clock();
+    double elapsed = 0;
+    do {
+      f();
+      ++calls;
+      elapsed = clock() - start;
+    } while (elapsed < seconds / windows);
+    fastest = std::min(fastest, elapsed / calls);
+  }
+  return fastest;
+}
+
+double fastest_of(const std::vector<double>& samples) {
+  TRELLIS_CHECK(!samples.empty(), "fastest_of: no samples");
+  return *std::min_element(samples.begin(), samples.end());
+}
+
 // Gaussian elimination on the normal equations of each subset of the terms that keeps the FLOP
 // term; the best fit without a negative coefficient wins.
 GemmFit fit_gemm(const std::vector<std::array<double, 4>>& rows) {  // {F, E, 1, t}
@@ -378,27 +384,29 @@ GemmFit fit_gemm(const std::vector<std::array<double, 4>>& rows) {  // {F, E, 1,
 
 namespace {
 
-// Each compute measurement's median over the rounds.
-ComputeTimes typical_compute(Communicator& world, int gemm_size, double seconds, int rounds) {
+// Each compute measurement's fastest round.
+ComputeTimes fastest_compute(Communicator& world, int gemm_size, double seconds, int rounds) {
   // Every rank measures at once, as training would run them. The rounds interleave the
-  // measurements, and each keeps its median round: a shared machine's speed drifts over seconds
-  // to minutes, and a training step runs at its typical speed, not its best.
+  // measurements, and each kernel keeps its fastest round (as each round keeps its fastest
+  // window): another job on a shared machine only ever slows a kernel down, so the fastest
+  // sample is the kernel's own speed, the one number that comes back the same from one
+  // calibration to the next. A median moved with whatever else ran during the calibration.
   world.barrier();
   std::vector<ComputeTimes> runs;
   for (int r = 0; r < rounds; ++r) runs.push_back(time_compute(world, gemm_size, seconds));
   const auto over_rounds = [&](auto get) {
     std::vector<double> v;
     for (const ComputeTimes& t : runs) v.push_back(get(t));
-    return median(std::move(v));
+    return fastest_of(v);
   };
-  ComputeTimes typical;
+  ComputeTimes fastest;
   for (auto table : {&ComputeTimes::gemm32, &ComputeTimes::gemm16, &ComputeTimes::gemm32_backward,
                      &ComputeTimes::gemm16_backward})
     for (size_t i = 0; i < (runs.front().*table).size(); ++i)
-      (typical.*table).push_back(over_rounds([&](const ComputeTimes& t) { return (t.*table)[i]; }));
-  typical.attention = over_rounds([](const ComputeTimes& t) { return t.attention; });
-  typical.memory_bound = over_rounds([](const ComputeTimes& t) { return t.memory_bound; });
-  return typical;
+      (fastest.*table).push_back(over_rounds([&](const ComputeTimes& t) { return (t.*table)[i]; }));
+  fastest.attention = over_rounds([](const ComputeTimes& t) { return t.attention; });
+  fastest.memory_bound = over_rounds([](const ComputeTimes& t) { return t.memory_bound; });
+  return fastest;
 }
 
 // The compute times as the machine file's rates: the GEMM fits (with their tables), the largest
@@ -410,22 +418,22 @@ struct ComputeRates {
   double fp32 = 0, bf16 = 0, attention = 0, memory_bound = 0;
 };
 
-ComputeRates compute_rates(const ComputeTimes& typical, int gemm_size) {
+ComputeRates compute_rates(const ComputeTimes& fastest, int gemm_size) {
   ComputeRates c;
-  c.fit32 = fit_gemm_times(typical.gemm32, gemm_size, c.table32);
-  c.fit16 = fit_gemm_times(typical.gemm16, gemm_size, c.table16);
-  c.fit32b = fit_gemm_times(typical.gemm32_backward, gemm_size, c.table32b);
-  c.fit16b = fit_gemm_times(typical.gemm16_backward, gemm_size, c.table16b);
+  c.fit32 = fit_gemm_times(fastest.gemm32, gemm_size, c.table32);
+  c.fit16 = fit_gemm_times(fastest.gemm16, gemm_size, c.table16);
+  c.fit32b = fit_gemm_times(fastest.gemm32_backward, gemm_size, c.table32b);
+  c.fit16b = fit_gemm_times(fastest.gemm16_backward, gemm_size, c.table16b);
   const double g = double(gemm_size);
-  c.fp32 = 2 * g * g * g / typical.gemm32.back();
-  c.bf16 = 2 * g * g * g / typical.gemm16.back();
+  c.fp32 = 2 * g * g * g / fastest.gemm32.back();
+  c.bf16 = 2 * g * g * g / fastest.gemm16.back();
   // FLOPs of a non-causal attention (4 B T^2 C forward, twice that backward), the count the cost
   // model uses.
-  c.attention = 12.0 * double(kAttB * kAttT * kAttT * kAttC) / typical.attention;
+  c.attention = 12.0 * double(kAttB * kAttT * kAttT * kAttC) / fastest.attention;
   // The rate that makes the cost model's byte count of the timed block take the time measured.
   c.memory_bound =
       block_memory_bound_bytes(memory_bound_block(), false, kBlockB, kBlockT, 1, false) /
-      typical.memory_bound;
+      fastest.memory_bound;
   return c;
 }
 
@@ -529,7 +537,7 @@ nlohmann::json calibrate_machine(Communicator& world, int gemm_size, double seco
   TRELLIS_REQUIRE(seconds > 0 && seconds <= 60, "--seconds must be in (0, 60]");
   TRELLIS_REQUIRE(rounds >= 1 && rounds <= 20, "--rounds must be in [1, 20]");
   const ComputeRates compute =
-      compute_rates(typical_compute(world, gemm_size, seconds, rounds), gemm_size);
+      compute_rates(fastest_compute(world, gemm_size, seconds, rounds), gemm_size);
   const HostRates host_rates = measure_host(world, seconds);
   const Links links = measure_links(world, seconds, host_rates.bandwidth);
   char host[256] = {0};
@@ -541,7 +549,7 @@ nlohmann::json calibrate_machine(Communicator& world, int gemm_size, double seco
                                world.size(), links.per_node)},
           {"sources",
            {{"measured", fmt::format("trellis calibrate on {} at {}: {}x{} GEMMs, a 256 MiB copy, "
-                                     "collectives of 1 KiB to 64 MiB; compute: the median of {} "
+                                     "collectives of 1 KiB to 64 MiB; compute: the fastest of {} "
                                      "rounds",
                                      host, date, gemm_size, gemm_size, rounds)}}},
           {"devices_per_node", links.per_node},

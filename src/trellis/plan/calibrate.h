@@ -4,6 +4,7 @@
 // attention and memory-bound kernels' rates, copy and page-refill bandwidth, and, under mpirun,
 // a ring fit of each collective between the ranks (one host: both links get the same).
 #include <array>
+#include <functional>
 #include <vector>
 
 #include "nlohmann/json.hpp"
@@ -14,9 +15,20 @@ namespace trellis {
 class Communicator;
 
 // Collective: every rank of `world` calls it. `seconds` bounds each measurement; the compute
-// measurements run `rounds` times, interleaved, and keep the median.
+// measurements run `rounds` times, interleaved, and each kernel keeps its fastest round.
 nlohmann::json calibrate_machine(Communicator& world, int gemm_size, double seconds,
                                  int rounds);
+
+// Seconds per call of f on a shared machine: the fastest of `windows` timing windows of
+// seconds / windows each (each at least one call, after an untimed one; a call longer than a
+// window is a window itself). Another job only ever slows a window, so however many windows it
+// hits, one it missed gives the kernel's own speed. `now` reads a clock in seconds (default:
+// steady_clock; tests pass a fake one).
+double time_per_call(const std::function<void()>& f, double seconds, int windows = 5,
+                     const std::function<double()>& now = {});
+
+// The smallest of samples (seconds): the fastest round of a measurement.
+double fastest_of(const std::vector<double>& samples);
 
 // The GEMM fit from measured rows {2MNK, MK + KN + MN, 1, seconds}: least squares of relative
 // errors, leaving out a term that would come out negative.
