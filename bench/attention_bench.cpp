@@ -7,10 +7,9 @@
 // usage: attention_bench [--B 4] [--H 12] [--hd 64] [--T 128,256,512,1024,2048] [--rounds 7]
 //                        [--key-block 256] [--query-block 64] [--clock wall|cpu]
 #include <omp.h>
-
-#include <algorithm>
 #include <time.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -56,26 +55,35 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const char* v = argv[i + 1];
-    if (k == "--B") B = std::atoll(v);
-    else if (k == "--H") H = std::atoll(v);
-    else if (k == "--hd") hd = std::atoll(v);
-    else if (k == "--T") Ts = v;
-    else if (k == "--rounds") rounds = std::atoll(v);
-    else if (k == "--key-block") key_block = std::atoll(v);
-    else if (k == "--query-block") query_block = std::atoll(v);
-    else if (k == "--clock") cpu_clock = std::strcmp(v, "cpu") == 0;
+    if (k == "--B")
+      B = std::atoll(v);
+    else if (k == "--H")
+      H = std::atoll(v);
+    else if (k == "--hd")
+      hd = std::atoll(v);
+    else if (k == "--T")
+      Ts = v;
+    else if (k == "--rounds")
+      rounds = std::atoll(v);
+    else if (k == "--key-block")
+      key_block = std::atoll(v);
+    else if (k == "--query-block")
+      query_block = std::atoll(v);
+    else if (k == "--clock")
+      cpu_clock = std::strcmp(v, "cpu") == 0;
     else {
       std::fprintf(stderr, "attention_bench: unknown option %s\n", argv[i]);
       return 2;
     }
   }
-  std::printf("causal attention forward + backward, B %lld, H %lld, hd %lld, %d threads, "
-              "tiles %lld x %lld, %lld rounds, %s time\n\n",
-              (long long)B, (long long)H, (long long)hd, omp_get_max_threads(),
-              (long long)query_block, (long long)key_block, (long long)rounds,
-              cpu_clock ? "CPU" : "wall");
-  std::printf("| T | probs kernel ms (fwd + bwd) | tiled ms (fwd + bwd) | probs / tiled "
-              "(median of rounds) |\n");
+  std::printf(
+      "causal attention forward + backward, B %lld, H %lld, hd %lld, %d threads, "
+      "tiles %lld x %lld, %lld rounds, %s time\n\n",
+      (long long)B, (long long)H, (long long)hd, omp_get_max_threads(), (long long)query_block,
+      (long long)key_block, (long long)rounds, cpu_clock ? "CPU" : "wall");
+  std::printf(
+      "| T | probs kernel ms (fwd + bwd) | tiled ms (fwd + bwd) | probs / tiled "
+      "(median of rounds) |\n");
   std::printf("|---:|---:|---:|---:|\n");
   std::mt19937 rng(1);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -92,7 +100,9 @@ int main(int argc, char** argv) {
     s.tiles = {query_block, key_block};
     const float *q = qkv.data(), *k = q + C, *v = q + 2 * C;
     float *dq = dqkv.data(), *dk = dq + C, *dv = dq + 2 * C;
-    auto tiled_fwd = [&] { ops::attention_forward(out.data(), lse.data(), q, 3 * C, k, v, 3 * C, s); };
+    auto tiled_fwd = [&] {
+      ops::attention_forward(out.data(), lse.data(), q, 3 * C, k, v, 3 * C, s);
+    };
     auto tiled_bwd = [&] {
       ops::attention_backward(dq, dk, dv, dout.data(), q, 3 * C, k, v, 3 * C, out.data(),
                               lse.data(), s);
@@ -101,8 +111,8 @@ int main(int argc, char** argv) {
       ops::attention_probs_forward(out.data(), probs.data(), q, 3 * C, k, v, 3 * C, s);
     };
     auto probs_bwd = [&] {
-      ops::attention_probs_backward(dq, dk, dv, dout.data(), q, 3 * C, k, v, 3 * C,
-                                    probs.data(), s);
+      ops::attention_probs_backward(dq, dk, dv, dout.data(), q, 3 * C, k, v, 3 * C, probs.data(),
+                                    s);
     };
     // Warm up both (page faults, oneDNN's kernels).
     tiled_fwd(), tiled_bwd(), probs_fwd(), probs_bwd();
@@ -116,8 +126,10 @@ int main(int argc, char** argv) {
         pf.push_back(seconds(probs_fwd));
         pb.push_back(seconds(probs_bwd));
       };
-      if (r % 2) run_tiled(), run_probs();
-      else run_probs(), run_tiled();
+      if (r % 2)
+        run_tiled(), run_probs();
+      else
+        run_probs(), run_tiled();
       ratio.push_back((pf.back() + pb.back()) / (tf.back() + tb.back()));
     }
     std::printf("| %lld | %.2f + %.2f | %.2f + %.2f | %.3f |\n", (long long)T, 1e3 * median(pf),

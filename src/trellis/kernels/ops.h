@@ -122,8 +122,8 @@ void attention_forward(float* out, float* lse, const float* q, int64_t ldq, cons
 // Recomputes each block's probabilities from lse; needs the forward's out (D = rowsum(dO o O)).
 // dq (stride ldq), dk and dv (stride ldkv) accumulate.
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
-                        int64_t ldq, const float* k, const float* v, int64_t ldkv,
-                        const float* out, const float* lse, const AttentionShape& s);
+                        int64_t ldq, const float* k, const float* v, int64_t ldkv, const float* out,
+                        const float* lse, const AttentionShape& s);
 // The same attention keeping the probabilities P [B, H, Tq, Tk] (the undropped ones) for
 // backward, which reads them instead of recomputing: the kernel before the tiled one, kept as the
 // reference the tests and bench/attention_bench compare it with (s.tiles is not used).

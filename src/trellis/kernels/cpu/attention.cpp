@@ -53,7 +53,7 @@ int64_t query_block(const AttentionShape& s) { return s.causal ? 64 : s.Tq; }
 }  // namespace
 
 void attention_probs_forward(float* out, float* probs, const float* q, int64_t ldq, const float* k,
-                       const float* v, int64_t ldkv, const AttentionShape& s) {
+                             const float* v, int64_t ldkv, const AttentionShape& s) {
   detail::check_attention_shape(s);
   const int64_t hd = s.hd, Tq = s.Tq, Tk = s.Tk, C = s.H * hd, group = s.H / s.Hkv;
   const float scale = 1.0f / std::sqrt(float(hd));
@@ -102,8 +102,8 @@ void attention_probs_forward(float* out, float* probs, const float* q, int64_t l
 }
 
 void attention_probs_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
-                        int64_t ldq, const float* k, const float* v, int64_t ldkv,
-                        const float* probs, const AttentionShape& s) {
+                              int64_t ldq, const float* k, const float* v, int64_t ldkv,
+                              const float* probs, const AttentionShape& s) {
   detail::check_attention_shape(s);
   const int64_t hd = s.hd, Tq = s.Tq, Tk = s.Tk, C = s.H * hd, group = s.H / s.Hkv;
   const float scale = 1.0f / std::sqrt(float(hd));

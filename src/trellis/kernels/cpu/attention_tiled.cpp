@@ -6,8 +6,10 @@
 // D = rowsum(dO o O) standing in for the softmax backward's <P, dP> (they are equal, dropout
 // included): dS = P o (dP - D). The tiles (64 query rows x 256 keys of scores, plus a key and a
 // value block of 256 rows) stay in L2; the products are oneDNN GEMMs called on the thread.
-// Masks skip whole key blocks no row of the query block sees, and inside a block a row only
-// exponentiates its visible range [first_key, visible_keys).
+// Masks narrow a query block's keys to those its rows see at all (from its first row's first key
+// to its last row's last), and inside a key block a row only exponentiates its visible range
+// [first_key, visible_keys). Measured against the kernel that stores the probabilities
+// (attention.cpp): as fast at T = 256, faster from 512, slower below 256 (bench/RESULTS.md).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -137,7 +139,8 @@ void attention_forward(float* out, float* lse, const float* q, int64_t ldq, cons
             // exp(-inf) = 0 on a row's first visible block: its accumulator and sum are 0.
             const float alpha = std::exp(mrow[size_t(r)] - m_new);
             mrow[size_t(r)] = m_new;
-            lrow[size_t(r)] = lrow[size_t(r)] * double(alpha) + exp_row(row + c.a, c.e - c.a, m_new, true);
+            lrow[size_t(r)] =
+                lrow[size_t(r)] * double(alpha) + exp_row(row + c.a, c.e - c.a, m_new, true);
             if (alpha != 1.0f) {
               float* o = acc.data() + r * hd;
               for (int64_t d = 0; d < hd; ++d) o[d] *= alpha;
@@ -150,8 +153,8 @@ void attention_forward(float* out, float* lse, const float* q, int64_t ldq, cons
               for (int64_t j = c.a; j < c.e; ++j) row[j] *= mr[j];
             }
           }
-          gemm(false, false, m, hd, nk, 1.0f, sc.data(), Bc, vh + j0 * ldkv, ldkv, 1.0f,
-               acc.data(), hd);
+          gemm(false, false, m, hd, nk, 1.0f, sc.data(), Bc, vh + j0 * ldkv, ldkv, 1.0f, acc.data(),
+               hd);
         }
         for (int64_t r = 0; r < m; ++r) {
           const double l = lrow[size_t(r)];
@@ -167,8 +170,8 @@ void attention_forward(float* out, float* lse, const float* q, int64_t ldq, cons
 }
 
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
-                        int64_t ldq, const float* k, const float* v, int64_t ldkv,
-                        const float* out, const float* lse, const AttentionShape& s) {
+                        int64_t ldq, const float* k, const float* v, int64_t ldkv, const float* out,
+                        const float* lse, const AttentionShape& s) {
   detail::check_attention_shape(s);
   const int64_t hd = s.hd, Tq = s.Tq, C = s.H * hd, group = s.H / s.Hkv;
   const int64_t Br = std::max<int64_t>(1, s.tiles.queries), Bc = std::max<int64_t>(1, s.tiles.keys);
