@@ -271,7 +271,7 @@ TEST(ActivationMemory, AChangedBlockLayoutChangesTheModelAndThePredictionAlike) 
 }
 
 // Recomputing keeps less: full keeps only each block's output; selective keeps everything but
-// the attention probabilities and the MLP's up projection and activation.
+// attention's logsumexp and the MLP's up projection and activation.
 TEST(ActivationMemory, RecomputeKeepsLessAndTheWorkspaceHoldsTheRest) {
   const ModelConfig cfg = [] {
     ModelConfig c = model_preset("gpt2");
@@ -283,7 +283,7 @@ TEST(ActivationMemory, RecomputeKeepsLessAndTheWorkspaceHoldsTheRest) {
   const ActivationMemory none = activation_memory(cfg, whole, B, T, 1, false, Recompute::None);
   const ActivationMemory sel = activation_memory(cfg, whole, B, T, 1, false, Recompute::Selective);
   const ActivationMemory full = activation_memory(cfg, whole, B, T, 1, false, Recompute::Full);
-  const int64_t L = cfg.n_layer, dropped_sel = 4 * (B * H * T * T + BT * 4 * C * 2);
+  const int64_t L = cfg.n_layer, dropped_sel = 4 * (B * H * T + BT * 4 * C * 2);
   EXPECT_EQ(none.blocks - sel.blocks, L * dropped_sel);
   EXPECT_EQ(full.blocks, L * 4 * BT * C);
   EXPECT_EQ(sel.workspace - none.workspace, dropped_sel);
@@ -296,6 +296,7 @@ TEST(ActivationMemory, RecomputeKeepsLessAndTheWorkspaceHoldsTheRest) {
 // Megatron-like block (LayerNorm, GELU, 4h MLP, biases) keeps the same tensors except:
 //   - fp32, not fp16: every kept tensor counts 4 bytes per element, not 2;
 //   - no dropout: no masks (sbh + sbh, and as^2b of attention's) and no dropout output (2as^2b);
+//   - attention is the tiled kernel: no softmax output (2as^2b), its logsumexp instead (4asb/t);
 //   - each LayerNorm keeps its mean and rstd (2 floats per row; 2 norms: 16sb bytes per layer,
 //     /t under SP); the paper leaves these out;
 //   - under sequence parallelism trellis keeps both norms' all-gathered outputs (the inputs of the
@@ -311,7 +312,7 @@ TEST(ActivationMemory, RelatesToMegatronsPerLayerFormulaTermByTerm) {
   ASSERT_EQ(cfg.ffn(), 4 * h);
   for (int64_t t : {1, 2, 4}) {
     SCOPED_TRACE("t = " + std::to_string(t));
-    const int64_t sbh = s * b * h, as2b = a * s * s * b, sb = s * b;
+    const int64_t sbh = s * b * h, as2b = a * s * s * b, sb = s * b, lse = 4 * a * s * b / t;
     // Megatron's formulas, in bytes (the paper's sbh(...) with the fractions multiplied out).
     const int64_t tp_only = sbh * 10 + sbh * 24 / t + 5 * as2b / t;  // t = 1: sbh(34 + 5as/h)
     const int64_t tp_sp = sbh * 34 / t + 5 * as2b / t;
@@ -321,15 +322,16 @@ TEST(ActivationMemory, RelatesToMegatronsPerLayerFormulaTermByTerm) {
       return block_activation_bytes(cfg, false, b, s, int(t), sp, rc);
     };
     // Without SP: the 10sbh replicated = LN inputs 4 + LN outputs 4 + masks 2; 24/t the rest.
-    EXPECT_EQ(trellis(false, Recompute::None), 2 * (tp_only - 2 * sbh - 3 * as2b / t) + 16 * sb);
+    EXPECT_EQ(trellis(false, Recompute::None),
+              2 * (tp_only - 2 * sbh - 5 * as2b / t) + 16 * sb + lse);
     if (t == 1) {
-      EXPECT_EQ(trellis(false, Recompute::None), 2 * (sbh * 34 + 5 * as2b - 2 * sbh - 3 * as2b) +
-                                                     16 * sb);
+      EXPECT_EQ(trellis(false, Recompute::None),
+                2 * (sbh * 34 + 5 * as2b - 2 * sbh - 5 * as2b) + 16 * sb + lse);
       EXPECT_EQ(trellis(false, Recompute::Full), 2 * full);
       continue;  // sequence parallelism needs t > 1
     }
     EXPECT_EQ(trellis(true, Recompute::None),
-              2 * (tp_sp - 2 * sbh / t - 3 * as2b / t) + 16 * sb / t + 8 * sbh);
+              2 * (tp_sp - 2 * sbh / t - 5 * as2b / t) + 16 * sb / t + 8 * sbh + lse);
     EXPECT_EQ(trellis(true, Recompute::Selective),
               2 * (tp_sp_selective - 2 * sbh / t - 16 * sbh / t) + 16 * sb / t + 8 * sbh);
     EXPECT_EQ(trellis(true, Recompute::Full), 2 * full / t);

@@ -97,22 +97,22 @@ TEST(AttentionDropout, HeadAndSequenceSlicesDrawTheWholeCallsMasks) {
                              v = random_vec(q.size(), 6), dout = random_vec(q.size(), 7);
     ops::AttentionShape whole{B, T, T, H, H, hd, causal};
     whole.dropout = drop;
-    std::vector<float> out(q.size()), probs(size_t(B * H * T * T));
+    std::vector<float> out(q.size()), lse(size_t(B * H * T));
     std::vector<float> dq(q.size()), dk(q.size()), dv(q.size());
-    ops::attention_forward(out.data(), probs.data(), q.data(), C, k.data(), v.data(), C, whole);
+    ops::attention_forward(out.data(), lse.data(), q.data(), C, k.data(), v.data(), C, whole);
     ops::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), C, k.data(),
-                            v.data(), C, probs.data(), whole);
+                            v.data(), C, out.data(), lse.data(), whole);
     // Without dropout the output differs: the mask is there.
     ops::AttentionShape plain = whole;
     plain.dropout = {};
-    std::vector<float> out0(q.size()), probs0(probs.size());
-    ops::attention_forward(out0.data(), probs0.data(), q.data(), C, k.data(), v.data(), C, plain);
-    EXPECT_EQ(probs0, probs);  // the kept probabilities are the undropped ones
+    std::vector<float> out0(q.size()), lse0(lse.size());
+    ops::attention_forward(out0.data(), lse0.data(), q.data(), C, k.data(), v.data(), C, plain);
+    EXPECT_EQ(lse0, lse);  // the kept logsumexp is the undropped probabilities' one
     EXPECT_NE(out0, out);
     // Heads [2, 4) of each sequence as their own call (head0 = 2), and each sequence alone
     // (seq0 = 10 + b); the pieces land in the same places.
     std::vector<float> out_h(q.size()), dq_h(q.size()), dk_h(q.size()), dv_h(q.size());
-    std::vector<float> probs_h(size_t(B * 2 * T * T));
+    std::vector<float> lse_h(size_t(B * 2 * T));
     for (int64_t h0 : {0, 2}) {
       ops::AttentionShape half{B, T, T, 2, 2, hd, causal};
       half.dropout = drop;
@@ -120,7 +120,7 @@ TEST(AttentionDropout, HeadAndSequenceSlicesDrawTheWholeCallsMasks) {
       const int64_t off = h0 * hd;
       // out is [B, T, 2*hd] contiguous for the call: compute into scratch and scatter.
       std::vector<float> o(size_t(B * T * 2 * hd));
-      ops::attention_forward(o.data(), probs_h.data(), q.data() + off, C, k.data() + off,
+      ops::attention_forward(o.data(), lse_h.data(), q.data() + off, C, k.data() + off,
                              v.data() + off, C, half);
       std::vector<float> dy(o.size());
       for (int64_t r = 0; r < B * T; ++r)
@@ -129,25 +129,25 @@ TEST(AttentionDropout, HeadAndSequenceSlicesDrawTheWholeCallsMasks) {
           dy[size_t(r * 2 * hd + c)] = dout[size_t(r * C + off + c)];
         }
       ops::attention_backward(dq_h.data() + off, dk_h.data() + off, dv_h.data() + off, dy.data(),
-                              q.data() + off, C, k.data() + off, v.data() + off, C, probs_h.data(),
-                              half);
+                              q.data() + off, C, k.data() + off, v.data() + off, C, o.data(),
+                              lse_h.data(), half);
     }
     EXPECT_EQ(out_h, out) << "causal " << causal;
     EXPECT_EQ(dq_h, dq);
     EXPECT_EQ(dk_h, dk);
     EXPECT_EQ(dv_h, dv);
     std::vector<float> out_b(q.size()), dq_b(q.size()), dk_b(q.size()), dv_b(q.size());
-    std::vector<float> probs_b(size_t(H * T * T));
+    std::vector<float> lse_b(size_t(H * T));
     for (int64_t b = 0; b < B; ++b) {
       ops::AttentionShape one{1, T, T, H, H, hd, causal};
       one.dropout = drop;
       one.dropout.seq0 = drop.seq0 + b;
       const int64_t off = b * T * C;
-      ops::attention_forward(out_b.data() + off, probs_b.data(), q.data() + off, C, k.data() + off,
+      ops::attention_forward(out_b.data() + off, lse_b.data(), q.data() + off, C, k.data() + off,
                              v.data() + off, C, one);
       ops::attention_backward(dq_b.data() + off, dk_b.data() + off, dv_b.data() + off,
                               dout.data() + off, q.data() + off, C, k.data() + off, v.data() + off,
-                              C, probs_b.data(), one);
+                              C, out_b.data() + off, lse_b.data(), one);
     }
     EXPECT_EQ(out_b, out);
     EXPECT_EQ(dq_b, dq);

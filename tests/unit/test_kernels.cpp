@@ -105,10 +105,10 @@ DVec gelu_ref(const DVec& x) {
 }
 
 DVec attention_ref(const DVec& qkv, int64_t B, int64_t T, int64_t C, int64_t H,
-                   DVec* probs = nullptr) {
+                   DVec* lse = nullptr) {
   const int64_t hs = C / H, C3 = 3 * C;
   DVec out(sz(B * T * C), 0.0);
-  if (probs) probs->assign(sz(B * H * T * T), 0.0);
+  if (lse) lse->assign(sz(B * H * T), 0.0);
   DVec p(sz(T));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h)
@@ -124,9 +124,9 @@ DVec attention_ref(const DVec& qkv, int64_t B, int64_t T, int64_t C, int64_t H,
         }
         double sum = 0.0;
         for (int64_t j = 0; j <= i; ++j) sum += (p[j] = std::exp(p[j] - mx));
+        if (lse) (*lse)[sz((b * H + h) * T + i)] = mx + std::log(sum);
         for (int64_t j = 0; j <= i; ++j) {
           p[j] /= sum;
-          if (probs) (*probs)[((b * H + h) * T + i) * T + j] = p[j];
           const double* v = &qkv[b * T * C3 + j * C3 + 2 * C + h * hs];
           for (int64_t d = 0; d < hs; ++d) out[(b * T + i) * C + h * hs + d] += p[j] * v[d];
         }
@@ -229,10 +229,10 @@ struct AttnLayout {
 // Grouped-query attention straight from the definition: per query, scores over the visible keys,
 // softmax, weighted sum of values. Invisible keys get probability 0.
 DVec gqa_attention_ref(const DVec& X, const AttnLayout& l, const ops::AttentionShape& s,
-                       DVec* probs = nullptr) {
+                       DVec* lse = nullptr) {
   const int64_t hd = s.hd, C = s.H * hd;
   DVec out(sz(s.B * s.Tq * C), 0.0);
-  if (probs) probs->assign(sz(s.B * s.H * s.Tq * s.Tk), 0.0);
+  if (lse) lse->assign(sz(s.B * s.H * s.Tq), 0.0);
   DVec p(sz(s.Tk));
   for (int64_t b = 0; b < s.B; ++b)
     for (int64_t h = 0; h < s.H; ++h) {
@@ -255,10 +255,10 @@ DVec gqa_attention_ref(const DVec& X, const AttnLayout& l, const ops::AttentionS
         double sum = 0.0;
         for (int64_t j = 0; j < s.Tk; ++j)
           if (visible(j)) sum += (p[j] = std::exp(p[j] - mx));
+        if (lse) (*lse)[sz((b * s.H + h) * s.Tq + i)] = mx + std::log(sum);
         for (int64_t j = 0; j < s.Tk; ++j) {
           if (!visible(j)) continue;
           const double pj = p[j] / sum;
-          if (probs) (*probs)[sz(((b * s.H + h) * s.Tq + i) * s.Tk + j)] = pj;
           const double* v = &X[sz(l.voff + (b * s.Tk + j) * l.ldkv + g * hd)];
           for (int64_t d = 0; d < hd; ++d) out[sz((b * s.Tq + i) * C + h * hd + d)] += pj * v[d];
         }
@@ -803,22 +803,6 @@ TEST(KernelsSwiGlu, ForwardAndGradient) {
 // ---------------------------------------------------------------------------------------------
 // attention
 
-// Causal probabilities [BH, T, T]: rows sum to 1, exactly zero above the diagonal.
-void expect_causal_probs(const Vec& probs, int64_t BH, int64_t T) {
-  for (int64_t bh = 0; bh < BH; ++bh)
-    for (int64_t i = 0; i < T; ++i) {
-      double s = 0.0;
-      for (int64_t j = 0; j < T; ++j) {
-        const float p = probs[sz((bh * T + i) * T + j)];
-        if (j > i) {
-          EXPECT_EQ(p, 0.0f);
-        }
-        s += p;
-      }
-      EXPECT_NEAR(s, 1.0, 1e-6);
-    }
-}
-
 // GPT-2's fused-qkv causal attention.
 struct FusedAttnShape {
   int64_t B, T, C, H;
@@ -829,17 +813,17 @@ OpCase fused_attention_case(const FusedAttnShape& s, uint32_t seed) {
   OpCase c;
   c.name = shape_name("attention qkv", {{"B", s.B}, {"T", s.T}, {"C", s.C}, {"H", s.H}});
   c.inputs = {{"qkv", randn(rng, sz(s.B * s.T * 3 * s.C))}};
-  c.outputs = {{"out", sz(s.B * s.T * s.C)}, {"probs", sz(s.B * s.H * s.T * s.T)}};
+  c.outputs = {{"out", sz(s.B * s.T * s.C)}, {"lse", sz(s.B * s.H * s.T)}};
   c.forward = [s](const CPtrs& in, const Ptrs& out) {
     ops::attention_forward(out[0], out[1], in[0], s.B, s.T, s.C, s.H);
   };
   c.reference = [s](const std::vector<DVec>& in) {
-    DVec probs;
-    DVec out = attention_ref(in[0], s.B, s.T, s.C, s.H, &probs);
-    return std::vector<DVec>{out, probs};
+    DVec lse;
+    DVec out = attention_ref(in[0], s.B, s.T, s.C, s.H, &lse);
+    return std::vector<DVec>{out, lse};
   };
   c.backward = [s](const float* dout, const CPtrs& in, const CPtrs& saved, const Ptrs& g) {
-    ops::attention_backward(g[0], dout, in[0], saved[1], s.B, s.T, s.C, s.H);
+    ops::attention_backward(g[0], dout, in[0], saved[0], saved[1], s.B, s.T, s.C, s.H);
   };
   return c;
 }
@@ -848,12 +832,11 @@ const FusedAttnShape kFusedAttnShapes[] = {
     {kB, kT, kC, kH}, {1, 1, 2, 1}, {3, 7, 6, 3}, {2, 13, 12, 3}, {1, 17, 34, 1},
 };
 
-TEST(KernelsAttention, ForwardProbsAndGradients) {
+TEST(KernelsAttention, ForwardLogsumexpAndGradients) {
   uint32_t seed = 41;
   for (const FusedAttnShape& s : kFusedAttnShapes) {
-    const CaseResult r = run_case(fused_attention_case(s, seed), seed + 500);
+    run_case(fused_attention_case(s, seed), seed + 500);
     ++seed;
-    expect_causal_probs(r.outputs[1], s.B * s.H, s.T);
   }
 }
 
@@ -861,15 +844,15 @@ TEST(KernelsAttention, FutureTokensDoNotChangeEarlierOutputs) {
   const int64_t B = kB, T = kT, C = kC, H = kH, C3 = 3 * C;
   std::mt19937 rng(42);
   const Vec qkv = randn(rng, sz(B * T * C3));
-  Vec out0(sz(B * T * C)), probs0(sz(B * H * T * T));
-  ops::attention_forward(out0.data(), probs0.data(), qkv.data(), B, T, C, H);
+  Vec out0(sz(B * T * C)), lse0(sz(B * H * T));
+  ops::attention_forward(out0.data(), lse0.data(), qkv.data(), B, T, C, H);
   for (int64_t tf = 1; tf < T; ++tf) {
     // Replace everything (q, k and v, all heads) of token tf in every batch row.
     Vec mod = qkv;
     for (int64_t b = 0; b < B; ++b)
       for (int64_t c = 0; c < C3; ++c) mod[(b * T + tf) * C3 + c] = 5.0f * float(c % 7) - 11.0f;
-    Vec out1(out0.size()), probs1(probs0.size());
-    ops::attention_forward(out1.data(), probs1.data(), mod.data(), B, T, C, H);
+    Vec out1(out0.size()), lse1(lse0.size());
+    ops::attention_forward(out1.data(), lse1.data(), mod.data(), B, T, C, H);
     bool later_changed = false;
     for (int64_t b = 0; b < B; ++b)
       for (int64_t t = 0; t < T; ++t)
@@ -890,14 +873,15 @@ TEST(KernelsAttention, BackwardSendsNoGradientToFutureTokens) {
   const int64_t B = kB, T = kT, C = kC, H = kH, C3 = 3 * C, t0 = 2;
   std::mt19937 rng(43);
   const Vec qkv = randn(rng, sz(B * T * C3));
-  Vec out(sz(B * T * C)), probs(sz(B * H * T * T));
-  ops::attention_forward(out.data(), probs.data(), qkv.data(), B, T, C, H);
+  Vec out(sz(B * T * C)), lse(sz(B * H * T));
+  ops::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, H);
   Vec dout = randn(rng, out.size());
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = t0 + 1; t < T; ++t)
       for (int64_t c = 0; c < C; ++c) dout[(b * T + t) * C + c] = 0.0f;
   Vec dqkv(qkv.size(), 0.0f);
-  ops::attention_backward(dqkv.data(), dout.data(), qkv.data(), probs.data(), B, T, C, H);
+  ops::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C,
+                          H);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = t0 + 1; t < T; ++t)
       for (int64_t c = 0; c < C3; ++c) EXPECT_EQ(dqkv[(b * T + t) * C3 + c], 0.0f);
@@ -924,14 +908,24 @@ int64_t layout_size(const AttnLayout& l, const ops::AttentionShape& s) {
       {l.qoff + s.B * s.Tq * l.ldq, l.koff + s.B * s.Tk * l.ldkv, l.voff + s.B * s.Tk * l.ldkv});
 }
 
-void attention_fwd(float* out, float* probs, const float* X, const AttnLayout& l,
+void attention_fwd(float* out, float* lse, const float* X, const AttnLayout& l,
                    const ops::AttentionShape& s) {
-  ops::attention_forward(out, probs, X + l.qoff, l.ldq, X + l.koff, X + l.voff, l.ldkv, s);
+  ops::attention_forward(out, lse, X + l.qoff, l.ldq, X + l.koff, X + l.voff, l.ldkv, s);
 }
-void attention_bwd(float* dX, const float* dout, const float* X, const float* probs,
-                   const AttnLayout& l, const ops::AttentionShape& s) {
+void attention_bwd(float* dX, const float* dout, const float* X, const float* out,
+                   const float* lse, const AttnLayout& l, const ops::AttentionShape& s) {
   ops::attention_backward(dX + l.qoff, dX + l.koff, dX + l.voff, dout, X + l.qoff, l.ldq,
-                          X + l.koff, X + l.voff, l.ldkv, probs, s);
+                          X + l.koff, X + l.voff, l.ldkv, out, lse, s);
+}
+// The same through the kernel that keeps the probabilities (the reference of the tiled one).
+void attention_probs_fwd(float* out, float* probs, const float* X, const AttnLayout& l,
+                         const ops::AttentionShape& s) {
+  ops::attention_probs_forward(out, probs, X + l.qoff, l.ldq, X + l.koff, X + l.voff, l.ldkv, s);
+}
+void attention_probs_bwd(float* dX, const float* dout, const float* X, const float* probs,
+                         const AttnLayout& l, const ops::AttentionShape& s) {
+  ops::attention_probs_backward(dX + l.qoff, dX + l.koff, dX + l.voff, dout, X + l.qoff, l.ldq,
+                                X + l.koff, X + l.voff, l.ldkv, probs, s);
 }
 
 // One row of the general attention table. key_len [B] and seg_start [B * Tq] are optional (empty).
@@ -960,19 +954,21 @@ OpCase attention_case(const AttnRow& row, uint32_t seed) {
   c.name = row.what + shape_name("", {{"B", s.B}, {"Tq", s.Tq}, {"Tk", s.Tk}, {"H", s.H},
                                       {"Hkv", s.Hkv}, {"hd", s.hd}});
   c.inputs = {{"q|k|v", randn(rng, sz(layout_size(l, s)))}};
-  // NaN-filled: the forward must write every output and every probability (masked ones as 0).
-  c.outputs = {{"out", sz(s.B * s.Tq * s.H * s.hd)}, {"probs", sz(s.B * s.H * s.Tq * s.Tk)}};
+  // NaN-filled: the forward must write every output and every row's logsumexp.
+  c.outputs = {{"out", sz(s.B * s.Tq * s.H * s.hd)}, {"lse", sz(s.B * s.H * s.Tq)}};
   const auto ints = c.ints;  // keeps the masks alive as long as the calls
   c.forward = [s, l, ints](const CPtrs& in, const Ptrs& out) {
     attention_fwd(out[0], out[1], in[0], l, s);
   };
   c.reference = [s, l, ints](const std::vector<DVec>& in) {
-    DVec probs;
-    DVec out = gqa_attention_ref(in[0], l, s, &probs);
-    return std::vector<DVec>{out, probs};
+    DVec lse;
+    DVec out = gqa_attention_ref(in[0], l, s, &lse);
+    return std::vector<DVec>{out, lse};
   };
   c.backward = [s, l, ints](const float* dout, const CPtrs& in, const CPtrs& saved,
-                            const Ptrs& g) { attention_bwd(g[0], dout, in[0], saved[1], l, s); };
+                            const Ptrs& g) {
+    attention_bwd(g[0], dout, in[0], saved[0], saved[1], l, s);
+  };
   return c;
 }
 
@@ -981,22 +977,7 @@ void check_attention(const AttnRow& row, uint32_t seed) {
   SCOPED_TRACE(row.what);
   const ops::AttentionShape& s = row.s;
   const AttnLayout l = row.fused ? fused_layout(s, row.pad) : separate_layout(s, row.pad, row.kv_pad);
-  const bool has_len = !row.key_len.empty(), has_seg = !row.seg_start.empty();
-  const Vec& probs = r.outputs[1];
-  for (int64_t b = 0; b < s.B; ++b)
-    for (int64_t h = 0; h < s.H; ++h)
-      for (int64_t i = 0; i < s.Tq; ++i) {
-        double sum = 0.0;
-        for (int64_t j = 0; j < s.Tk; ++j) {
-          const float p = probs[sz(((b * s.H + h) * s.Tq + i) * s.Tk + j)];
-          if ((s.causal && j > i) || (has_len && j >= row.key_len[sz(b)]) ||
-              (has_seg && j < row.seg_start[sz(b * s.Tq + i)])) {
-            EXPECT_EQ(p, 0.0f) << "masked b=" << b << " h=" << h << " i=" << i << " j=" << j;
-          }
-          sum += p;
-        }
-        EXPECT_NEAR(sum, 1.0, 1e-6);
-      }
+  const bool has_len = !row.key_len.empty();
   // Exactly nothing into masked keys' k and v.
   const Vec &dX = r.grads[0], &pre = r.prefill[0];
   for (int64_t b = 0; has_len && b < s.B; ++b)
@@ -1021,15 +1002,16 @@ TEST(KernelsAttention, GeneralCausalMhaEqualsFusedWrapper) {
       v[sz(t * C + c)] = qkv[sz(t * C3 + 2 * C + c)];
     }
   const ops::AttentionShape s{B, T, T, H, H, C / H, true};
-  Vec out0(sz(B * T * C)), probs0(sz(B * H * T * T)), out1(out0.size()), probs1(probs0.size());
-  ops::attention_forward(out0.data(), probs0.data(), qkv.data(), B, T, C, H);
-  ops::attention_forward(out1.data(), probs1.data(), q.data(), C, k.data(), v.data(), C, s);
+  Vec out0(sz(B * T * C)), lse0(sz(B * H * T)), out1(out0.size()), lse1(lse0.size());
+  ops::attention_forward(out0.data(), lse0.data(), qkv.data(), B, T, C, H);
+  ops::attention_forward(out1.data(), lse1.data(), q.data(), C, k.data(), v.data(), C, s);
   EXPECT_EQ(out0, out1);
-  EXPECT_EQ(probs0, probs1);
+  EXPECT_EQ(lse0, lse1);
   Vec dqkv(qkv.size(), 0.0f), dq(q.size(), 0.0f), dk(q.size(), 0.0f), dv(q.size(), 0.0f);
-  ops::attention_backward(dqkv.data(), dout.data(), qkv.data(), probs0.data(), B, T, C, H);
+  ops::attention_backward(dqkv.data(), dout.data(), qkv.data(), out0.data(), lse0.data(), B, T, C,
+                          H);
   ops::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), C, k.data(),
-                          v.data(), C, probs1.data(), s);
+                          v.data(), C, out1.data(), lse1.data(), s);
   for (int64_t t = 0; t < B * T; ++t)
     for (int64_t c = 0; c < C; ++c) {
       EXPECT_EQ(dq[sz(t * C + c)], dqkv[sz(t * C3 + c)]);
@@ -1103,17 +1085,17 @@ TEST(KernelsAttention, OneDocumentEqualsNoSegments) {
   const std::vector<int32_t> zeros(size_t(B * T), 0);
   ops::AttentionShape plain{B, T, T, H, H, hd, true}, seg = plain;
   seg.seg_start = zeros.data();
-  Vec out0(sz(B * T * C)), probs0(sz(B * H * T * T)), out1(out0.size()), probs1(probs0.size());
+  Vec out0(sz(B * T * C)), lse0(sz(B * H * T)), out1(out0.size()), lse1(lse0.size());
   const float *q = qkv.data(), *k = q + C, *v = q + 2 * C;
-  ops::attention_forward(out0.data(), probs0.data(), q, 3 * C, k, v, 3 * C, plain);
-  ops::attention_forward(out1.data(), probs1.data(), q, 3 * C, k, v, 3 * C, seg);
+  ops::attention_forward(out0.data(), lse0.data(), q, 3 * C, k, v, 3 * C, plain);
+  ops::attention_forward(out1.data(), lse1.data(), q, 3 * C, k, v, 3 * C, seg);
   EXPECT_EQ(out0, out1);
-  EXPECT_EQ(probs0, probs1);
+  EXPECT_EQ(lse0, lse1);
   Vec d0(qkv.size(), 0.0f), d1(qkv.size(), 0.0f);
   ops::attention_backward(d0.data(), d0.data() + C, d0.data() + 2 * C, dout.data(), q, 3 * C, k, v,
-                          3 * C, probs0.data(), plain);
+                          3 * C, out0.data(), lse0.data(), plain);
   ops::attention_backward(d1.data(), d1.data() + C, d1.data() + 2 * C, dout.data(), q, 3 * C, k, v,
-                          3 * C, probs1.data(), seg);
+                          3 * C, out1.data(), lse1.data(), seg);
   EXPECT_EQ(d0, d1);
 }
 
@@ -1124,19 +1106,120 @@ TEST(KernelsAttention, GroupedBackwardIndependentOfThreadCount) {
   const AttnLayout l = fused_layout(s, 1);
   std::mt19937 rng(54);
   const Vec X = randn(rng, sz(layout_size(l, s))), dout = randn(rng, sz(s.B * s.Tq * s.H * s.hd));
-  Vec out(dout.size()), probs(sz(s.B * s.H * s.Tq * s.Tk));
-  attention_fwd(out.data(), probs.data(), X.data(), l, s);
+  Vec out(dout.size()), lse(sz(s.B * s.H * s.Tq));
+  attention_fwd(out.data(), lse.data(), X.data(), l, s);
   const int saved = omp_get_max_threads();
   std::vector<Vec> grads;
   for (int threads : {1, 2, 3}) {
     omp_set_num_threads(threads);
     Vec dX(X.size(), 0.5f);
-    attention_bwd(dX.data(), dout.data(), X.data(), probs.data(), l, s);
+    attention_bwd(dX.data(), dout.data(), X.data(), out.data(), lse.data(), l, s);
     grads.push_back(dX);
   }
   omp_set_num_threads(saved);
   EXPECT_EQ(grads[0], grads[1]);
   EXPECT_EQ(grads[0], grads[2]);
+}
+
+// The tiled kernel's blocks: small ones, so the online softmax crosses many block edges (key
+// blocks that a row sees partly or not at all, rescaled accumulators) at sizes whose numeric
+// gradients stay cheap.
+ops::AttentionShape with_tiles(ops::AttentionShape s, int64_t queries, int64_t keys) {
+  s.tiles = {queries, keys};
+  return s;
+}
+
+TEST(KernelsAttention, SmallTilesCrossBlockEdges) {
+  check_attention({"causal, tiles 4 x 3", with_tiles({2, 11, 11, 2, 1, 4, true}, 4, 3)}, 63);
+  check_attention({"causal, key_len, tiles 3 x 5", with_tiles({2, 13, 13, 2, 2, 4, true}, 3, 5),
+                   {9, 13}},
+                  64);
+  check_attention({"cross, key_len, tiles 2 x 3", with_tiles({2, 5, 11, 4, 2, 3, false}, 2, 3),
+                   {4, 11}, {}, false, 1, 2},
+                  65);
+  check_attention({"bidirectional gqa, tiles 5 x 4 (one key per last block)",
+                   with_tiles({1, 9, 9, 4, 2, 5, false}, 5, 4)},
+                  66);
+  std::vector<int32_t> seg(size_t(2 * 12));
+  for (int64_t t = 0; t < 12; ++t) {
+    seg[size_t(t)] = t < 5 ? 0 : t < 6 ? 5 : 6;  // documents [0,5), [5,6), [6,12)
+    seg[size_t(12 + t)] = t < 9 ? 0 : 9;
+  }
+  check_attention({"documents, tiles 4 x 3", with_tiles({2, 12, 12, 2, 1, 4, true}, 4, 3), {},
+                   seg, true, 1},
+                  67);
+}
+
+// The tiled kernel against the kernel that keeps the probabilities (the model's attention before
+// it): every mask kind, odd sizes (T not a multiple of either block), GQA, cross-attention and
+// attention dropout, default and small blocks. Outputs and gradients agree to float rounding
+// (kFwdTol normwise, as the kernels' other forward checks); the dropout rows show the backward
+// draws the forward's masks again.
+struct TiledRow {
+  std::string what;
+  ops::AttentionShape s;
+  std::vector<int32_t> key_len, seg_start;
+  float dropout_p = 0.0f;
+};
+
+void check_tiled_matches_probs(const TiledRow& row, uint32_t seed) {
+  SCOPED_TRACE(row.what);
+  ops::AttentionShape s = row.s;
+  if (!row.key_len.empty()) s.key_len = row.key_len.data();
+  if (!row.seg_start.empty()) s.seg_start = row.seg_start.data();
+  s.dropout = {row.dropout_p, 0x1234567890abcdefull, 3, 1};
+  const AttnLayout l = separate_layout(s, 1, 2);
+  std::mt19937 rng(seed);
+  const Vec X = randn(rng, sz(layout_size(l, s))), dout = randn(rng, sz(s.B * s.Tq * s.H * s.hd));
+  Vec out(dout.size()), lse(sz(s.B * s.H * s.Tq)), out_ref(dout.size());
+  Vec probs(sz(s.B * s.H * s.Tq * s.Tk));
+  attention_fwd(out.data(), lse.data(), X.data(), l, s);
+  attention_probs_fwd(out_ref.data(), probs.data(), X.data(), l, s);
+  Vec dX(X.size(), 0.25f), dX_ref(X.size(), 0.25f);
+  attention_bwd(dX.data(), dout.data(), X.data(), out.data(), lse.data(), l, s);
+  attention_probs_bwd(dX_ref.data(), dout.data(), X.data(), probs.data(), l, s);
+  double grad_scale = 0.0;
+  for (float g : dX_ref) grad_scale = std::max(grad_scale, std::abs(double(g) - 0.25));
+  ASSERT_GT(grad_scale, 1e-2) << "degenerate: the reference gradient is ~0";
+  EXPECT_LE(rel_err(out, to_d(out_ref)), kFwdTol);
+  EXPECT_LE(rel_err(dX, to_d(dX_ref)), kFwdTol);
+  // lse against the probabilities: P = exp(S - lse) at each row's first visible key.
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t h = 0; h < s.H; ++h)
+      for (int64_t i = 0; i < s.Tq; ++i) {
+        const int64_t j = s.seg_start ? s.seg_start[b * s.Tq + i] : 0;
+        const int64_t g = h / (s.H / s.Hkv);
+        double dotqk = 0.0;
+        for (int64_t d = 0; d < s.hd; ++d)
+          dotqk += double(X[sz(l.qoff + (b * s.Tq + i) * l.ldq + h * s.hd + d)]) *
+                   double(X[sz(l.koff + (b * s.Tk + j) * l.ldkv + g * s.hd + d)]);
+        const double p = std::exp(dotqk / std::sqrt(double(s.hd)) - lse[sz((b * s.H + h) * s.Tq + i)]);
+        EXPECT_NEAR(p, probs[sz(((b * s.H + h) * s.Tq + i) * s.Tk + j)], 1e-5) << b << h << i;
+      }
+}
+
+TEST(KernelsAttention, TiledMatchesProbabilitiesKernel) {
+  const int64_t T = 150;  // two query blocks of 64 and a partial one; one key block of 256
+  std::vector<int32_t> seg(size_t(2 * T));
+  for (int64_t t = 0; t < T; ++t) {
+    seg[size_t(t)] = t < 40 ? 0 : t < 100 ? 40 : 100;
+    seg[size_t(T + t)] = t < 70 ? 0 : 70;
+  }
+  const TiledRow rows[] = {
+      {"causal mha", {2, T, T, 2, 2, 16, true}},
+      {"causal gqa, small tiles", with_tiles({2, 37, 37, 4, 2, 8, true}, 8, 5)},
+      {"causal, key_len", with_tiles({2, 45, 45, 2, 1, 8, true}, 16, 7), {30, 45}},
+      {"bidirectional, odd", with_tiles({1, 29, 29, 3, 3, 6, false}, 9, 10)},
+      {"cross, key_len", with_tiles({2, 19, 33, 4, 2, 8, false}, 6, 8), {20, 33}},
+      {"documents", {2, T, T, 2, 1, 8, true}, {}, seg},
+      {"documents, small tiles", with_tiles({2, T, T, 2, 1, 8, true}, 16, 24), {}, seg},
+      {"causal, dropout", with_tiles({2, 41, 41, 2, 2, 8, true}, 8, 12), {}, {}, 0.3f},
+      {"cross gqa, key_len, dropout", with_tiles({2, 11, 23, 4, 2, 8, false}, 4, 6), {17, 23}, {},
+       0.25f},
+      {"documents, dropout", {2, T, T, 2, 1, 8, true}, {}, seg, 0.2f},
+  };
+  uint32_t seed = 68;
+  for (const TiledRow& row : rows) check_tiled_matches_probs(row, seed++);
 }
 
 TEST(KernelsAttention, BadShapesAreErrors) {
@@ -1148,7 +1231,9 @@ TEST(KernelsAttention, BadShapesAreErrors) {
         ops::AttentionShape{2, 3, 3, 3, 2, 4, false},  // H not a multiple of Hkv
         ops::AttentionShape{2, 3, 3, 2, 2, 4, false, zero_len}}) {
     EXPECT_THROW(ops::attention_forward(p, p, p, 8, p, p, 8, s), trellis::Error);
-    EXPECT_THROW(ops::attention_backward(p, p, p, p, p, 8, p, p, 8, p, s), trellis::Error);
+    EXPECT_THROW(ops::attention_backward(p, p, p, p, p, 8, p, p, 8, p, p, s), trellis::Error);
+    EXPECT_THROW(ops::attention_probs_forward(p, p, p, 8, p, p, 8, s), trellis::Error);
+    EXPECT_THROW(ops::attention_probs_backward(p, p, p, p, p, 8, p, p, 8, p, s), trellis::Error);
   }
 }
 

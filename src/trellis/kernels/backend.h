@@ -29,7 +29,7 @@ struct Backend {
   void (*attention_forward)(float*, float*, const float*, int64_t, const float*, const float*,
                             int64_t, const ops::AttentionShape&);
   void (*attention_backward)(float*, float*, float*, const float*, const float*, int64_t,
-                             const float*, const float*, int64_t, const float*,
+                             const float*, const float*, int64_t, const float*, const float*,
                              const ops::AttentionShape&);
   decltype(&ops::attention_cached) attention_cached;
   decltype(&ops::embedding_forward) embedding_forward;

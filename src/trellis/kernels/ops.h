@@ -99,23 +99,39 @@ void dropout(float* out, const float* in, const float* residual, int64_t rows, i
 // (keys j >= key_len[b] are masked out: padding). seg_start: null, or (causal only) [B, Tq] the
 // first key each query sees, the start of its document in a packed row: query i sees keys
 // [seg_start[b, i], i], a block-diagonal causal mask (non-decreasing along a row, each <= i).
-// out: [B, Tq, H*hd] contiguous; probs: [B, H, Tq, Tk] saved for backward.
 // dropout.p > 0: attention dropout, out = (P o M / (1 - p)) V with M the mask of element e = key j,
-// t = query i, s = dropout.seq0 + b, x = dropout.head0 + h (see Dropout); probs stay the undropped
-// P, and backward draws M again: dP = (dO V^T) o M / (1 - p), then the softmax backward with P.
+// t = query i, s = dropout.seq0 + b, x = dropout.head0 + h (see Dropout); backward draws M again.
+// tiles: the tiled kernel's blocks of query rows and of keys (results differ only by rounding
+// across key block sizes; tests pass small ones to cross many block edges at small sizes).
+struct AttentionTiles {
+  int64_t queries = 64, keys = 256;
+};
 struct AttentionShape {
   int64_t B, Tq, Tk, H, Hkv, hd;
   bool causal;
   const int32_t* key_len = nullptr;
   const int32_t* seg_start = nullptr;
   Dropout dropout = {};
+  AttentionTiles tiles = {};
 };
-void attention_forward(float* out, float* probs, const float* q, int64_t ldq, const float* k,
+// The model's attention, FlashAttention-2's algorithm: blocks of queries against blocks of keys
+// with an online softmax, so no Tq x Tk matrix is stored. out: [B, Tq, H*hd] contiguous; lse:
+// [B, H, Tq], each row's logsumexp of its scaled scores, saved for backward.
+void attention_forward(float* out, float* lse, const float* q, int64_t ldq, const float* k,
                        const float* v, int64_t ldkv, const AttentionShape& s);
+// Recomputes each block's probabilities from lse; needs the forward's out (D = rowsum(dO o O)).
 // dq (stride ldq), dk and dv (stride ldkv) accumulate.
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
-                        int64_t ldq, const float* k, const float* v, int64_t ldkv,
-                        const float* probs, const AttentionShape& s);
+                        int64_t ldq, const float* k, const float* v, int64_t ldkv, const float* out,
+                        const float* lse, const AttentionShape& s);
+// The same attention keeping the probabilities P [B, H, Tq, Tk] (the undropped ones) for
+// backward, which reads them instead of recomputing: the kernel before the tiled one, kept as the
+// reference the tests and bench/attention_bench compare it with (s.tiles is not used).
+void attention_probs_forward(float* out, float* probs, const float* q, int64_t ldq, const float* k,
+                             const float* v, int64_t ldkv, const AttentionShape& s);
+void attention_probs_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                              int64_t ldq, const float* k, const float* v, int64_t ldkv,
+                              const float* probs, const AttentionShape& s);
 
 // Attention of new query positions over cached keys and values (incremental decoding), one
 // rank. Sequence r's queries are rows [qrow[r], qrow[r + 1]) of q (stride ldq, H heads of hd);
@@ -133,12 +149,12 @@ struct CachedAttentionShape {
 void attention_cached(float* out, const float* q, int64_t ldq, const float* const* k,
                       const float* const* v, const CachedAttentionShape& s);
 
-// Causal multi-head attention on a fused qkv[B,T,3C] (q|k|v); out[B,T,C]; probs[B,H,T,T] is
-// saved. GPT-2's case of the general functions above.
-void attention_forward(float* out, float* probs, const float* qkv, int64_t B, int64_t T, int64_t C,
+// Causal multi-head attention on a fused qkv[B,T,3C] (q|k|v); out[B,T,C]; lse[B,H,T] is saved.
+// GPT-2's case of the general functions above.
+void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C,
                        int64_t H);
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs,
-                        int64_t B, int64_t T, int64_t C, int64_t H);
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                        const float* lse, int64_t B, int64_t T, int64_t C, int64_t H);
 
 // Token embedding over a slice of the vocabulary (rows [vocab_start, vocab_start + vocab_rows)
 // of the table are `wte`): out[i,:] = wte[tokens[i] - vocab_start,:], zero for tokens outside the

@@ -99,7 +99,7 @@ std::vector<BlockTensor> block_tensors(const ModelConfig& cfg, const ActivationD
       {&A::ln1_rstd, in, {R}},
       {&A::ln1_full, in, {full, C}},
       {&A::qkv, in, {BT, d.qkv}},
-      {&A::probs, rec, {B, d.Hl, T, T}},
+      {&A::lse, rec, {B, d.Hl, T}},
       {&A::att, in, {BT, d.att}},
       {&A::res_mid, in, {R, C}},
       // ln2 (+ stats, + gathered copy), the MLP's up projection and activation, the output
@@ -111,7 +111,7 @@ std::vector<BlockTensor> block_tensors(const ModelConfig& cfg, const ActivationD
       {&A::act, rec, {BT, d.act}},
       {&A::res_out, ActGroup::Output, {R, C}},
       // cross-attention: lnx (+ stats, + gathered copy), queries, the gathered encoder output,
-      // keys|values, probabilities, output, the residual sum
+      // keys|values, logsumexp, output, the residual sum
       {&A::lnx, in, {x * R, C}},
       {&A::lnx_mean, in, {x * st}},
       {&A::lnx_rstd, in, {x * R}},
@@ -119,7 +119,7 @@ std::vector<BlockTensor> block_tensors(const ModelConfig& cfg, const ActivationD
       {&A::xq, in, {x * BT, d.att}},
       {&A::enc_full, in, {x * full, C}},
       {&A::xkv, in, {x * BT, d.kv2}},
-      {&A::xprobs, rec, {x * B, d.Hl, T, T}},
+      {&A::xlse, rec, {x * B, d.Hl, T}},
       {&A::xatt, in, {x * BT, d.att}},
       {&A::res_x, in, {x * R, C}},
       // a split backward's output gradients of attention's, the MLP's and cross-attention's
@@ -205,11 +205,11 @@ int64_t block_activation_bytes(const ModelConfig& cfg, bool decoder, int64_t B, 
                     recompute);
 }
 
-int64_t block_probability_bytes(const ModelConfig& cfg, bool decoder, int64_t B, int64_t T,
-                                int tp) {
+int64_t block_attention_state_bytes(const ModelConfig& cfg, bool decoder, int64_t B, int64_t T,
+                                    int tp) {
   int64_t floats = 0;
   for (const BlockTensor& t : block_tensors(cfg, activation_dims(cfg, B, T, tp, false), decoder))
-    if (t.member == &Context::BlockActs::probs || t.member == &Context::BlockActs::xprobs)
+    if (t.member == &Context::BlockActs::lse || t.member == &Context::BlockActs::xlse)
       floats += numel(t.shape);
   return int64_t(sizeof(float)) * floats;
 }

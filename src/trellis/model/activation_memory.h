@@ -47,7 +47,7 @@ struct ChunkRole {
 ChunkRole chunk_role(const ModelConfig& cfg, const StageSpec& chunk);
 
 // A block's tensors fall in three groups: `Inner` (all that full recompute does not keep but the
-// Recomputable ones), `Recomputable` (attention probabilities, the MLP's up projection and
+// Recomputable ones), `Recomputable` (attention's logsumexp, the MLP's up projection and
 // activation: what selective recompute does not keep) and `Output` (the block's output, always
 // kept). The workspace holds, for one block, the groups a Context does not. `WeightGrad`: the
 // output gradients of the row-parallel projections that a split backward (zb1) keeps from its
@@ -123,8 +123,10 @@ ActivationMemory activation_memory(const ModelConfig& cfg, const StageSpec& chun
 int64_t block_activation_bytes(const ModelConfig& cfg, bool decoder, int64_t B, int64_t T, int tp,
                                bool sequence_parallel, Recompute recompute);
 
-// ... of which attention's probabilities (self-attention's, and a decoder's cross-attention's):
-// B x heads/tp x T x T each, unless recomputation drops them.
-int64_t block_probability_bytes(const ModelConfig& cfg, bool decoder, int64_t B, int64_t T, int tp);
+// ... of which what attention saves for its backward (self-attention's, and a decoder's
+// cross-attention's): the tiled kernel's logsumexp, B x heads/tp x T floats each, unless
+// recomputation drops it.
+int64_t block_attention_state_bytes(const ModelConfig& cfg, bool decoder, int64_t B, int64_t T,
+                                    int tp);
 
 }  // namespace trellis

@@ -54,9 +54,9 @@ int64_t owned_bytes(const Tensor& t) { return t.owned() ? int64_t(t.bytes()) : 0
 int64_t block_bytes(const Context::BlockActs& a) {
   int64_t n = 0;
   for (const Tensor* t :
-       {&a.ln1,      &a.ln1_mean, &a.ln1_rstd, &a.ln1_full, &a.qkv,      &a.probs,    &a.att,
+       {&a.ln1,      &a.ln1_mean, &a.ln1_rstd, &a.ln1_full, &a.qkv,      &a.lse,    &a.att,
         &a.res_mid,  &a.lnx,      &a.lnx_mean, &a.lnx_rstd, &a.lnx_full, &a.xq,       &a.enc_full,
-        &a.xkv,      &a.xprobs,   &a.xatt,     &a.res_x,    &a.ln2,      &a.ln2_mean, &a.ln2_rstd,
+        &a.xkv,      &a.xlse,     &a.xatt,     &a.res_x,    &a.ln2,      &a.ln2_mean, &a.ln2_rstd,
         &a.ln2_full, &a.up,       &a.act,      &a.res_out,  &a.dproj,    &a.ddown,    &a.dxproj})
     n += owned_bytes(*t);
   return n;
@@ -339,7 +339,7 @@ Context::BlockActs& ModelChunk::acts(Context& ctx, int l, Context::BlockActs& vi
       return kept;
     case Recompute::Selective:
       view = kept;
-      view.probs = work_.probs, view.xprobs = work_.xprobs, view.up = work_.up;
+      view.lse = work_.lse, view.xlse = work_.xlse, view.up = work_.up;
       view.act = work_.act;
       return view;
     case Recompute::Full:
@@ -353,7 +353,7 @@ Context::BlockActs& ModelChunk::acts(Context& ctx, int l, Context::BlockActs& vi
 void ModelChunk::self_attention(const Context& ctx, const Block& p, Context::BlockActs& a) {
   const int64_t W = p.qkv.out(), Q = Hl_ * hd_, KV = Hkvl_ * hd_;
   const float* qkv = a.qkv.f32();
-  k_.attention_forward(a.att.f32(), a.probs.f32(), qkv, W, qkv + Q, qkv + Q + KV, W,
+  k_.attention_forward(a.att.f32(), a.lse.f32(), qkv, W, qkv + Q, qkv + Q + KV, W,
                        attention_shape(ctx, p));
 }
 
@@ -368,7 +368,7 @@ ops::AttentionShape ModelChunk::cross_attention_shape(const Context& ctx, const 
 
 void ModelChunk::cross_attention(const Context& ctx, const Block& p, Context::BlockActs& a) {
   const int64_t KV = Hkvl_ * hd_;
-  k_.attention_forward(a.xatt.f32(), a.xprobs.f32(), a.xq.f32(), Hl_ * hd_, a.xkv.f32(),
+  k_.attention_forward(a.xatt.f32(), a.xlse.f32(), a.xq.f32(), Hl_ * hd_, a.xkv.f32(),
                        a.xkv.f32() + KV, 2 * KV, cross_attention_shape(ctx, p));
 }
 
@@ -548,7 +548,7 @@ void ModelChunk::block_backward(Context& ctx, int l, const float* x) {
   // norm's backward adds its branch's contribution in place.
   if (!p.up.empty()) mlp_backward(ctx, l, a);
   if (p.decoder) cross_backward(ctx, l, a);
-  // Selective: the probabilities again (and the kept output, rewritten with the same values).
+  // Selective: the logsumexp again (and the kept output, rewritten with the same values).
   if (ctx.recompute == Recompute::Selective) self_attention(ctx, p, a);
 
   const float* dbranch = branch_grad(ctx, dres, dln, p.layer, kAttnOutDrop);
@@ -560,7 +560,7 @@ void ModelChunk::block_backward(Context& ctx, int l, const float* x) {
   const float* qkv = a.qkv.f32();
   k_.zero(dqkv, BT * W);
   k_.attention_backward(dqkv, dqkv + Q, dqkv + Q + KV, datt_.f32(), qkv, W, qkv + Q, qkv + Q + KV,
-                        W, a.probs.f32(), attention_shape(ctx, p));
+                        W, a.att.f32(), a.lse.f32(), attention_shape(ctx, p));
   if (cfg_.positions == PositionKind::Rope)
     k_.rope_backward(dqkv, W, BT, 0, ctx.T, Hl_ + Hkvl_, hd_, cfg_.rope_theta, doc_positions(ctx));
   // (q|k|v, read by attention's backward above, is free to keep d(q|k|v) for a split backward)
@@ -584,7 +584,7 @@ void ModelChunk::cross_backward(Context& ctx, int l, Context::BlockActs& a) {
   k_.zero(dxq_.f32(), BT * Q);
   k_.zero(dxkv_.f32(), BT * 2 * KV);
   k_.attention_backward(dxq_.f32(), dxkv_.f32(), dxkv_.f32() + KV, datt_.f32(), a.xq.f32(), Q,
-                        a.xkv.f32(), a.xkv.f32() + KV, 2 * KV, a.xprobs.f32(),
+                        a.xkv.f32(), a.xkv.f32() + KV, 2 * KV, a.xatt.f32(), a.xlse.f32(),
                         cross_attention_shape(ctx, p));
   // Keys and values: gradient of the encoder output (summed over the decoder blocks).
   float* denc_full = denc_full_.f32();

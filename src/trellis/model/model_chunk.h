@@ -29,7 +29,7 @@ namespace trellis {
 
 // What a training forward keeps for its backward (`--recompute`), a policy of each Context:
 //   None       everything a block's backward reads.
-//   Selective  not the attention probabilities (self and cross) nor the MLP's up-projection
+//   Selective  not attention's logsumexp (self and cross) nor the MLP's up-projection
 //              output and activation (the GELU/SwiGLU input and output): backward recomputes them
 //              from the kept q|k|v and norm output (Korthikanti et al. 2022, extended to the MLP).
 //   Full       only each block's output (the next block's input) and what crosses blocks (the
@@ -80,9 +80,9 @@ struct Context {
   bool dropping = false;
   Tensor embedded;  // [local, C] input of block 0
   struct BlockActs {
-    Tensor ln1, ln1_mean, ln1_rstd, ln1_full, qkv, probs, att, res_mid;
+    Tensor ln1, ln1_mean, ln1_rstd, ln1_full, qkv, lse, att, res_mid;
     // cross-attention (decoder blocks of an encoder-decoder)
-    Tensor lnx, lnx_mean, lnx_rstd, lnx_full, xq, enc_full, xkv, xprobs, xatt, res_x;
+    Tensor lnx, lnx_mean, lnx_rstd, lnx_full, xq, enc_full, xkv, xlse, xatt, res_x;
     Tensor ln2, ln2_mean, ln2_rstd, ln2_full, up, act, res_out;
     // A split backward's output gradients of the output projections (for backward_weights).
     Tensor dproj, ddown, dxproj;
@@ -198,7 +198,7 @@ class ModelChunk {
   // policy a view mixing what ctx keeps with the workspace (work_) for the rest.
   // `view` holds the mix (a local of the caller, so it shares no storage once the call is done).
   Context::BlockActs& acts(Context& ctx, int l, Context::BlockActs& view);
-  // The attention probabilities and output from a.qkv (self) or a.xq and a.xkv (cross).
+  // The attention output and logsumexp from a.qkv (self) or a.xq and a.xkv (cross).
   void self_attention(const Context& ctx, const Block& p, Context::BlockActs& a);
   void cross_attention(const Context& ctx, const Block& p, Context::BlockActs& a);
   ops::AttentionShape cross_attention_shape(const Context& ctx, const Block& p) const;

@@ -103,11 +103,12 @@ constexpr int64_t kAttB = 2, kAttT = 256, kAttC = 384, kAttH = 6;
 double attention_seconds(double seconds) {
   const int64_t B = kAttB, T = kAttT, C = kAttC, H = kAttH;
   std::vector<float> qkv(size_t(B * T * 3 * C), 0.01f), out(size_t(B * T * C)),
-      probs(size_t(B * H * T * T)), dqkv(qkv.size()), dout(out.size(), 0.02f);
+      lse(size_t(B * H * T)), dqkv(qkv.size()), dout(out.size(), 0.02f);
   return time_per_call(
       [&] {
-        ops::attention_forward(out.data(), probs.data(), qkv.data(), B, T, C, H);
-        ops::attention_backward(dqkv.data(), dout.data(), qkv.data(), probs.data(), B, T, C, H);
+        ops::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, H);
+        ops::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T,
+                                C, H);
       },
       seconds);
 }
@@ -522,7 +523,7 @@ nlohmann::json device_json(const ComputeRates& c, const HostRates& h, int per_no
           {"elementwise_bandwidth_note",
            "measured: a GPT-2 block's memory-bound ops forward + backward (8 x 256 tokens, width "
            "384, MLP 1536) as the planner's bytes for them (6x the kept activations, without "
-           "attention's probabilities) per second"},
+           "attention's saved logsumexp) per second"},
           {"page_refill_bandwidth", h.refill},
           {"huge_page_refill_bandwidth", h.huge_refill},
           {"page_refill_bandwidth_note",

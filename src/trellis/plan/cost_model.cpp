@@ -237,7 +237,7 @@ double block_memory_bound_bytes(const ModelConfig& cfg, bool decoder, int64_t b,
                                 bool sequence_parallel) {
   return 6.0 * double(block_activation_bytes(cfg, decoder, b, s, tp, sequence_parallel,
                                              Recompute::None) -
-                      block_probability_bytes(cfg, decoder, b, s, tp));
+                      block_attention_state_bytes(cfg, decoder, b, s, tp));
 }
 
 namespace {

@@ -102,8 +102,8 @@ double block_forward_flops(const ModelConfig& cfg, bool decoder, double b, doubl
 // The bytes the planner charges one block's memory-bound ops (norms, biases, activation
 // functions, residual sums) per micro-batch: twice what the block keeps for backward in the
 // forward, four times in the backward (an assumption; `trellis calibrate` measures the rate that
-// makes it hold for a GPT-2 block). Attention's probabilities are left out: the attention
-// kernels' own rate covers them.
+// makes it hold for a GPT-2 block). What attention saves (its logsumexp) is left out: the
+// attention kernels' own rate covers it.
 double block_memory_bound_bytes(const ModelConfig& cfg, bool decoder, int64_t b, int64_t s,
                                 int tp, bool sequence_parallel);
 

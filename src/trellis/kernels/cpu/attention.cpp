@@ -1,15 +1,17 @@
-// Attention per (batch, head) with small GEMMs; the softmax probabilities are saved for backward
-// (Tq x Tk per head: fine at GPT-2 context lengths on a CPU). Causal and padding masks both leave
-// each query row a prefix of visible keys, so one prefix softmax serves every variant; document
-// segments (seg_start) cut that prefix's front, so a row sees a range [start, end) of keys, and a
-// block of query rows computes its scores from the first row's start on (starts only grow along
-// a row). Without segments every start is 0: the same operations as before they existed.
+// Attention keeping the softmax probabilities for backward (Tq x Tk per head): the model's kernel
+// before the tiled one (attention_tiled.cpp), kept as its reference in the tests and
+// bench/attention_bench; and attention over a key/value cache (decoding). Per (batch, head) with
+// small GEMMs; causal and padding masks both leave each query row a prefix of visible keys, so
+// one prefix softmax serves every variant; document segments (seg_start) cut that prefix's front
+// (attention_masks.h), and a block of query rows computes its scores from the first row's start
+// on. Without segments every start is 0.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "trellis/core/error.h"
+#include "trellis/kernels/cpu/attention_masks.h"
 #include "trellis/kernels/cpu/dropout_mask.h"
 #include "trellis/kernels/cpu/simd_math.h"
 #include "trellis/kernels/ops.h"
@@ -17,6 +19,11 @@
 namespace trellis::ops {
 
 namespace {
+using detail::block_keys;
+using detail::dot_f8;
+using detail::first_key;
+using detail::visible_keys;
+
 // In place: row[0, n) <- softmax(row[0, n)), row[n, T) <- 0. The exponentials go through
 // simd::exp (double, 4 lanes) and are summed in double with a fixed lane order.
 void softmax_causal_row(float* row, int64_t n, int64_t T) {
@@ -40,65 +47,14 @@ void softmax_causal_row(float* row, int64_t n, int64_t T) {
   for (j = n; j < T; ++j) row[j] = 0.0f;
 }
 
-// sum of a[j] * b[j], j < n, in 8 float lanes combined in a fixed order (a plain float loop is a
-// serial chain of adds).
-float dot_f8(const float* a, const float* b, int64_t n) {
-  using f8 = float __attribute__((vector_size(32)));
-  f8 acc = {};
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8) {
-    f8 x, y;
-    std::memcpy(&x, a + j, sizeof x);
-    std::memcpy(&y, b + j, sizeof y);
-    acc += x * y;
-  }
-  float sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-  for (; j < n; ++j) sum += a[j] * b[j];
-  return sum;
-}
-
-void check_shape(const AttentionShape& s) {
-  TRELLIS_CHECK(s.Hkv > 0 && s.H % s.Hkv == 0, "attention: H={} is not a multiple of Hkv={}", s.H,
-                s.Hkv);
-  TRELLIS_CHECK(!s.causal || s.Tq == s.Tk, "attention: causal needs Tq == Tk (got {} and {})", s.Tq,
-                s.Tk);
-  for (int64_t b = 0; s.key_len && b < s.B; ++b)
-    TRELLIS_CHECK(s.key_len[b] >= 1 && s.key_len[b] <= s.Tk,
-                  "attention: key_len[{}] = {} is outside [1, {}]", b, s.key_len[b], s.Tk);
-  TRELLIS_CHECK(!s.seg_start || (s.causal && !s.key_len),
-                "attention: document segments need causal attention without key lengths");
-  for (int64_t b = 0; s.seg_start && b < s.B; ++b)
-    for (int64_t i = 0; i < s.Tq; ++i) {
-      const int32_t st = s.seg_start[b * s.Tq + i];
-      TRELLIS_CHECK(st >= 0 && st <= i && (i == 0 || st >= s.seg_start[b * s.Tq + i - 1]),
-                    "attention: seg_start[{}, {}] = {} is not a non-decreasing start <= {}", b, i,
-                    st, i);
-    }
-}
-
-// The first key query i of batch row b sees: the start of its document (0 without segments).
-int64_t first_key(const AttentionShape& s, int64_t b, int64_t i) {
-  return s.seg_start ? s.seg_start[b * s.Tq + i] : 0;
-}
-
-// Keys [0, n) that batch row b can see at all; masked keys are then never read.
-int64_t valid_keys(const AttentionShape& s, int64_t b) { return s.key_len ? s.key_len[b] : s.Tk; }
 // Causal attention runs in blocks of query rows, each against only the keys its last row sees,
 // which skips most of the masked upper triangle (a block of 64 rows keeps the GEMMs efficient).
 int64_t query_block(const AttentionShape& s) { return s.causal ? 64 : s.Tq; }
-// Keys the query rows before i1 see at all.
-int64_t block_keys(const AttentionShape& s, int64_t b, int64_t i1) {
-  return std::min(valid_keys(s, b), s.causal ? i1 : s.Tk);
-}
-// Keys [0, n) that query i of batch row b sees.
-int64_t visible_keys(const AttentionShape& s, int64_t b, int64_t i) {
-  return std::min(valid_keys(s, b), s.causal ? i + 1 : s.Tk);
-}
 }  // namespace
 
-void attention_forward(float* out, float* probs, const float* q, int64_t ldq, const float* k,
-                       const float* v, int64_t ldkv, const AttentionShape& s) {
-  check_shape(s);
+void attention_probs_forward(float* out, float* probs, const float* q, int64_t ldq, const float* k,
+                             const float* v, int64_t ldkv, const AttentionShape& s) {
+  detail::check_attention_shape(s);
   const int64_t hd = s.hd, Tq = s.Tq, Tk = s.Tk, C = s.H * hd, group = s.H / s.Hkv;
   const float scale = 1.0f / std::sqrt(float(hd));
   const bool drop = s.dropout.p > 0.0f;
@@ -145,10 +101,10 @@ void attention_forward(float* out, float* probs, const float* q, int64_t ldq, co
   }
 }
 
-void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
-                        int64_t ldq, const float* k, const float* v, int64_t ldkv,
-                        const float* probs, const AttentionShape& s) {
-  check_shape(s);
+void attention_probs_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                              int64_t ldq, const float* k, const float* v, int64_t ldkv,
+                              const float* probs, const AttentionShape& s) {
+  detail::check_attention_shape(s);
   const int64_t hd = s.hd, Tq = s.Tq, Tk = s.Tk, C = s.H * hd, group = s.H / s.Hkv;
   const float scale = 1.0f / std::sqrt(float(hd));
   // One work item per (batch, kv head): the query heads sharing its k and v add into dk and dv one
@@ -257,18 +213,6 @@ void attention_cached(float* out, const float* q, int64_t ldq, const float* cons
       }
     }
   }
-}
-
-void attention_forward(float* out, float* probs, const float* qkv, int64_t B, int64_t T, int64_t C,
-                       int64_t H) {
-  attention_forward(out, probs, qkv, 3 * C, qkv + C, qkv + 2 * C, 3 * C,
-                    {B, T, T, H, H, C / H, true});
-}
-
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs,
-                        int64_t B, int64_t T, int64_t C, int64_t H) {
-  attention_backward(dqkv, dqkv + C, dqkv + 2 * C, dout, qkv, 3 * C, qkv + C, qkv + 2 * C, 3 * C,
-                     probs, {B, T, T, H, H, C / H, true});
 }
 
 }  // namespace trellis::ops
