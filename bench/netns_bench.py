@@ -10,10 +10,10 @@ parameters, 41 MiB of gradients) at a global batch of 8 × 256 tokens, one threa
   <link> buckets     dp=2 across the nodes, default 25 MiB buckets launched during backward
   <link> one bucket  the same with --bucket-mb 100000: one all-reduce after backward, no overlap
 
-for <link> in: unshaped veth, 10 Gbit/s, 1 Gbit/s, and 1 Gbit/s again with OpenMPI's TCP progress
-thread (--mca btl_tcp_progress_thread 1: the sockets are served while the rank computes; without
-it a non-blocking all-reduce advances only inside the MPI_Test calls trellis makes between
-backward blocks). Overlap gain = t(one bucket) / t(buckets);
+for <link> in: unshaped veth, 10 Gbit/s, 1 Gbit/s, 1 Gbit/s again with OpenMPI's TCP progress
+thread (--mca btl_tcp_progress_thread 1: the sockets are served while the rank computes), and
+1 Gbit/s again without trellis's own progress thread (TRELLIS_MPI_PROGRESS_US=0: a non-blocking
+all-reduce then advances only inside the MPI_Test calls trellis makes between backward blocks). Overlap gain = t(one bucket) / t(buckets);
 hidden = 1 − (t(buckets) − t1/2) / (t(one bucket) − t1/2), the share of the communication cost
 over perfect scaling that the buckets hide. Medians over the steps after the first 2, configs in
 rotation (--repeats), median of the per-run medians. Bytes per step from the veth counters.
@@ -87,6 +87,8 @@ def main():
     ap.add_argument("--rates", default="none,10gbit,1gbit", help="links to measure (tc rates)")
     ap.add_argument("--progress-thread-rates", default="1gbit",
                     help="links measured again with btl_tcp_progress_thread 1")
+    ap.add_argument("--no-progress-rates", default="1gbit",
+                    help="links measured again with trellis's progress thread off")
     ap.add_argument("--json", help="also write every run here")
     a = ap.parse_args()
     trellis = os.path.abspath(a.trellis)
@@ -95,6 +97,7 @@ def main():
     configs = [("dp1", None, [])]
     configs += [("shm buckets", "shm", []), ("shm one bucket", "shm", ONE_BUCKET)]
     links = a.rates.split(",") + [r + "+pt" for r in a.progress_thread_rates.split(",") if r]
+    links += [r + "+off" for r in a.no_progress_rates.split(",") if r]
     for rate in links:
         configs += [(f"{rate} buckets", rate, []), (f"{rate} one bucket", rate, ONE_BUCKET)]
     per = {c[0]: [] for c in configs}
@@ -116,11 +119,12 @@ def main():
                     elif link == "shm":
                         cmd = ["mpirun", "-np", "2"] + args + ["--dp", "2"]
                     else:
-                        rate, pt = link.removesuffix("+pt"), link.endswith("+pt")
+                        rate, _, variant = link.partition("+")
                         sh([SCRIPT, "shape", "--name", name, "--rate", rate], 60)
+                        opts = {"pt": ["--mca", "btl_tcp_progress_thread", "1"],
+                                "off": ["-x", "TRELLIS_MPI_PROGRESS_US=0"]}.get(variant, [])
                         cmd = [SCRIPT, "run", "--name", name, "--timeout", "600", "--", "-np",
-                               "2"] + (["--mca", "btl_tcp_progress_thread", "1"] if pt else []) \
-                            + args + ["--dp", "2"]
+                               "2"] + opts + args + ["--dp", "2"]
                     b0, t0, l0 = veth_bytes(veths), time.time(), load()
                     sh(cmd, 700)
                     moved = veth_bytes(veths) - b0
@@ -145,10 +149,10 @@ def main():
     t1 = m["dp1"]["step_ms"]
 
     def link_name(link):
-        pt = " + TCP progress thread" if link.endswith("+pt") else ""
-        link = link.removesuffix("+pt")
+        link, _, variant = link.partition("+")
+        extra = {"pt": " + TCP progress thread", "off": ", no progress thread"}.get(variant, "")
         return {"shm": "one host, shared memory", "none": "veth, unshaped"}.get(
-            link, f"veth, {link.replace('gbit', ' Gbit/s')}") + pt
+            link, f"veth, {link.replace('gbit', ' Gbit/s')}") + extra
 
     print("\n| link (dp=2, 1 rank per node) | buckets: step ms (runs) | one bucket: step ms (runs) "
           "| DP efficiency t1/(2·t2), buckets | one bucket | overlap gain t(one)/t(buckets) "

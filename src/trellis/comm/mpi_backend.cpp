@@ -252,6 +252,7 @@ class MpiCommunicator final : public Communicator {
   int size() const override { return size_; }
   int world_rank() const override { return world_rank_; }
   std::string backend() const override { return "mpi"; }
+  bool progresses_by_itself() const override { return g_progress.running(); }
 
   // Aborts the job when an MPI call failed.
   void check(int rc, const char* call, const OpInfo* info) {
