@@ -7,13 +7,14 @@ as before the thread existed: MPI_THREAD_FUNNELED, operations moved only when te
   zero2    baby, --dp 2 --zero 2 (a reduce-scatter per block per micro-batch)
   zero3    baby, --dp 2 --zero 3 (and a gather per block, prefetched)
   tp2      baby, --tp 2 (many small blocking all-reduces: the thread's wake-ups cost most here)
-  pp2      baby, --pp 2, 4 micro-batches, 1F1B (sends polled between blocks)
+  pp2      baby, --pp 2, micro-batches of 2 (4 per step), 1F1B (sends polled between blocks)
 
 Global batch 8 x 256, 1 thread per rank, fp32. Runs alternate off, on, off, on, ... per config so
 that load from other jobs hits both alike; ms/step is the median of step_ms after the first 2
 steps, then the median over repeats. Prints a markdown table with on/off ratios.
 
   /usr/bin/python3 bench/progress_ab.py [--trellis build/trellis] [--steps 8] [--repeats 3]
+                                        [--configs dp2,pp2] [--poll-us N]
 """
 import argparse
 import json
@@ -29,7 +30,7 @@ BASE = ["--model", "baby", "--batch-size", "8", "--seq-len", "256", "--threads",
         "--precision", "fp32"]
 CONFIGS = {"dp2": ["--dp", "2"], "zero2": ["--dp", "2", "--zero", "2"],
            "zero3": ["--dp", "2", "--zero", "3"], "tp2": ["--tp", "2"],
-           "pp2": ["--pp", "2", "--micro-batches", "4", "--schedule", "1f1b"]}
+           "pp2": ["--pp", "2", "--micro-batch-size", "2", "--schedule", "1f1b"]}
 
 
 def load():
@@ -37,10 +38,11 @@ def load():
         return f.read().split()[0]
 
 
-def run(trellis, extra, steps, progress, out):
+def run(trellis, extra, steps, progress, out, poll_us):
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     env.pop("TRELLIS_MPI_PROGRESS_US", None)
-    xs = [] if progress else ["-x", "TRELLIS_MPI_PROGRESS_US=0"]
+    xs = ["-x", f"TRELLIS_MPI_PROGRESS_US={poll_us if progress else 0}"] if poll_us or not progress \
+        else []
     cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "--mca", "mpi_yield_when_idle", "1",
            "-np", "2", *xs, trellis, "train", *BASE, *extra, "--steps", str(steps), "--out", out]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
@@ -58,6 +60,8 @@ def main():
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--poll-us", type=int, default=0,
+                    help="the progress thread's interval in the 'on' runs (default: trellis's)")
     a = ap.parse_args()
     trellis = os.path.abspath(a.trellis)
     names = a.configs.split(",")
@@ -68,7 +72,7 @@ def main():
             for n in names:
                 for on in (False, True):
                     out = os.path.join(work, f"{n}_{int(on)}_{r}")
-                    res[(n, on)].append(run(trellis, CONFIGS[n], a.steps, on, out))
+                    res[(n, on)].append(run(trellis, CONFIGS[n], a.steps, on, out, a.poll_us))
                     print(f"  [load {load()}] {n} progress {'on' if on else 'off'}: "
                           f"{res[(n, on)][-1][0]:.0f} ms/step, exposed {res[(n, on)][-1][1]:.0f} ms",
                           file=sys.stderr, flush=True)

@@ -10,11 +10,11 @@
 //             sleeping `poll_us` between calls while something is pending.
 //
 // Per mode, two numbers: (1) overlap: an all-reduce of --mib MiB is started, the rank computes
-// for --compute-ms without any MPI call, then waits: "exposed" is the wait, "slowdown" the
-// compute time over the same compute alone (the wait of the rank that computed longest, as the
-// others' waits include the skew); (2) latency: --small blocking all-reduces of 256
-// floats (the tensor-parallel pattern), microseconds each. Medians of --reps; a run's time is the
-// slowest rank's. The mode is chosen per process (MPI's thread level is set once):
+// for --compute-ms without any MPI call, then waits: "exposed" is the wait of the rank that
+// computed longest (the others' waits include the skew between ranks), "slowdown" the compute
+// time over the same compute alone; (2) latency: --small blocking all-reduces of 256 floats (the
+// tensor-parallel pattern), microseconds each. Medians of --reps; other times are the slowest
+// rank's. The mode is chosen per process (MPI's thread level is set once):
 //
 //   mpirun -np 2 progress_bench --mode none|commthr|progress [--mib 41] [--compute-ms 400]
 //          [--poll-us 50] [--reps 5] [--small 2000]

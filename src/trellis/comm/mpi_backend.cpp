@@ -98,11 +98,12 @@ bool mpi_finalized() {
 // exposed). So, where MPI grants MPI_THREAD_MULTIPLE, this thread enters MPI's progress engine
 // every `poll_us` while any operation is in flight and no caller is already polling in wait(),
 // and sleeps on a condition otherwise. It enters through MPI_Iprobe on a private communicator
-// that carries no messages: it touches no request, so the caller's own MPI_Test calls and this
-// thread never race over a handle, and a completed operation is still seen by its caller only.
-// (bench/progress_bench.cpp measured the other candidate, a thread that owns every MPI call: it
-// hid as much, but each blocking 1 KiB collective paid a hand-off between threads, 3-30x
-// slower on 2 loaded cores; docs/design.md "comm".)
+// (of this rank alone) that carries no messages: it touches no request, so the caller's own
+// MPI_Test calls and this thread never race over a handle, and a completed operation is still seen
+// by its caller only. (bench/progress_bench.cpp measured the other candidate, a thread that owns
+// every MPI call: it hid as much, but each blocking 1 KiB collective paid a hand-off between
+// threads, 3-30x slower on 2 loaded cores: bench/RESULTS.md, "Communication that progresses during
+// compute".)
 class ProgressThread {
  public:
   ~ProgressThread() { stop(); }
@@ -110,7 +111,9 @@ class ProgressThread {
   // After MPI_Init_thread granted MPI_THREAD_MULTIPLE.
   void start(long poll_us) {
     if (thread_.joinable() || poll_us <= 0) return;
-    if (MPI_Comm_dup(MPI_COMM_WORLD, &probe_) != MPI_SUCCESS) return;  // no thread, no harm
+    // A duplicate of MPI_COMM_SELF: no other rank takes part, so ranks that differ in
+    // TRELLIS_MPI_PROGRESS_US cannot mismatch a collective over it.
+    if (MPI_Comm_dup(MPI_COMM_SELF, &probe_) != MPI_SUCCESS) return;  // no thread, no harm
     poll_us_ = poll_us;
     stop_ = false;
     thread_ = std::thread([this] { loop(); });
@@ -570,10 +573,11 @@ std::unique_ptr<Communicator> make_mpi_world_communicator(int* argc, char*** arg
     if (k > 0 && k < INT_MAX) g_max_chunk = static_cast<size_t>(k);
   }
   g_ring_allowed = std::getenv("TRELLIS_MPI_NO_RING") == nullptr;
-  // The progress thread's poll interval: 200 us kept a 1 Gbit/s link busy (bench/RESULTS.md,
-  // "Communication that progresses during compute"); TRELLIS_MPI_PROGRESS_US=0 turns it off
-  // (and MPI is then initialised as before, MPI_THREAD_FUNNELED), for comparisons.
-  long poll_us = 200;
+  // The progress thread's poll interval. At 1 Gbit/s, 200 and 1000 us hid the same share of an
+  // all-reduce (bench/RESULTS.md, "Communication that progresses during compute"); 500 wakes the
+  // thread 2.5x less often than 200 while a pipeline send waits for its receiver.
+  // TRELLIS_MPI_PROGRESS_US=0 turns it off (MPI then runs MPI_THREAD_FUNNELED, as before).
+  long poll_us = 500;
   if (const char* v = std::getenv("TRELLIS_MPI_PROGRESS_US")) poll_us = std::atol(v);
   poll_us = std::clamp(poll_us, 0L, 100'000L);
   int initialized = 0;

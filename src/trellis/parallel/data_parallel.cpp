@@ -46,7 +46,8 @@ void GradReducer::finish() {
     b.launched = false;
   }
   next_ = 0;
-  exposed_s_ = polled_s_ + std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  exposed_s_ =
+      polled_s_ + std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   polled_s_ = 0.0;
 }
 
