@@ -77,7 +77,8 @@ def main():
                           f"{res[(n, on)][-1][0]:.0f} ms/step, exposed {res[(n, on)][-1][1]:.0f} ms",
                           file=sys.stderr, flush=True)
                     loads.append(load())
-    print(f"\n{a.repeats} rounds × {a.steps} steps; 1-minute load {min(loads)}–{max(loads)}\n")
+    print(f"\n{a.repeats} rounds × {a.steps} steps; 1-minute load "
+          f"{min(loads, key=float)}–{max(loads, key=float)}\n")
     print("| config (baby, 2 ranks, 1 thread each) | off: ms/step (runs) | on: ms/step (runs) "
           "| on/off step time | exposed ms off / on |")
     print("|---|---|---|---|---|")
