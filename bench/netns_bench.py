@@ -7,13 +7,15 @@ parameters, 41 MiB of gradients) at a global batch of 8 × 256 tokens, one threa
 
   dp1                one process (no MPI), the t1 of the efficiency t1 / (2 t2)
   shm                mpirun -np 2 on one host (shared memory), for reference
-  <link> buckets     dp=2 across the nodes, default 25 MiB buckets launched during backward
+  <link> buckets     dp=2 across the nodes, buckets (default 25 MiB, --bucket-mb) launched
+                     during backward
   <link> one bucket  the same with --bucket-mb 100000: one all-reduce after backward, no overlap
 
-for <link> in: unshaped veth, 10 Gbit/s, 1 Gbit/s, and 1 Gbit/s again with OpenMPI's TCP progress
-thread (--mca btl_tcp_progress_thread 1: the sockets are served while the rank computes; without
-it a non-blocking all-reduce advances only inside the MPI_Test calls trellis makes between
-backward blocks). Overlap gain = t(one bucket) / t(buckets);
+for <link> in: unshaped veth, 10 Gbit/s, 1 Gbit/s, 1 Gbit/s again with OpenMPI's TCP progress
+thread (--mca btl_tcp_progress_thread 1: the sockets are served while the rank computes), and
+1 Gbit/s again without trellis's own progress thread (TRELLIS_MPI_PROGRESS_US=0: a non-blocking
+all-reduce then advances only inside the MPI_Test calls trellis makes between backward blocks).
+Overlap gain = t(one bucket) / t(buckets);
 hidden = 1 − (t(buckets) − t1/2) / (t(one bucket) − t1/2), the share of the communication cost
 over perfect scaling that the buckets hide. Medians over the steps after the first 2, configs in
 rotation (--repeats), median of the per-run medians. Bytes per step from the veth counters.
@@ -87,16 +89,22 @@ def main():
     ap.add_argument("--rates", default="none,10gbit,1gbit", help="links to measure (tc rates)")
     ap.add_argument("--progress-thread-rates", default="1gbit",
                     help="links measured again with btl_tcp_progress_thread 1")
+    ap.add_argument("--bucket-mb", type=int, default=0,
+                    help="bucket size of the 'buckets' runs (default: trellis's, 25 MiB)")
+    ap.add_argument("--no-progress-rates", default="1gbit",
+                    help="links measured again with trellis's progress thread off")
     ap.add_argument("--json", help="also write every run here")
     a = ap.parse_args()
     trellis = os.path.abspath(a.trellis)
     name = f"b{os.getpid()}"
     work = tempfile.mkdtemp(prefix="netns_bench_")
     configs = [("dp1", None, [])]
-    configs += [("shm buckets", "shm", []), ("shm one bucket", "shm", ONE_BUCKET)]
+    buckets = ["--bucket-mb", str(a.bucket_mb)] if a.bucket_mb else []
+    configs += [("shm buckets", "shm", buckets), ("shm one bucket", "shm", ONE_BUCKET)]
     links = a.rates.split(",") + [r + "+pt" for r in a.progress_thread_rates.split(",") if r]
+    links += [r + "+off" for r in a.no_progress_rates.split(",") if r]
     for rate in links:
-        configs += [(f"{rate} buckets", rate, []), (f"{rate} one bucket", rate, ONE_BUCKET)]
+        configs += [(f"{rate} buckets", rate, buckets), (f"{rate} one bucket", rate, ONE_BUCKET)]
     per = {c[0]: [] for c in configs}
     log = []
     print(f"# netns_bench — {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, "
@@ -116,11 +124,12 @@ def main():
                     elif link == "shm":
                         cmd = ["mpirun", "-np", "2"] + args + ["--dp", "2"]
                     else:
-                        rate, pt = link.removesuffix("+pt"), link.endswith("+pt")
+                        rate, _, variant = link.partition("+")
                         sh([SCRIPT, "shape", "--name", name, "--rate", rate], 60)
+                        opts = {"pt": ["--mca", "btl_tcp_progress_thread", "1"],
+                                "off": ["-x", "TRELLIS_MPI_PROGRESS_US=0"]}.get(variant, [])
                         cmd = [SCRIPT, "run", "--name", name, "--timeout", "600", "--", "-np",
-                               "2"] + (["--mca", "btl_tcp_progress_thread", "1"] if pt else []) \
-                            + args + ["--dp", "2"]
+                               "2"] + opts + args + ["--dp", "2"]
                     b0, t0, l0 = veth_bytes(veths), time.time(), load()
                     sh(cmd, 700)
                     moved = veth_bytes(veths) - b0
@@ -145,10 +154,10 @@ def main():
     t1 = m["dp1"]["step_ms"]
 
     def link_name(link):
-        pt = " + TCP progress thread" if link.endswith("+pt") else ""
-        link = link.removesuffix("+pt")
+        link, _, variant = link.partition("+")
+        extra = {"pt": " + TCP progress thread", "off": ", no progress thread"}.get(variant, "")
         return {"shm": "one host, shared memory", "none": "veth, unshaped"}.get(
-            link, f"veth, {link.replace('gbit', ' Gbit/s')}") + pt
+            link, f"veth, {link.replace('gbit', ' Gbit/s')}") + extra
 
     print("\n| link (dp=2, 1 rank per node) | buckets: step ms (runs) | one bucket: step ms (runs) "
           "| DP efficiency t1/(2·t2), buckets | one bucket | overlap gain t(one)/t(buckets) "

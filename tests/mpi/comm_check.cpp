@@ -1,7 +1,8 @@
 // Checks the communicator on however many ranks mpirun starts (tests/parallel/test_comm_mpi.py
 // runs 2, 3 and 4): every collective against values computed from the rank formula, p2p rings,
-// split and mesh sub-communicators, and GradReducer against a plain all-reduce. Values are small
-// integers, so sums are exact in any order and results are compared with ==.
+// split and mesh sub-communicators, GradReducer against a plain all-reduce, and an all-reduce and
+// a message that complete while the caller makes no MPI call (the progress thread). Values are
+// small integers, so sums are exact in any order and results are compared with ==.
 //
 //   comm_check                 all checks; exit 0 and "comm_check: ... passed" from rank 0
 //   comm_check --chunk K       the same with MPI requests of at most K elements (chunked paths)
@@ -11,6 +12,8 @@
 //   comm_check --has-mpi       prints "mpi: yes" or "mpi: no" (was MPI support built?) and exits
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -36,9 +39,8 @@ int g_mpi_reduce_scatters = 0;  // calls of MPI's own reduce-scatter among 2+ ra
 #ifdef TRELLIS_WITH_MPI
 // MPI's profiling interface: this definition takes the place of the library's for trellis's
 // calls, so a run says which reduce-scatter it went through (one rank alone always uses MPI's).
-extern "C" int MPI_Ireduce_scatter_block(const void* send, void* recv, int count,
-                                         MPI_Datatype type, MPI_Op op, MPI_Comm comm,
-                                         MPI_Request* request) {
+extern "C" int MPI_Ireduce_scatter_block(const void* send, void* recv, int count, MPI_Datatype type,
+                                         MPI_Op op, MPI_Comm comm, MPI_Request* request) {
   int size = 0;
   MPI_Comm_size(comm, &size);
   if (size > 1) ++g_mpi_reduce_scatters;
@@ -290,6 +292,58 @@ void check_grad_reducer(Communicator& c) {
   }
 }
 
+// Communication progresses while the caller computes (issue 27 §2): an all-reduce and a large
+// message (a pipeline send) are started, then the caller makes no MPI call at all and watches
+// the buffers until they hold the results. MPI moves both only while some thread is inside it
+// (the all-reduce's rounds, the message's rendezvous), so they finish only because the
+// communicator's progress thread does: without it (TRELLIS_MPI_PROGRESS_US=0, or an MPI without
+// MPI_THREAD_MULTIPLE) this check fails at its deadline.
+void check_progress_without_calls(Communicator& c) {
+  const int p = c.size(), r = c.rank();
+  const size_t n = size_t{1} << 21, m = size_t{1} << 20;  // 8 MiB and 4 MiB
+  const float ranks_sum = p * (p + 1) / 2.0f;
+  std::vector<float> buf(n), want(n), msg(m), got(m, 0.0f), sent(m);
+  for (size_t i = 0; i < n; ++i) {
+    buf[i] = (r + 1) * float(i % 17 + 1);
+    want[i] = ranks_sum * float(i % 17 + 1);
+  }
+  for (size_t i = 0; i < m; ++i) sent[i] = float(i % 1009 + 1);
+  msg = sent;
+  const int last = p - 1;
+  c.barrier();
+  auto reduce = c.all_reduce_async(buf.data(), n);
+  std::unique_ptr<Work> p2p;
+  if (r == 0) p2p = c.send_async(msg.data(), m, last, 7);
+  if (r == last) p2p = c.recv_async(got.data(), m, 0, 7);
+  // MPI writes these buffers from the progress thread while this one reads them: atomic loads.
+  const auto holds = [](std::vector<float>& v, const std::vector<float>& w) {
+    for (size_t i = v.size(); i-- > 0;)
+      if (std::atomic_ref<float>(v[i]).load(std::memory_order_acquire) != w[i]) return false;
+    return true;
+  };
+  const double deadline_s = 30.0;
+  const auto t0 = std::chrono::steady_clock::now();
+  bool reduced = false, received = r != last;
+  while (!(reduced && received)) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s >= deadline_s)
+      expect(
+          false,
+          fmt::format("rank {}: {} did not complete within {:g}s while the caller made no MPI "
+                      "call (is the progress thread running? TRELLIS_MPI_PROGRESS_US, "
+                      "MPI_THREAD_MULTIPLE)",
+                      r, reduced ? "recv of 1 Mi floats from rank 0" : "all_reduce of 2 Mi floats",
+                      deadline_s));
+    usleep(2000);  // compute stands in here: nothing that enters MPI
+    reduced = reduced || holds(buf, want);
+    received = received || holds(got, sent);
+  }
+  reduce->wait();
+  if (p2p) p2p->wait();
+  expect_equal(buf, want, "all_reduce completed by the progress thread");
+  if (r == last) expect_equal(got, sent, "message received by the progress thread");
+}
+
 // Failure drills: one rank goes away; the others must not hang.
 void drill(Communicator& world, int victim, bool die) {
   world.set_timeout(5.0);
@@ -360,6 +414,7 @@ int main(int argc, char** argv) {
     check_split(*world);
     check_meshes(*world);
     check_grad_reducer(*world);
+    if (world->backend() == "mpi") check_progress_without_calls(*world);
     // The ring takes every reduce-scatter among 2+ ranks of a block that fits one request;
     // --no-ring hands them to MPI.
     if (world->backend() == "mpi")

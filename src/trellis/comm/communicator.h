@@ -44,6 +44,10 @@ class Communicator {
   virtual void all_reduce_max(double* buf, size_t n) = 0;
   virtual void barrier() = 0;
 
+  // Whether operations in flight move without the caller testing them (the MPI backend's progress
+  // thread), so that polling between blocks would only contend with it.
+  virtual bool progresses_by_itself() const { return false; }
+
   // Sub-communicator of the ranks with the same color, ordered by key (MPI_Comm_split).
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
 

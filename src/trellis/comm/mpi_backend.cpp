@@ -2,6 +2,7 @@
 // that they can give up after the communicator's timeout and end the whole job with a message
 // that names the rank and the operation (DESIGN invariant 5). Errors are returned, not fatal
 // (MPI_ERRORS_RETURN), and turned into the same kind of message.
+// A progress thread (ProgressThread below) keeps operations moving while the caller computes.
 // The C API only: the target links MPI::MPI_C, not OpenMPI's deprecated C++ bindings.
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
@@ -11,8 +12,10 @@
 #include <time.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -20,7 +23,9 @@
 #include <exception>
 #include <functional>
 #include <limits>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "trellis/comm/communicator.h"
@@ -86,6 +91,92 @@ bool mpi_finalized() {
   return fin != 0;
 }
 
+// MPI moves a non-blocking operation only while some thread of the process is inside MPI: the
+// rounds of a non-blocking collective (libnbc) and the fragments of a large TCP message each need
+// a progress call. A rank that computes between its tests would leave a collective waiting until
+// the next block boundary, or until wait() (issue 27: 95% of a 1 Gbit/s all-reduce stayed
+// exposed). So, where MPI grants MPI_THREAD_MULTIPLE, this thread enters MPI's progress engine
+// every `poll_us` while any operation is in flight and no caller is already polling in wait(),
+// and sleeps on a condition otherwise. It enters through MPI_Iprobe on a private communicator
+// (of this rank alone) that carries no messages: it touches no request, so the caller's own
+// MPI_Test calls and this thread never race over a handle, and a completed operation is still seen
+// by its caller only. (bench/progress_bench.cpp measured the other candidate, a thread that owns
+// every MPI call: it hid as much, but each blocking 1 KiB collective paid a hand-off between
+// threads, 3-30x slower on 2 loaded cores: bench/RESULTS.md, "Communication that progresses during
+// compute".)
+class ProgressThread {
+ public:
+  ~ProgressThread() { stop(); }
+
+  // After MPI_Init_thread granted MPI_THREAD_MULTIPLE.
+  void start(long poll_us) {
+    if (thread_.joinable() || poll_us <= 0) return;
+    // A duplicate of MPI_COMM_SELF: no other rank takes part, so ranks that differ in
+    // TRELLIS_MPI_PROGRESS_US cannot mismatch a collective over it.
+    if (MPI_Comm_dup(MPI_COMM_SELF, &probe_) != MPI_SUCCESS) return;  // no thread, no harm
+    poll_us_ = poll_us;
+    stop_ = false;
+    thread_ = std::thread([this] { loop(); });
+  }
+  // Before MPI_Finalize (and at exit): the thread leaves MPI and joins.
+  void stop() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+    if (!mpi_finalized()) MPI_Comm_free(&probe_);
+    probe_ = MPI_COMM_NULL;
+  }
+  bool running() const { return thread_.joinable(); }
+
+  // An operation went in flight / completed (or was abandoned).
+  void add() {
+    if (!running()) return;
+    if (pending_.fetch_add(1) == 0) {
+      std::lock_guard<std::mutex> lock(mu_);  // the waiter checks pending_ under mu_
+      cv_.notify_one();
+    }
+  }
+  void remove() {
+    if (running()) pending_.fetch_sub(1);
+  }
+  // A caller polls inside wait(): it progresses everything in flight itself.
+  void enter_wait() { waiting_.fetch_add(1, std::memory_order_relaxed); }
+  void leave_wait() { waiting_.fetch_sub(1, std::memory_order_relaxed); }
+
+ private:
+  void loop() {
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return stop_ || pending_.load() > 0; });
+        if (stop_) return;
+      }
+      if (waiting_.load(std::memory_order_relaxed) == 0) {
+        int flag = 0;
+        // Errors surface in the caller's own MPI_Test of the operation; nothing to do here.
+        MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, probe_, &flag, MPI_STATUS_IGNORE);
+      }
+      // Sleep, not spin: the rank's compute threads need the cores (2 here, shared by ranks).
+      timespec ts{0, poll_us_ * 1000};
+      nanosleep(&ts, nullptr);
+    }
+  }
+
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::atomic<int> pending_{0}, waiting_{0};
+  long poll_us_ = 0;
+  MPI_Comm probe_ = MPI_COMM_NULL;
+};
+
+ProgressThread g_progress;
+
 class MpiCommunicator;
 
 class MpiWork final : public Work {
@@ -104,10 +195,24 @@ class MpiWork final : public Work {
   // (new reqs) and returns true, or returns false when the operation is done.
   std::function<bool()> next_round;
 
+  // Called once its first request is started: the progress thread moves it from then on.
+  void mark_in_flight() {
+    if (in_flight_) return;
+    in_flight_ = true;
+    g_progress.add();
+  }
+
  private:
+  void mark_done() {
+    done_ = true;
+    if (in_flight_) g_progress.remove();
+    in_flight_ = false;
+  }
+
   MpiCommunicator& comm_;
   OpInfo info_;
   bool done_ = false;
+  bool in_flight_ = false;
 };
 
 class MpiCommunicator final : public Communicator {
@@ -150,6 +255,7 @@ class MpiCommunicator final : public Communicator {
   int size() const override { return size_; }
   int world_rank() const override { return world_rank_; }
   std::string backend() const override { return "mpi"; }
+  bool progresses_by_itself() const override { return g_progress.running(); }
 
   // Aborts the job when an MPI call failed.
   void check(int rc, const char* call, const OpInfo* info) {
@@ -322,6 +428,7 @@ class MpiCommunicator final : public Communicator {
   void launch(MpiWork& w, int rc, const char* call, const MPI_Request& r) {
     check(rc, call, &w.info());
     w.reqs.push_back(r);
+    w.mark_in_flight();
   }
   // OpenMPI's non-blocking reduce-scatter reduces the whole buffer to rank 0 and scatters it
   // (3x a ring's traffic at 2 ranks: a third of all-reduce's bandwidth between TCP nodes). A
@@ -399,7 +506,7 @@ bool MpiWork::test() {
     reqs.clear();
     if (!next_round || !next_round()) break;
   }
-  done_ = true;
+  mark_done();
   if (on_complete) on_complete();
   return true;
 }
@@ -407,6 +514,10 @@ bool MpiWork::test() {
 void MpiWork::wait() {
   if (done_) return;
   const auto t0 = Clock::now();
+  g_progress.enter_wait();
+  struct Leave {
+    ~Leave() { g_progress.leave_wait(); }
+  } leave;
   for (;;) {
     if (test()) return;
     const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -432,6 +543,7 @@ MpiWork::~MpiWork() {
   // MPI may still write into the caller's buffers (or read staging): finish unless unwinding,
   // where the job is about to end anyway and waiting could only delay the error message.
   if (!done_ && !reqs.empty() && std::uncaught_exceptions() == 0 && !mpi_finalized()) wait();
+  if (in_flight_) g_progress.remove();
 }
 
 }  // namespace
@@ -461,18 +573,30 @@ std::unique_ptr<Communicator> make_mpi_world_communicator(int* argc, char*** arg
     if (k > 0 && k < INT_MAX) g_max_chunk = static_cast<size_t>(k);
   }
   g_ring_allowed = std::getenv("TRELLIS_MPI_NO_RING") == nullptr;
+  // The progress thread's poll interval. At 1 Gbit/s, 200 and 1000 us hid the same share of an
+  // all-reduce (bench/RESULTS.md, "Communication that progresses during compute"); 500 wakes the
+  // thread 2.5x less often than 200 while a pipeline send waits for its receiver.
+  // TRELLIS_MPI_PROGRESS_US=0 turns it off (MPI then runs MPI_THREAD_FUNNELED, as before).
+  long poll_us = 500;
+  if (const char* v = std::getenv("TRELLIS_MPI_PROGRESS_US")) poll_us = std::atol(v);
+  poll_us = std::clamp(poll_us, 0L, 100'000L);
   int initialized = 0;
   MPI_Initialized(&initialized);
+  int provided = 0;
   if (!initialized) {
     tune_mpi_before_init();
-    int provided = 0;
-    // Only the main thread calls MPI (OpenMP threads never do).
-    if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+    // The main thread makes every call but the progress thread's; OpenMP threads make none.
+    const int wanted = poll_us > 0 ? MPI_THREAD_MULTIPLE : MPI_THREAD_FUNNELED;
+    if (MPI_Init_thread(argc, argv, wanted, &provided) != MPI_SUCCESS) {
       std::fprintf(stderr, "trellis: error: MPI_Init_thread failed\n");
       std::exit(1);
     }
     g_initialized_here = true;
+  } else {
+    MPI_Query_thread(&provided);
   }
+  // An MPI without MPI_THREAD_MULTIPLE runs as before: operations move when tested.
+  if (provided == MPI_THREAD_MULTIPLE) g_progress.start(poll_us);
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   // A private duplicate keeps trellis traffic apart from any other MPI user in the process.
   MPI_Comm world = MPI_COMM_NULL;
@@ -492,6 +616,7 @@ std::unique_ptr<Communicator> make_mpi_world_communicator(int* argc, char*** arg
 void finalize_mpi() {
   int initialized = 0;
   MPI_Initialized(&initialized);
+  if (initialized && !mpi_finalized()) g_progress.stop();
   if (g_initialized_here && initialized && !mpi_finalized()) MPI_Finalize();
 }
 

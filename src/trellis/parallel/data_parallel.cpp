@@ -29,9 +29,11 @@ void GradReducer::ready_from(size_t offset) {
     b.work = comm_.all_reduce_async(grads_ + b.begin, b.end - b.begin);
     b.launched = true;
   }
-  // Non-blocking collectives only advance while the library is entered.
-  for (size_t i = 0; i < next_; ++i)
-    if (buckets_[i].work) buckets_[i].work->test();
+  // Non-blocking collectives only advance while the library is entered: poll them here, unless
+  // the communicator's progress thread does (then a poll would only wait for its locks).
+  if (!comm_.progresses_by_itself())
+    for (size_t i = 0; i < next_; ++i)
+      if (buckets_[i].work) buckets_[i].work->test();
   polled_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
@@ -44,7 +46,8 @@ void GradReducer::finish() {
     b.launched = false;
   }
   next_ = 0;
-  exposed_s_ = polled_s_ + std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  exposed_s_ =
+      polled_s_ + std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   polled_s_ = 0.0;
 }
 

@@ -11,8 +11,9 @@
 //                        root unit) and each unit is split evenly over the ranks. A unit's
 //                        gradients are reduce-scattered as soon as backward finishes it (every
 //                        micro-batch), added to this rank's compact shard and their pages
-//                        returned; after the update every unit is all-gathered
-//                        (zero_sharded_gradients.cpp);
+//                        returned; after the update the root unit is all-gathered, and each
+//                        block in the next forward, one block ahead (its gather moves while
+//                        the block before it computes) (zero_sharded_gradients.cpp);
 //   ZeRO-3 (FSDP):       as ZeRO-2, and a block's parameters are resident only while it runs:
 //                        all-gathered before its forward and again before its backward (the
 //                        next block prefetched meanwhile), released after. The root unit

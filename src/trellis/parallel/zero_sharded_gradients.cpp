@@ -12,6 +12,7 @@ namespace trellis {
 ShardedGradientsSync::ShardedGradientsSync(Communicator& dp, const ParamLayout& layout)
     : DataParallelSync(dp, layout) {
   build_units(layout);
+  gathered_.assign(units_.size(), 1);
   params_.commit(0, n_);  // until adopt_params: initialisation writes the whole model
 }
 
@@ -107,6 +108,27 @@ void ShardedGradientsSync::finish_gather(Gather& g) {
 
 void ShardedGradientsSync::gather_unit(int u) { finish_gather(*start_gather(u)); }
 
+void ShardedGradientsSync::ensure_gathered(int u) {
+  if (u < 0 || gathered_[size_t(u)]) return;
+  const auto t0 = Clock::now();
+  if (prefetch_ && prefetch_->unit == u) {
+    finish_gather(*prefetch_);
+    prefetch_.reset();
+  } else {
+    gather_unit(u);
+  }
+  gathered_[size_t(u)] = 1;
+  hook_comm_s_ += seconds_since(t0);
+}
+
+void ShardedGradientsSync::prefetch(int u) {
+  if (u < 0 || gathered_[size_t(u)] || (prefetch_ && prefetch_->unit == u)) return;
+  if (prefetch_) ensure_gathered(prefetch_->unit);
+  const auto t0 = Clock::now();
+  prefetch_ = start_gather(u);
+  hook_comm_s_ += seconds_since(t0);
+}
+
 void ShardedGradientsSync::launch_reduce(int u) {
   const auto t0 = Clock::now();
   const Unit& unit = units_[size_t(u)];
@@ -150,6 +172,11 @@ void ShardedGradientsSync::finish_reductions() {
 
 // ---- Block hooks ----------------------------------------------------------------------------
 
+void ShardedGradientsSync::before_forward(int layer) {
+  ensure_gathered(unit_of(layer));
+  prefetch(unit_of(layer + 1));  // moves (progress thread) while this block computes
+}
+
 void ShardedGradientsSync::before_backward(int layer) {
   if (layer < 0) {  // the micro-batch's backward starts (with the head: root)
     for (const Unit& u : units_)
@@ -180,8 +207,15 @@ double ShardedGradientsSync::reduce_gradients() {
 }
 
 double ShardedGradientsSync::gather_parameters() {
+  // The root now (the embeddings run before any block hook); each block's gather waits for the
+  // next forward, which runs it one block ahead, overlapped with the block before it.
   const auto t0 = Clock::now();
-  for (size_t u = 0; u < units_.size(); ++u) gather_unit(int(u));
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (units_[u].layer < 0)
+      gather_unit(int(u));
+    else
+      gathered_[u] = 0;
+  }
   return seconds_since(t0);
 }
 

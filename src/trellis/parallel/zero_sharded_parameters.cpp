@@ -9,33 +9,12 @@
 namespace trellis {
 
 ShardedParametersSync::ShardedParametersSync(Communicator& dp, const ParamLayout& layout)
-    : ShardedGradientsSync(dp, layout), gathered_(units_.size(), 1) {}
+    : ShardedGradientsSync(dp, layout) {}
 
 ZeroFootprint ShardedParametersSync::footprint(const ParamLayout& layout, int dp, int dp_rank) {
   ZeroFootprint f = ShardedGradientsSync::footprint(layout, dp, dp_rank);
   f.params = f.grads;  // as the gradients: the root and two blocks
   return f;
-}
-
-void ShardedParametersSync::ensure_gathered(int u) {
-  if (gathered_[size_t(u)]) return;
-  const auto t0 = Clock::now();
-  if (prefetch_ && prefetch_->unit == u) {
-    finish_gather(*prefetch_);
-    prefetch_.reset();
-  } else {
-    gather_unit(u);
-  }
-  gathered_[size_t(u)] = 1;
-  hook_comm_s_ += seconds_since(t0);
-}
-
-void ShardedParametersSync::prefetch(int u) {
-  if (u < 0 || gathered_[size_t(u)] || (prefetch_ && prefetch_->unit == u)) return;
-  if (prefetch_) ensure_gathered(prefetch_->unit);
-  const auto t0 = Clock::now();
-  prefetch_ = start_gather(u);
-  hook_comm_s_ += seconds_since(t0);
 }
 
 void ShardedParametersSync::release_params(int u) {

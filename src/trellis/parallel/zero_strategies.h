@@ -70,8 +70,10 @@ class ShardedGradientsSync : public DataParallelSync, public BlockHooks {
   void adopt_params(bool whole_buffer) override;
   int64_t resident_bytes() const override;
 
-  // Block hooks: a unit's gradient pages are committed before backward writes them and
-  // reduce-scattered (then returned) after.
+  // Block hooks: a block's parameters, all-gathered after the last update, are waited for before
+  // its forward, which prefetches the next block's; a unit's gradient pages are committed before
+  // backward writes them and reduce-scattered (then returned) after.
+  void before_forward(int layer) override;
   void before_backward(int layer) override;
   void after_backward(int layer) override;
 
@@ -97,10 +99,16 @@ class ShardedGradientsSync : public DataParallelSync, public BlockHooks {
   std::unique_ptr<Gather> start_gather(int u);
   void finish_gather(Gather& g);
   void gather_unit(int u);
+  // Unit u's parameters are current: waits for its prefetched gather, or gathers it now.
+  void ensure_gathered(int u);
+  // Starts unit u's gather (u < 0: none), after finishing the one prefetched before it.
+  void prefetch(int u);
 
   std::vector<Unit> units_;
   std::vector<float> owned_params_, owned_grads_;
-  double hook_comm_s_ = 0.0;  // exposed seconds inside the hooks this step
+  double hook_comm_s_ = 0.0;          // exposed seconds inside the hooks this step
+  std::vector<char> gathered_;        // per unit: its parameters are current in params_
+  std::unique_ptr<Gather> prefetch_;  // the next block's parameters, in flight
 
  private:
   void build_units(const ParamLayout& layout);
@@ -134,12 +142,7 @@ class ShardedParametersSync final : public ShardedGradientsSync {
   void after_backward(int layer) override;
 
  private:
-  void ensure_gathered(int u);
-  void prefetch(int u);
   void release_params(int u);
-
-  std::vector<char> gathered_;        // per unit
-  std::unique_ptr<Gather> prefetch_;  // the next block's parameters
 };
 
 }  // namespace trellis
