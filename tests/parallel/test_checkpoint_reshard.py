@@ -116,14 +116,15 @@ for name, (a, b) in PAIRS.items():
     compare(name, resumed, reference(b))
 
 # What each rank wrote: its pieces only. Replicas (dp4) and ZeRO shards (dp4 zero1) write 1/4 of
-# the model each; every element is written exactly once (checkpoint_tensors checks that).
-for name, layout in (("dp4", DP4), ("dp4zero1", DP4_ZERO1), ("dp4zero3", DP4_ZERO3),
-                     ("3d", THREE_D)):
-    if only:
-        break
-    out = fresh_dir(f"files_{name}")
-    launch(layout, ["--stop-at", 1], out)
-    d = step_dir(out, 1)
+# the model each; every element is written exactly once (checkpoint_tensors checks that). The
+# checkpoints are those the pairs above wrote under these layouts (the step K of a saving run, the
+# last step of an uninterrupted one): a run of its own per layout would write the same files.
+written = () if only else (
+    ("dp4", DP4, step_dir(reference(DP4), N)),
+    ("dp4zero1", DP4_ZERO1, step_dir(os.path.join(TMP, "dp4zero1_to_dp2_a"), K)),
+    ("dp4zero3", DP4_ZERO3, step_dir(reference(DP4_ZERO3), N)),
+    ("3d", THREE_D, step_dir(os.path.join(TMP, "3d_to_tp4_a"), K)))
+for name, layout, d in written:
     with open(os.path.join(d, "index.json")) as f:
         index = json.load(f)
     ranks = layout[0]

@@ -33,7 +33,9 @@ check("(first)" in out, "plan reads a calibrated machine file")
 check("fastest of 3 rounds" in m["sources"]["measured"], f"three rounds: {m['sources']}")
 
 cal2 = os.path.join(work, "two.json")
-mpirun(2, ["calibrate", "--out", cal2, "--seconds", 0.05, "--gemm-size", 256])
+# One round of the compute measurements (the 1-rank file above checks the three): this one is for
+# the links, and every round times every GEMM shape on both ranks (~7 CPU-seconds a rank here).
+mpirun(2, ["calibrate", "--out", cal2, "--seconds", 0.05, "--gemm-size", 256, "--rounds", 1])
 link = json.load(open(cal2))["intra_node"]
 for kind in ("all_reduce", "reduce_scatter", "all_gather", "send_recv"):
     fit = link["collectives"][kind]
