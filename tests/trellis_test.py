@@ -217,6 +217,22 @@ def stop_and_resume(args, stop_at, steps, what, launch=None):
     return full, split
 
 
+def training_ranks(out):
+    """pids of the `trellis train` processes writing to `out` (the ranks: not `trellis launch`,
+    mpirun, srun or slurmstepd)."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if len(argv) > 2 and argv[0].endswith(b"trellis") and argv[1] == b"train" and \
+                out.encode() in argv:
+            pids.append(int(pid))
+    return pids
+
+
 def same_checkpoint(a, b):
     """Whether two checkpoints hold bitwise equal parameters and optimizer state."""
     import numpy as np

@@ -9,7 +9,8 @@ import signal
 import subprocess
 import time
 
-from trellis_test import BIN, check, checkpoint_bytes, fail, fresh_dir, metrics, run, TMP
+from trellis_test import (BIN, check, checkpoint_bytes, fail, fresh_dir, metrics, run, TMP,
+                         training_ranks)
 
 seed = int(os.environ.get("CHAOS_SEED", time.time_ns() % 100000))
 rng = random.Random(seed)
@@ -28,22 +29,6 @@ def launch_cmd(out):
             "--save-every", 5, "--val-every", 0, "--threads", 1, "--quiet", "--tensorboard=false",
             "--precision", "fp32", "--out", out]
 
-
-def ranks(out):
-    """pids of the training ranks of the job writing to `out` (not the supervisor or mpirun)."""
-    pids = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if len(argv) > 2 and argv[0].endswith(b"trellis") and argv[1] == b"train" and \
-                out.encode() in argv:
-            pids.append(int(pid))
-    return pids
 
 
 def restarts(out):
@@ -71,7 +56,7 @@ job = subprocess.Popen([str(a) for a in launch_cmd(out)], env=ENV, stdout=subpro
 kills = []
 try:
     for k in range(3):
-        wait_for(lambda: len(ranks(out)) == 2 and restarts(out) == k, f"attempt {k} running")
+        wait_for(lambda: len(training_ranks(out)) == 2 and restarts(out) == k, f"attempt {k} running")
         if k == 1:  # during a save: its temporary directory exists
             wait_for(lambda: any(n.startswith(".step_") for n in os.listdir(out)),
                      "a checkpoint being written")
@@ -80,7 +65,7 @@ try:
             delay = rng.uniform(0.5, 2.0)
             time.sleep(delay)
             moment = f"{delay:.2f} s into attempt {k}"
-        victims = ranks(out)
+        victims = training_ranks(out)
         if not victims:
             fail(f"attempt {k} ended before its kill ({moment})")
         pid = rng.choice(victims)

@@ -23,7 +23,7 @@ import time
 
 from slurm import SlurmCluster
 from trellis_test import (BIN, LayoutCheck, TMP, check, checkpoint_bytes, fail, fresh_dir,
-                          metrics, run, write_text_corpus)
+                          metrics, run, training_ranks, write_text_corpus)
 
 B, T, C, L, STEPS = 8, 32, 32, 4, 40
 corpus = fresh_dir("corpus")
@@ -54,20 +54,6 @@ def last_step(out):
     except (OSError, ValueError):  # not written yet, or a line being written
         return 0
 
-
-def ranks(out):
-    """pids of the training ranks writing to `out` (not `trellis launch`, srun or slurmstepd)."""
-    pids = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if len(argv) > 2 and argv[0].endswith(b"trellis") and argv[1] == b"train" and \
-                out.encode() in argv:
-            pids.append(int(pid))
-    return pids
 
 
 def wait_for(cond, what, timeout, ended=None, every=0.002):
@@ -153,7 +139,7 @@ with cluster as c:
             # Hold the ranks where they are, so that the requeue (a second or so through
             # scontrol) lands mid-run however fast the steps go: Slurm sends SIGCONT with the
             # SIGTERM that ends them.
-            for pid in ranks(out):
+            for pid in training_ranks(out):
                 os.kill(pid, signal.SIGSTOP)
             at = last_step(out)
             saved = max(d for d in os.listdir(out) if d.startswith("step_"))[5:]  # complete ones
@@ -204,8 +190,8 @@ with cluster as c:
             f"the job ended (exit {job.returncode}):\n{job.communicate()[0][-3000:]}\n"
 
     try:
-        wait_for(lambda: len(ranks(chaos)) == 2, "both ranks to start", 60, job_over, every=0.01)
-        victims = ranks(chaos)
+        wait_for(lambda: len(training_ranks(chaos)) == 2, "both ranks to start", 60, job_over, every=0.01)
+        victims = training_ranks(chaos)
         wait_for(lambda: last_step(chaos) >= 6, "step 6 (after the first checkpoint)", 60,
                  job_over)
         victim = victims[int(time.time_ns()) % 2]
