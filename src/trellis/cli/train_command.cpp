@@ -1,5 +1,7 @@
 // `trellis train`: every config key is a flag (--batch-size for batch_size), settable from a
-// TOML file (--config) and --set key=value too. Precedence: defaults < file < --set < flags.
+// TOML file (--config) and --set key=value too. Precedence: defaults < file < --set < flags;
+// epochs and val_per_epoch, when set, replace steps and val_every unless those are given on the
+// command line.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -76,6 +78,16 @@ Command add_train_command(CLI::App& app) {
                       args->flag_values[i].empty() && args->keys[i].type == "BOOL"
                           ? "true"
                           : args->flag_values[i]);
+    // A count given on the command line wins over the other unit from the config file.
+    auto on_command_line = [&](const std::string& key) {
+      for (size_t i = 0; i < args->flag_opts.size(); ++i)
+        if (args->flag_opts[i].first == key && args->flag_opts[i].second->count() > 0) return true;
+      return std::any_of(args->sets.begin(), args->sets.end(),
+                         [&](const std::string& s) { return s.starts_with(key + "="); });
+    };
+    if (on_command_line("steps") && !on_command_line("epochs")) args->cfg.epochs = 0.0;
+    if (on_command_line("val_every") && !on_command_line("val_per_epoch"))
+      args->cfg.val_per_epoch = 0.0;
     if (args->dump) {
       fmt::print("{}", dump_config(args->keys));
       return 0;

@@ -223,6 +223,10 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
                "keep_best)",
                &c.out),
       make_key("steps", "number of optimizer steps", &c.steps),
+      make_key("epochs",
+               "task data: passes over the training examples; > 0 sets steps to ceil(epochs x "
+               "examples / batch_size) (a --steps on the command line wins over a file's epochs)",
+               &c.epochs),
       make_key("batch_size",
                "global batch size in sequences (all DP ranks and micro-steps together)",
                &c.batch_size),
@@ -269,6 +273,10 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
                "save a checkpoint and exit after this step; resume later (0 = run all steps)",
                &c.stop_at),
       make_key("val_every", "validation loss every N steps (0 = only at the end)", &c.val_every),
+      make_key("val_per_epoch",
+               "task data: validations per epoch; > 0 sets val_every (a --val-every on the "
+               "command line wins over a file's val_per_epoch)",
+               &c.val_per_epoch),
       make_key("val_batches", "global batches of validation data per evaluation", &c.val_batches),
       make_key("keep_best",
                "keep out/best/, the checkpoint of the best validation so far by val_loss, "

@@ -50,6 +50,9 @@ struct TrainConfig {
   // run
   std::string out = "out";
   int64_t steps = 440;
+  // Task data: passes over the training examples; > 0 sets steps to ceil(epochs x examples /
+  // batch_size) once the data is loaded (resolve_epochs), so a recipe fits any data set's size.
+  double epochs = 0.0;
   int64_t batch_size = 32;       // global, in sequences
   int64_t micro_batch_size = 0;  // per rank and micro-step; 0 = batch_size / dp (no accumulation)
   int64_t seq_len = 0;           // 0 = the model's context length
@@ -63,6 +66,7 @@ struct TrainConfig {
   bool resume = false;
   int64_t stop_at = 0;      // save and exit after this step (a time-limited job); 0 = run all
   int64_t val_every = 110;  // 0 = only at the end
+  double val_per_epoch = 0.0;  // task data: > 0 sets val_every to an epoch / val_per_epoch
   int64_t val_batches = 4;  // global batches of the validation split per evaluation
   // Keep OUT/best/, the checkpoint of the best validation so far: val_loss | val_accuracy |
   // val_macro_f1 (classifiers); empty = off (train/best.h).

@@ -1,6 +1,8 @@
 #include "trellis/train/run_data.h"
 
 #include <algorithm>
+#include <cmath>
+#include <utility>
 #include <filesystem>
 
 #include "trellis/core/atomic_file.h"
@@ -75,6 +77,22 @@ RunData load_run_data(const TrainConfig& cfg) {
   TRELLIS_REQUIRE(meta.feature_dim == 0 || needed <= d.T,
                   "{}: images have {} patches, more than seq_len {}", cfg.data, needed, d.T);
   return d;
+}
+
+void resolve_epochs(TrainConfig& cfg, const RunData& d) {
+  for (auto [key, value] : {std::pair{"epochs", cfg.epochs}, {"val_per_epoch", cfg.val_per_epoch}}) {
+    TRELLIS_REQUIRE(value >= 0.0 && std::isfinite(value), "config key '{}': {} must be >= 0",
+                    key, value);
+    TRELLIS_REQUIRE(value == 0.0 || d.task,
+                    "config key '{}' counts passes over a task's training examples; {} is a "
+                    "language model's corpus: give steps and val_every instead",
+                    key, cfg.data.empty() ? "the built-in corpus" : cfg.data);
+  }
+  if (!d.task || cfg.batch_size <= 0) return;  // batch_size's own check names it
+  const double per_epoch = double(d.task->train.size()) / double(cfg.batch_size);
+  if (cfg.epochs > 0.0) cfg.steps = std::max<int64_t>(1, int64_t(std::ceil(cfg.epochs * per_epoch)));
+  if (cfg.val_per_epoch > 0.0)
+    cfg.val_every = std::max<int64_t>(1, std::llround(per_epoch / cfg.val_per_epoch));
 }
 
 }  // namespace trellis

@@ -27,4 +27,8 @@ struct RunData {
 // Input errors: data that does not exist or does not fit the task, the model or seq_len.
 RunData load_run_data(const TrainConfig& cfg);
 
+// epochs and val_per_epoch turned into steps and val_every for the training set d holds (no-op
+// when both are 0). Input error: negative, or set for a language model's corpus.
+void resolve_epochs(TrainConfig& cfg, const RunData& d);
+
 }  // namespace trellis

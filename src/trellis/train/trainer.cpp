@@ -914,6 +914,7 @@ int run_training(TrainConfig cfg, Communicator& world) {
   TRELLIS_REQUIRE(cfg.layout.empty() || cfg.layout == "auto",
                   "layout must be auto or empty, not '{}'", cfg.layout);
   RunData data = load_run_data(cfg);  // once: layout auto plans for its model and seq_len
+  resolve_epochs(cfg, data);
   if (cfg.layout == "auto") cfg = choose_auto_layout(std::move(cfg), data, world);
   const RunShape shape = validate_run(cfg, world.size(), data);
   Trainer trainer(std::move(cfg), world, std::move(data), shape);
