@@ -343,7 +343,7 @@ Context::BlockActs& ModelChunk::acts(Context& ctx, int l, Context::BlockActs& vi
       return kept;
     case Recompute::Selective:
       view = kept;
-      view.lse = work_.lse, view.xlse = work_.xlse, view.up = work_.up;
+      view.up = work_.up;
       view.act = work_.act;
       return view;
     case Recompute::Full:
@@ -553,8 +553,6 @@ void ModelChunk::block_backward(Context& ctx, int l, const float* x) {
   // norm's backward adds its branch's contribution in place.
   if (!p.up.empty()) mlp_backward(ctx, l, a);
   if (p.decoder) cross_backward(ctx, l, a);
-  // Selective: the logsumexp again (and the kept output, rewritten with the same values).
-  if (ctx.recompute == Recompute::Selective) self_attention(ctx, p, a);
 
   const float* dbranch = branch_grad(ctx, dres, dln, p.layer, kAttnOutDrop);
   if (p.proj.bias_grad()) k_.bias_backward(p.proj.bias_grad(), dbranch, R, C, C);
@@ -581,7 +579,6 @@ void ModelChunk::cross_backward(Context& ctx, int l, Context::BlockActs& a) {
   const bool sp = tp_.sequence_parallel();
   const Block& p = blocks_[size_t(l)];
   float *dres = dres_.f32(), *dln = dln_.f32(), *dfull = dfull_.f32();
-  if (ctx.recompute == Recompute::Selective) cross_attention(ctx, p, a);
   const float* dbranch = branch_grad(ctx, dres, dln, p.layer, kCrossOutDrop);
   if (p.xproj.bias_grad()) k_.bias_backward(p.xproj.bias_grad(), dbranch, R, C, C);
   const float* dy = tp_.leave_backward(dbranch, dfull, BT, C);
