@@ -1,11 +1,12 @@
 // Tiled attention (ops::attention_forward/backward, saving a logsumexp) against the kernel that
 // keeps the T x T probabilities (ops::attention_probs_*), forward + backward of GPT-2-like causal
-// self-attention on a fused q|k|v buffer, for each T. The two kernels alternate within each round
+// (or, --causal 0, bidirectional) self-attention on a fused q|k|v buffer, for each T. The two kernels alternate within each round
 // so both see the same machine load; the table gives each one's median and the median of the
 // per-round ratios (probs / tiled: > 1 means the tiled kernel is faster).
 //
 // usage: attention_bench [--B 4] [--H 12] [--hd 64] [--T 128,256,512,1024,2048] [--rounds 7]
-//                        [--key-block 256] [--query-block 64] [--clock wall|cpu]
+//                        [--key-block 0] [--query-block 0] [--causal 1] [--clock wall|cpu]
+// (blocks 0: the kernel's own choice, ops::attention_tiles)
 #include <omp.h>
 #include <time.h>
 
@@ -50,7 +51,7 @@ double seconds(F f) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t B = 4, H = 12, hd = 64, rounds = 7, key_block = 256, query_block = 64;
+  int64_t B = 4, H = 12, hd = 64, rounds = 7, key_block = 0, query_block = 0, causal = 1;
   std::string Ts = "128,256,512,1024,2048";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
@@ -69,6 +70,8 @@ int main(int argc, char** argv) {
       key_block = std::atoll(v);
     else if (k == "--query-block")
       query_block = std::atoll(v);
+    else if (k == "--causal")
+      causal = std::atoll(v);
     else if (k == "--clock")
       cpu_clock = std::strcmp(v, "cpu") == 0;
     else {
@@ -77,9 +80,10 @@ int main(int argc, char** argv) {
     }
   }
   std::printf(
-      "causal attention forward + backward, B %lld, H %lld, hd %lld, %d threads, "
-      "tiles %lld x %lld, %lld rounds, %s time\n\n",
-      (long long)B, (long long)H, (long long)hd, omp_get_max_threads(), (long long)query_block,
+      "%s attention forward + backward, B %lld, H %lld, hd %lld, %d threads, "
+      "tiles %lld x %lld (0: the kernel's choice), %lld rounds, %s time\n\n",
+      causal ? "causal" : "bidirectional", (long long)B, (long long)H, (long long)hd,
+      omp_get_max_threads(), (long long)query_block,
       (long long)key_block, (long long)rounds, cpu_clock ? "CPU" : "wall");
   std::printf(
       "| T | probs kernel ms (fwd + bwd) | tiled ms (fwd + bwd) | probs / tiled "
@@ -96,7 +100,7 @@ int main(int argc, char** argv) {
     for (float& x : dout) x = nd(rng);
     std::vector<float> out(dout.size()), lse(size_t(B * H * T)), probs(size_t(B * H * T * T));
     std::vector<float> dqkv(qkv.size());
-    ops::AttentionShape s{B, T, T, H, H, hd, true};
+    ops::AttentionShape s{B, T, T, H, H, hd, causal != 0};
     s.tiles = {query_block, key_block};
     const float *q = qkv.data(), *k = q + C, *v = q + 2 * C;
     float *dq = dqkv.data(), *dk = dq + C, *dv = dq + 2 * C;

@@ -271,19 +271,19 @@ TEST(ActivationMemory, AChangedBlockLayoutChangesTheModelAndThePredictionAlike) 
 }
 
 // Recomputing keeps less: full keeps only each block's output; selective keeps everything but
-// attention's logsumexp and the MLP's up projection and activation.
+// the MLP's up projection and activation (attention's O(T) logsumexp stays: nothing reruns it).
 TEST(ActivationMemory, RecomputeKeepsLessAndTheWorkspaceHoldsTheRest) {
   const ModelConfig cfg = [] {
     ModelConfig c = model_preset("gpt2");
     c.vocab_size = 50257;
     return c;
   }();
-  const int64_t B = 4, T = 1024, C = cfg.n_embd, H = cfg.n_head, BT = B * T;
+  const int64_t B = 4, T = 1024, C = cfg.n_embd, BT = B * T;
   const StageSpec whole = StageSpec::whole(cfg);
   const ActivationMemory none = activation_memory(cfg, whole, B, T, 1, false, Recompute::None);
   const ActivationMemory sel = activation_memory(cfg, whole, B, T, 1, false, Recompute::Selective);
   const ActivationMemory full = activation_memory(cfg, whole, B, T, 1, false, Recompute::Full);
-  const int64_t L = cfg.n_layer, dropped_sel = 4 * (B * H * T + BT * 4 * C * 2);
+  const int64_t L = cfg.n_layer, dropped_sel = 4 * (BT * 4 * C * 2);
   EXPECT_EQ(none.blocks - sel.blocks, L * dropped_sel);
   EXPECT_EQ(full.blocks, L * 4 * BT * C);
   EXPECT_EQ(sel.workspace - none.workspace, dropped_sel);
@@ -302,8 +302,9 @@ TEST(ActivationMemory, RecomputeKeepsLessAndTheWorkspaceHoldsTheRest) {
 //   - under sequence parallelism trellis keeps both norms' all-gathered outputs (the inputs of the
 //     column-parallel GEMMs' weight gradients: 2 x 4sbh bytes, not /t) next to their local rows,
 //     where Megatron keeps only the local rows and all-gathers again in backward;
-//   - selective recompute here drops the MLP's up projection and GELU output too (2 x 4h per
-//     row), not only the attention core, so it keeps 16 fewer fp16-equivalent bytes per sbh/t;
+//   - selective recompute here drops the MLP's up projection and GELU output (2 x 4h per row),
+//     so it keeps 16 fewer fp16-equivalent bytes per sbh/t, and keeps the logsumexp (there is no
+//     attention core to drop, and the O(s) logsumexp spares rerunning attention);
 //   - full recompute keeps each block's output (the next block's input), 4sbh/t bytes under SP.
 TEST(ActivationMemory, RelatesToMegatronsPerLayerFormulaTermByTerm) {
   ModelConfig cfg = model_preset("gpt2-medium");  // h 1024, a 16, LayerNorm, GELU, biases
@@ -333,7 +334,7 @@ TEST(ActivationMemory, RelatesToMegatronsPerLayerFormulaTermByTerm) {
     EXPECT_EQ(trellis(true, Recompute::None),
               2 * (tp_sp - 2 * sbh / t - 5 * as2b / t) + 16 * sb / t + 8 * sbh + lse);
     EXPECT_EQ(trellis(true, Recompute::Selective),
-              2 * (tp_sp_selective - 2 * sbh / t - 16 * sbh / t) + 16 * sb / t + 8 * sbh);
+              2 * (tp_sp_selective - 2 * sbh / t - 16 * sbh / t) + 16 * sb / t + 8 * sbh + lse);
     EXPECT_EQ(trellis(true, Recompute::Full), 2 * full / t);
     EXPECT_EQ(trellis(false, Recompute::Full), 2 * full);
   }

@@ -1207,6 +1207,8 @@ TEST(KernelsAttention, TiledMatchesProbabilitiesKernel) {
   }
   const TiledRow rows[] = {
       {"causal mha", {2, T, T, 2, 2, 16, true}},
+      {"bidirectional, key_len, dropout, default tiles: one block of all 150 rows",
+       {2, T, T, 2, 1, 16, false}, {97, T}, {}, 0.1f},
       {"causal gqa, small tiles", with_tiles({2, 37, 37, 4, 2, 8, true}, 8, 5)},
       {"causal, key_len", with_tiles({2, 45, 45, 2, 1, 8, true}, 16, 7), {30, 45}},
       {"bidirectional, odd", with_tiles({1, 29, 29, 3, 3, 6, false}, 9, 10)},
@@ -1220,6 +1222,63 @@ TEST(KernelsAttention, TiledMatchesProbabilitiesKernel) {
   };
   uint32_t seed = 68;
   for (const TiledRow& row : rows) check_tiled_matches_probs(row, seed++);
+}
+
+// Padding query rows (query_len): the tiled kernel writes 0 and lse 0 there and its backward
+// skips them. Against the kernel that computes every row, with the padding rows' dout 0 (as the
+// model gives them): real rows' outputs and all gradients agree, and the padding rows of dq get
+// nothing.
+void check_padding_queries(const std::string& what, ops::AttentionShape s,
+                           const std::vector<int32_t>& len, float dropout_p, uint32_t seed) {
+  SCOPED_TRACE(what);
+  s.key_len = len.data();
+  s.dropout = {dropout_p, 0x5eedull, 1, 2};
+  const AttnLayout l = separate_layout(s, 1, 2);
+  std::mt19937 rng(seed);
+  const Vec X = randn(rng, sz(layout_size(l, s)));
+  Vec dout = randn(rng, sz(s.B * s.Tq * s.H * s.hd));
+  const int64_t C = s.H * s.hd;
+  int64_t padding = 0;
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t i = len[sz(b)]; i < s.Tq; ++i, ++padding)
+      std::fill_n(dout.begin() + (b * s.Tq + i) * C, C, 0.0f);
+  ASSERT_GT(padding, 0) << "no padding rows: nothing is skipped";
+  Vec out_ref(dout.size()), probs(sz(s.B * s.H * s.Tq * s.Tk)), dX_ref(X.size(), 0.25f);
+  attention_probs_fwd(out_ref.data(), probs.data(), X.data(), l, s);
+  attention_probs_bwd(dX_ref.data(), dout.data(), X.data(), probs.data(), l, s);
+  s.query_len = len.data();
+  Vec out(dout.size(), 7.0f), lse(sz(s.B * s.H * s.Tq), 7.0f), dX(X.size(), 0.25f);
+  attention_fwd(out.data(), lse.data(), X.data(), l, s);
+  attention_bwd(dX.data(), dout.data(), X.data(), out.data(), lse.data(), l, s);
+  Vec real, real_ref;
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t i = 0; i < s.Tq; ++i) {
+      const bool pad = i >= len[sz(b)];
+      for (int64_t c = 0; c < C; ++c) {
+        const size_t e = sz((b * s.Tq + i) * C + c);
+        if (pad) {
+          EXPECT_EQ(out[e], 0.0f) << b << " " << i;
+          EXPECT_EQ(dX[sz(l.qoff + (b * s.Tq + i) * l.ldq + c)], 0.25f) << b << " " << i;
+        } else {
+          real.push_back(out[e]);
+          real_ref.push_back(out_ref[e]);
+        }
+      }
+      for (int64_t h = 0; h < s.H && pad; ++h) EXPECT_EQ(lse[sz((b * s.H + h) * s.Tq + i)], 0.0f);
+    }
+  ASSERT_FALSE(real.empty());
+  EXPECT_LE(rel_err(real, to_d(real_ref)), kFwdTol);
+  EXPECT_LE(rel_err(dX, to_d(dX_ref)), kFwdTol);
+}
+
+TEST(KernelsAttention, PaddingQueryRowsAreSkipped) {
+  // 70 rows: one block of all rows (bidirectional, default tiles) or 64 + 6 (causal).
+  check_padding_queries("bidirectional gqa, one block", {2, 70, 70, 4, 2, 8, false}, {45, 70}, 0.0f,
+                        90);
+  check_padding_queries("bidirectional, dropout", {3, 70, 70, 2, 2, 8, false}, {1, 70, 66}, 0.2f,
+                        91);
+  check_padding_queries("causal, small tiles", with_tiles({2, 21, 21, 2, 1, 4, true}, 4, 6),
+                        {13, 20}, 0.0f, 92);
 }
 
 TEST(KernelsAttention, BadShapesAreErrors) {

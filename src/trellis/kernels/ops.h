@@ -102,9 +102,13 @@ void dropout(float* out, const float* in, const float* residual, int64_t rows, i
 // dropout.p > 0: attention dropout, out = (P o M / (1 - p)) V with M the mask of element e = key j,
 // t = query i, s = dropout.seq0 + b, x = dropout.head0 + h (see Dropout); backward draws M again.
 // tiles: the tiled kernel's blocks of query rows and of keys (results differ only by rounding
-// across key block sizes; tests pass small ones to cross many block edges at small sizes).
+// across key block sizes; tests pass small ones to cross many block edges at small sizes); 0 =
+// sized to the sequence (attention_tiles). query_len: null, or [B] counts of real query rows
+// (rows i >= query_len[b] are padding: the tiled kernel writes 0 there, lse 0, and its backward
+// skips them, so their gradients get nothing; the model passes its key lengths for self-attention,
+// where padded rows feed nothing that is not masked or pooled away).
 struct AttentionTiles {
-  int64_t queries = 64, keys = 256;
+  int64_t queries = 0, keys = 0;
 };
 struct AttentionShape {
   int64_t B, Tq, Tk, H, Hkv, hd;
@@ -113,7 +117,12 @@ struct AttentionShape {
   const int32_t* seg_start = nullptr;
   Dropout dropout = {};
   AttentionTiles tiles = {};
+  const int32_t* query_len = nullptr;
 };
+// The tiled kernel's blocks for s: s.tiles where set; else 256 keys, and 64 query rows (the
+// causal mask's skipped triangle, the FlashAttention-2 block) or, without a causal mask and for
+// Tq <= 256, all Tq rows as one block (short sequences: fewer, larger GEMMs, each key read once).
+AttentionTiles attention_tiles(const AttentionShape& s);
 // The model's attention, FlashAttention-2's algorithm: blocks of queries against blocks of keys
 // with an online softmax, so no Tq x Tk matrix is stored. out: [B, Tq, H*hd] contiguous; lse:
 // [B, H, Tq], each row's logsumexp of its scaled scores, saved for backward.
@@ -126,7 +135,8 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
                         const float* lse, const AttentionShape& s);
 // The same attention keeping the probabilities P [B, H, Tq, Tk] (the undropped ones) for
 // backward, which reads them instead of recomputing: the kernel before the tiled one, kept as the
-// reference the tests and bench/attention_bench compare it with (s.tiles is not used).
+// reference the tests and bench/attention_bench compare it with (s.tiles and s.query_len are not
+// used: it computes every row).
 void attention_probs_forward(float* out, float* probs, const float* q, int64_t ldq, const float* k,
                              const float* v, int64_t ldkv, const AttentionShape& s);
 void attention_probs_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,

@@ -99,7 +99,7 @@ std::vector<BlockTensor> block_tensors(const ModelConfig& cfg, const ActivationD
       {&A::ln1_rstd, in, {R}},
       {&A::ln1_full, in, {full, C}},
       {&A::qkv, in, {BT, d.qkv}},
-      {&A::lse, rec, {B, d.Hl, T}},
+      {&A::lse, in, {B, d.Hl, T}},
       {&A::att, in, {BT, d.att}},
       {&A::res_mid, in, {R, C}},
       // ln2 (+ stats, + gathered copy), the MLP's up projection and activation, the output
@@ -119,7 +119,7 @@ std::vector<BlockTensor> block_tensors(const ModelConfig& cfg, const ActivationD
       {&A::xq, in, {x * BT, d.att}},
       {&A::enc_full, in, {x * full, C}},
       {&A::xkv, in, {x * BT, d.kv2}},
-      {&A::xlse, rec, {x * B, d.Hl, T}},
+      {&A::xlse, in, {x * B, d.Hl, T}},
       {&A::xatt, in, {x * BT, d.att}},
       {&A::res_x, in, {x * R, C}},
       // a split backward's output gradients of attention's, the MLP's and cross-attention's

@@ -47,8 +47,8 @@ struct ChunkRole {
 ChunkRole chunk_role(const ModelConfig& cfg, const StageSpec& chunk);
 
 // A block's tensors fall in three groups: `Inner` (all that full recompute does not keep but the
-// Recomputable ones), `Recomputable` (attention's logsumexp, the MLP's up projection and
-// activation: what selective recompute does not keep) and `Output` (the block's output, always
+// Recomputable ones, attention's O(T) logsumexp included), `Recomputable` (the MLP's up
+// projection and activation: what selective recompute does not keep) and `Output` (the block's output, always
 // kept). The workspace holds, for one block, the groups a Context does not. `WeightGrad`: the
 // output gradients of the row-parallel projections that a split backward (zb1) keeps from its
 // input part for its weight part, held only by such a Context (never rebuilt, no workspace). The

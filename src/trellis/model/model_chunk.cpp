@@ -164,23 +164,27 @@ ModelChunk::ModelChunk(const ParamLayout& layout, float* params, float* grads, T
 
 // Self-attention is causal in decoders: an encoder-decoder's encoder blocks see the whole source.
 // Padding keys are masked (ctx.lengths counts the source's: a decoder's own padding comes after
-// its real tokens, which the causal mask already hides from them).
+// its real tokens, which the causal mask already hides from them). Padding query rows are skipped:
+// their outputs only ever reach masked keys, pooling that skips them and targets that are not
+// counted, so their gradient is 0 under either kernel.
 ops::AttentionShape ModelChunk::attention_shape(const Context& ctx, const Block& b) const {
   const int32_t* key_len = ctx.lengths.empty() || b.decoder ? nullptr : ctx.lengths.data();
   // Packed documents (decoder-only models; forward checks): a block-diagonal causal mask.
   const int32_t* seg_start = ctx.doc_start.empty() ? nullptr : ctx.doc_start.data();
   ops::Dropout drop = dropout_of(ctx, cfg_.attn_dropout, b.layer, kAttnProbsDrop);
   drop.head0 = tp_.rank() * Hl_;  // the global index of this rank's first head
-  return {ctx.B,
-          ctx.T,
-          ctx.T,
-          Hl_,
-          Hkvl_,
-          hd_,
-          cfg_.causal && (!cfg_.encoder_decoder() || b.decoder),
-          key_len,
-          seg_start,
-          drop};
+  ops::AttentionShape shape{ctx.B,
+                            ctx.T,
+                            ctx.T,
+                            Hl_,
+                            Hkvl_,
+                            hd_,
+                            cfg_.causal && (!cfg_.encoder_decoder() || b.decoder),
+                            key_len,
+                            seg_start,
+                            drop};
+  shape.query_len = key_len;
+  return shape;
 }
 
 ops::Dropout ModelChunk::dropout_of(const Context& ctx, float p, int layer, int site) const {
@@ -339,7 +343,7 @@ Context::BlockActs& ModelChunk::acts(Context& ctx, int l, Context::BlockActs& vi
       return kept;
     case Recompute::Selective:
       view = kept;
-      view.lse = work_.lse, view.xlse = work_.xlse, view.up = work_.up;
+      view.up = work_.up;
       view.act = work_.act;
       return view;
     case Recompute::Full:
@@ -361,6 +365,7 @@ ops::AttentionShape ModelChunk::cross_attention_shape(const Context& ctx, const 
   ops::AttentionShape shape = attention_shape(ctx, p);
   shape.causal = false;  // every target position sees the whole (real) source
   shape.key_len = ctx.lengths.empty() ? nullptr : ctx.lengths.data();
+  shape.query_len = nullptr;  // the target's rows: ctx.lengths counts the source's
   shape.dropout = dropout_of(ctx, cfg_.attn_dropout, p.layer, kCrossProbsDrop);
   shape.dropout.head0 = tp_.rank() * Hl_;
   return shape;
@@ -548,8 +553,6 @@ void ModelChunk::block_backward(Context& ctx, int l, const float* x) {
   // norm's backward adds its branch's contribution in place.
   if (!p.up.empty()) mlp_backward(ctx, l, a);
   if (p.decoder) cross_backward(ctx, l, a);
-  // Selective: the logsumexp again (and the kept output, rewritten with the same values).
-  if (ctx.recompute == Recompute::Selective) self_attention(ctx, p, a);
 
   const float* dbranch = branch_grad(ctx, dres, dln, p.layer, kAttnOutDrop);
   if (p.proj.bias_grad()) k_.bias_backward(p.proj.bias_grad(), dbranch, R, C, C);
@@ -576,7 +579,6 @@ void ModelChunk::cross_backward(Context& ctx, int l, Context::BlockActs& a) {
   const bool sp = tp_.sequence_parallel();
   const Block& p = blocks_[size_t(l)];
   float *dres = dres_.f32(), *dln = dln_.f32(), *dfull = dfull_.f32();
-  if (ctx.recompute == Recompute::Selective) cross_attention(ctx, p, a);
   const float* dbranch = branch_grad(ctx, dres, dln, p.layer, kCrossOutDrop);
   if (p.xproj.bias_grad()) k_.bias_backward(p.xproj.bias_grad(), dbranch, R, C, C);
   const float* dy = tp_.leave_backward(dbranch, dfull, BT, C);

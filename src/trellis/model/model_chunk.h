@@ -29,9 +29,10 @@ namespace trellis {
 
 // What a training forward keeps for its backward (`--recompute`), a policy of each Context:
 //   None       everything a block's backward reads.
-//   Selective  not attention's logsumexp (self and cross) nor the MLP's up-projection
-//              output and activation (the GELU/SwiGLU input and output): backward recomputes them
-//              from the kept q|k|v and norm output (Korthikanti et al. 2022, extended to the MLP).
+//   Selective  not the MLP's up-projection output and activation (the GELU/SwiGLU input and
+//              output): backward recomputes them from the kept norm output. Attention keeps its
+//              O(T) logsumexp, so it is not rerun (Korthikanti et al. 2022 recompute attention's
+//              T x T part, which the tiled kernel never stores; their idea extended to the MLP).
 //   Full       only each block's output (the next block's input) and what crosses blocks (the
 //              chunk's input, an encoder-decoder's encoder output): each block's backward starts
 //              by running its forward again, tensor-parallel collectives included.

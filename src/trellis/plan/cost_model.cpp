@@ -314,8 +314,9 @@ StepSetting step_setting(const CostInputs& in, const Machine& machine) {
           .tp_coll = tp_coll};
 }
 
-// What the recompute policy runs again in one block's backward: the forward (full) or
-// attention's products and (trellis) the MLP's up projection(s) (selective).
+// What the recompute policy runs again in one block's backward: the forward (full) or, selective,
+// Megatron's attention core (its T x T softmax) or trellis's MLP up projection(s) (trellis keeps
+// the tiled attention's O(T) logsumexp, so its attention is not rerun).
 struct RecomputeCost {
   double flops = 0, time = 0, comm = 0;
 };
@@ -330,15 +331,14 @@ RecomputeCost block_recompute(const StepSetting& x, double fl, double forward_s,
     re.time = forward_s;
     // trellis reruns the forward's collectives except the MLP's (its result is kept).
     re.comm = (x.megatron || mc.mlp == MlpKind::None ? colls : colls - 1) * x.tp_coll;
-  } else if (x.L.recompute == Recompute::Selective) {
+  } else if (x.L.recompute == Recompute::Selective && x.megatron) {
     re.flops = 4 * b * s * s * h / t;  // attention's two batched products
     re.time = re.flops / x.attention_rate;
-    if (!x.megatron) {  // trellis also reruns the MLP's up projection(s)
-      const int ups = mc.mlp == MlpKind::SwiGLU ? 2 : mc.mlp == MlpKind::Gelu ? 1 : 0;
-      re.flops += 2 * ups * b * s * h * mc.ffn() / t;
-      for (int i = 0; i < ups; ++i)
-        re.time += gemm_seconds({b * s, mc.ffn() / double(t), h}, x.machine, x.in.precision);
-    }
+  } else if (x.L.recompute == Recompute::Selective) {
+    const int ups = mc.mlp == MlpKind::SwiGLU ? 2 : mc.mlp == MlpKind::Gelu ? 1 : 0;
+    re.flops = 2 * ups * b * s * h * mc.ffn() / t;
+    for (int i = 0; i < ups; ++i)
+      re.time += gemm_seconds({b * s, mc.ffn() / double(t), h}, x.machine, x.in.precision);
   }
   return re;
 }

@@ -322,9 +322,8 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
                "with tp > 1: split LayerNorm/residual activations along the sequence",
                &c.sequence_parallel),
       make_key("recompute",
-               "activation recomputation: none (keep every activation), selective (drop attention's "
-               "logsumexp and the MLP's up projection and activation, recompute them in "
-               "backward) or full (keep only each block's input, rerun the block in backward); "
+               "activation recomputation: none (keep every activation), selective (drop the MLP's "
+               "up projection and activation, recompute them in backward) or full (keep only each block's input, rerun the block in backward); "
                "bitwise the same results",
                &c.recompute),
       make_key("zero",

@@ -21,6 +21,9 @@ inline void check_attention_shape(const AttentionShape& s) {
   for (int64_t b = 0; s.key_len && b < s.B; ++b)
     TRELLIS_CHECK(s.key_len[b] >= 1 && s.key_len[b] <= s.Tk,
                   "attention: key_len[{}] = {} is outside [1, {}]", b, s.key_len[b], s.Tk);
+  for (int64_t b = 0; s.query_len && b < s.B; ++b)
+    TRELLIS_CHECK(s.query_len[b] >= 0 && s.query_len[b] <= s.Tq,
+                  "attention: query_len[{}] = {} is outside [0, {}]", b, s.query_len[b], s.Tq);
   TRELLIS_CHECK(!s.seg_start || (s.causal && !s.key_len),
                 "attention: document segments need causal attention without key lengths");
   for (int64_t b = 0; s.seg_start && b < s.B; ++b)
@@ -39,6 +42,10 @@ inline int64_t first_key(const AttentionShape& s, int64_t b, int64_t i) {
 // Keys [0, n) that batch row b can see at all; masked keys are then never read.
 inline int64_t valid_keys(const AttentionShape& s, int64_t b) {
   return s.key_len ? s.key_len[b] : s.Tk;
+}
+// Query rows [0, n) of batch row b that are not padding.
+inline int64_t query_rows(const AttentionShape& s, int64_t b) {
+  return s.query_len ? s.query_len[b] : s.Tq;
 }
 // Keys the query rows before i1 see at all.
 inline int64_t block_keys(const AttentionShape& s, int64_t b, int64_t i1) {

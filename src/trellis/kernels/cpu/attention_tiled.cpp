@@ -5,11 +5,15 @@
 // lse = m + log l per row is saved. Backward recomputes P = exp(S - lse) block by block, with
 // D = rowsum(dO o O) standing in for the softmax backward's <P, dP> (they are equal, dropout
 // included): dS = P o (dP - D). The tiles (64 query rows x 256 keys of scores, plus a key and a
-// value block of 256 rows) stay in L2; the products are oneDNN GEMMs called on the thread.
-// Masks narrow a query block's keys to those its rows see at all (from its first row's first key
-// to its last row's last), and inside a key block a row only exponentiates its visible range
-// [first_key, visible_keys). Measured against the kernel that stores the probabilities
-// (attention.cpp): as fast at T = 256, faster from 512, slower below 256 (bench/RESULTS.md).
+// value block of 256 rows) stay in L2; the products are oneDNN GEMMs called on the thread. A
+// bidirectional sequence of at most 256 rows is one block (attention_tiles): fewer, larger GEMMs,
+// each key and value read once. Masks narrow a query block's keys to those its rows see at all
+// (from its first row's first key to its last row's last; padding keys past key_len are never
+// read), and inside a key block a row only exponentiates its visible range [first_key,
+// visible_keys). Padding query rows (query_len) are not computed: 0 out, no gradient. With
+// attention dropout each (row, key block) mask is drawn once in forward and once in backward, as
+// in the kernel that stores the probabilities (attention.cpp). Measured against that kernel:
+// bench/RESULTS.md, "Tiled attention" and its follow-ups.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -26,6 +30,7 @@ namespace {
 using detail::block_keys;
 using detail::dot_f8;
 using detail::first_key;
+using detail::query_rows;
 using detail::visible_keys;
 
 // max of x[0, n), n >= 1.
@@ -95,11 +100,20 @@ void row_mask(float* m, const AttentionShape& s, int64_t b, int64_t h, int64_t i
 }
 }  // namespace
 
+AttentionTiles attention_tiles(const AttentionShape& s) {
+  constexpr int64_t kKeys = 256, kCausalQueries = 64;
+  const int64_t queries = s.tiles.queries > 0 ? s.tiles.queries
+                          : !s.causal && s.Tq <= kKeys ? std::max<int64_t>(1, s.Tq)
+                                                       : kCausalQueries;
+  return {queries, s.tiles.keys > 0 ? s.tiles.keys : kKeys};
+}
+
 void attention_forward(float* out, float* lse, const float* q, int64_t ldq, const float* k,
                        const float* v, int64_t ldkv, const AttentionShape& s) {
   detail::check_attention_shape(s);
   const int64_t hd = s.hd, Tq = s.Tq, C = s.H * hd, group = s.H / s.Hkv;
-  const int64_t Br = std::max<int64_t>(1, s.tiles.queries), Bc = std::max<int64_t>(1, s.tiles.keys);
+  const AttentionTiles tiles = attention_tiles(s);
+  const int64_t Br = tiles.queries, Bc = tiles.keys;
   const float scale = 1.0f / std::sqrt(float(hd));
   const bool drop = s.dropout.p > 0.0f;
   constexpr float kNoMax = -std::numeric_limits<float>::infinity();
@@ -117,8 +131,13 @@ void attention_forward(float* out, float* lse, const float* q, int64_t ldq, cons
       const float* kh = k + b * s.Tk * ldkv + kv;
       const float* vh = v + b * s.Tk * ldkv + kv;
       float* oh = out + b * Tq * C + h * hd;
-      for (int64_t i0 = 0; i0 < Tq; i0 += Br) {
-        const int64_t i1 = std::min(Tq, i0 + Br), m = i1 - i0;
+      const int64_t rows = query_rows(s, b);
+      for (int64_t i = rows; i < Tq; ++i) {  // padding rows: 0, computed by nobody
+        std::fill_n(oh + i * C, hd, 0.0f);
+        lse[bh * Tq + i] = 0.0f;
+      }
+      for (int64_t i0 = 0; i0 < rows; i0 += Br) {
+        const int64_t i1 = std::min(rows, i0 + Br), m = i1 - i0;
         // Keys [lo, n): those any row of the block sees.
         const int64_t lo = first_key(s, b, i0), n = block_keys(s, b, i1);
         std::fill_n(mrow.begin(), m, kNoMax);
@@ -174,7 +193,8 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
                         const float* lse, const AttentionShape& s) {
   detail::check_attention_shape(s);
   const int64_t hd = s.hd, Tq = s.Tq, C = s.H * hd, group = s.H / s.Hkv;
-  const int64_t Br = std::max<int64_t>(1, s.tiles.queries), Bc = std::max<int64_t>(1, s.tiles.keys);
+  const AttentionTiles tiles = attention_tiles(s);
+  const int64_t Br = tiles.queries, Bc = tiles.keys;
   const float scale = 1.0f / std::sqrt(float(hd));
   const bool drop = s.dropout.p > 0.0f;
   // One work item per (batch, kv head): the query heads sharing its k and v add into dk and dv one
@@ -197,8 +217,9 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
         const float* dy = dout + b * Tq * C + h * hd;
         const float* oh = out + b * Tq * C + h * hd;
         const float* lh = lse + (b * s.H + h) * Tq;
-        for (int64_t i0 = 0; i0 < Tq; i0 += Br) {
-          const int64_t i1 = std::min(Tq, i0 + Br), m = i1 - i0;
+        const int64_t rows = query_rows(s, b);  // padding rows get no gradient
+        for (int64_t i0 = 0; i0 < rows; i0 += Br) {
+          const int64_t i1 = std::min(rows, i0 + Br), m = i1 - i0;
           const int64_t lo = first_key(s, b, i0), n = block_keys(s, b, i1);
           for (int64_t r = 0; r < m; ++r)
             drow[size_t(r)] = dot_f8(dy + (i0 + r) * C, oh + (i0 + r) * C, hd);
