@@ -8,7 +8,9 @@
   [B,T,F] the input is embed_features(features) instead of embed_tokens[idx].
 
 Model (fairseq/BART-style names, pre-LayerNorm, nn.Linear layout [out, in], y = x @ W^T + b):
-  h = embed_tokens.weight[idx] + embed_positions.weight[0..T-1]
+  h = embed_tokens.weight[idx] (+ the mean of embed_ngrams.weight over each token's subword
+      n-gram bag, reference/subword_ngrams.py, when config.json's trellis.blocks has
+      subword_ngrams) + embed_positions.weight[0..T-1]
   per layer i (prefix layers.{i}.):
     n = LN(h; self_attn_layer_norm)
     q, k, v = self_attn.{q,k,v}_proj(n)  as H heads of hd = C / H
@@ -32,6 +34,7 @@ import os
 import torch
 
 from reference import dropout_masks as drop  # identity unless a test sets drop.ACTIVE
+from reference import subword_ngrams
 from reference.torch_ref import (gelu_tanh, key_padding_mask, layer_norm, linear, lm_loss,
                                  load_params, random_params)
 
@@ -60,6 +63,10 @@ class EncoderConfig:
         blocks = c.get("trellis", {}).get("blocks", {})
         self.mlp = blocks.get("mlp", "gelu")
         self.input_features = int(blocks.get("input_features", 0))
+        # fastText-style subword features (reference/subword_ngrams.py): 0 = none
+        self.subword_ngrams = int(blocks.get("subword_ngrams", 0))
+        self.ngram_min = int(blocks.get("ngram_min", 2))
+        self.ngram_max = int(blocks.get("ngram_max", 5))
         want = {"norm": "layernorm", "positions": "learned", "bias": True}
         for key, value in want.items():
             if blocks.get(key, value) != value:
@@ -89,6 +96,8 @@ def param_shapes(cfg):
         s["embed_features.weight"], s["embed_features.bias"] = (C, features), (C,)
     else:
         s["embed_tokens.weight"] = (V, C)
+    if cfg.subword_ngrams:
+        s["embed_ngrams.weight"] = (cfg.subword_ngrams, C)
     for i in range(cfg.n_layer):
         p = f"layers.{i}."
         s[p + "self_attn_layer_norm.weight"] = (C,)
@@ -134,6 +143,8 @@ def encoder_hidden(params, cfg, idx=None, lengths=None, features=None):
         x = linear(features, params, "embed_features")
     else:
         x = params["embed_tokens.weight"][idx]
+        if cfg.subword_ngrams:
+            x = x + ngram_means(params["embed_ngrams.weight"], cfg, idx)
     x = drop.resid(x + params["embed_positions.weight"][torch.arange(T)], 0, drop.EMBED)
     mask = None if lengths is None else key_padding_mask(lengths, T)
     scale = 1.0 / math.sqrt(hd)
@@ -155,6 +166,18 @@ def encoder_hidden(params, cfg, idx=None, lengths=None, features=None):
         x = x + drop.resid(linear(gelu_tanh(linear(n, params, p + "fc1")), params, p + "fc2"),
                            i, drop.MLP_OUT)
     return layer_norm(x, params, "layer_norm", cfg.eps)
+
+
+def ngram_means(table, cfg, idx):
+    """[B,T,C]: per token the mean of the table rows of its bag (zero for an empty bag)."""
+    B, T = idx.shape
+    rows = []
+    for b in range(B):
+        for grams in subword_ngrams.bags(idx[b].tolist(), cfg.subword_ngrams, cfg.ngram_min,
+                                         cfg.ngram_max):
+            rows.append(table[torch.tensor(grams, dtype=torch.int64)].mean(0) if grams
+                        else torch.zeros(table.shape[1], dtype=table.dtype))
+    return torch.stack(rows).view(B, T, -1)
 
 
 def encoder_logits(params, cfg, idx):

@@ -85,7 +85,7 @@ int run_classify(const TaskArgs& a) {
   TaskModel m = load_task_model(a, "classify");
   const std::vector<std::string> lines = read_input_lines(a.input);
   const std::vector<std::string> classes = m.ck.task.at("classes");
-  LocalModel local(m.ck);
+  LocalModel local(m.ck, nullptr, DType::F32, a.tokenizer_dir);
   ModelChunk& model = local.model;
   Context ctx;
   model.prepare(ctx, a.batch_size, m.format.T);
@@ -121,7 +121,7 @@ int run_classify(const TaskArgs& a) {
 int run_translate(const TaskArgs& a) {
   TaskModel m = load_task_model(a, "translate");
   const std::vector<std::string> lines = read_input_lines(a.input);
-  LocalModel local(m.ck);
+  LocalModel local(m.ck, nullptr, DType::F32, a.tokenizer_dir);
   ModelChunk& model = local.model;
   const DecodeOptions opt{a.beam, a.max_len, 0.6, m.format.special, m.format.T, !a.no_cache};
   for (size_t first = 0; first < lines.size(); first += size_t(a.batch_size)) {

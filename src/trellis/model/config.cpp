@@ -24,6 +24,7 @@ void ModelConfig::validate() const {
   at_most("vocab_multiple", vocab_multiple, kMaxVocab);
   at_most("num_classes", num_classes, kMaxVocab);
   at_most("input_features", input_features, kMaxFeatures);
+  at_most("subword_ngrams", subword_ngrams, kMaxVocab);
   const std::pair<const char*, float> dropouts[] = {{"dropout", dropout},
                                                     {"attn_dropout", attn_dropout},
                                                     {"classifier_dropout", classifier_dropout}};
@@ -56,6 +57,16 @@ void ModelConfig::validate() const {
   TRELLIS_REQUIRE(input_features == 0 || (arch == "encoder" && num_classes > 0),
                   "model: feature inputs (input_features={}) need an encoder classifier, not {}",
                   input_features, arch);
+  TRELLIS_REQUIRE(subword_ngrams >= 0, "config key 'subword_ngrams': must be >= 0 (0 = off)");
+  TRELLIS_REQUIRE(subword_ngrams == 0 || (arch == "encoder" && input_features == 0),
+                  "config key 'subword_ngrams': subword n-grams are for an encoder over tokens, "
+                  "not {}{}",
+                  arch, input_features > 0 ? " over feature inputs" : "");
+  TRELLIS_REQUIRE(
+      subword_ngrams == 0 || (ngram_min >= 1 && ngram_min <= ngram_max && ngram_max <= kMaxNgram),
+      "config keys 'ngram_min', 'ngram_max': need 1 <= ngram_min <= ngram_max <= {} "
+      "(got {} and {})",
+      kMaxNgram, ngram_min, ngram_max);
   TRELLIS_REQUIRE(num_classes == 0 || pooling != Pooling::Cls || !causal,
                   "model: pooling = cls reads the first position, which a causal {} model sees "
                   "alone; use last (or mean)",
@@ -133,6 +144,11 @@ nlohmann::json block_choices(const ModelConfig& c) {
     j["pooling"] = pooling_name(c.pooling);
     j["input_features"] = c.input_features;
   }
+  if (c.subword_ngrams > 0) {
+    j["subword_ngrams"] = c.subword_ngrams;
+    j["ngram_min"] = c.ngram_min;
+    j["ngram_max"] = c.ngram_max;
+  }
   return j;
 }
 
@@ -176,6 +192,9 @@ void set_block_choices(const nlohmann::json& j, ModelConfig& c, const std::strin
   flag("tied_head", c.tied_head);
   number("num_classes", c.num_classes);
   number("input_features", c.input_features);
+  number("subword_ngrams", c.subword_ngrams);
+  number("ngram_min", c.ngram_min);
+  number("ngram_max", c.ngram_max);
   if (const int v = text("pooling", {"mean", "cls", "last"}); v >= 0) c.pooling = Pooling(v);
 }
 

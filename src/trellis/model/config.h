@@ -24,6 +24,7 @@ constexpr int kMaxFfn = 1 << 20;        // ffn_hidden
 constexpr int kMaxPositions = 1 << 24;  // block_size
 constexpr int kMaxVocab = 1 << 24;      // vocab_size, vocab_multiple, num_classes
 constexpr int kMaxFeatures = 1 << 24;   // input_features
+constexpr int kMaxNgram = 32;           // ngram_max
 constexpr int64_t kMaxParams = int64_t(1) << 36;
 
 struct ModelConfig {
@@ -56,6 +57,11 @@ struct ModelConfig {
   // > 0: inputs are vectors of this many features (image patches) that a linear layer projects,
   // where text uses the token embedding (encoder only).
   int input_features = 0;
+  // > 0: fastText-style subword features (model/subword_ngrams.h): the mean of the hashed
+  // character n-gram embeddings (ngram_min..ngram_max characters) of each token's word, from a
+  // table of this many rows (embed_ngrams.weight), added to the token embedding. Encoder only.
+  int subword_ngrams = 0;
+  int ngram_min = 2, ngram_max = 5;
 
   // Dropout probabilities in [0, 1) (inverted; drawn only in a training forward, see Context):
   // `dropout` on the embedding output (an encoder-decoder's decoder embedding too) and on each

@@ -40,6 +40,8 @@ void KVCache::clear() {
 KVCache ModelChunk::start_cache(int64_t rows, int64_t capacity) const {
   TRELLIS_CHECK(tp_.size() == 1 && chunk_.embedding && chunk_.head && cfg_.lm_head(),
                 "decoding runs the whole language model on a single rank");
+  TRELLIS_REQUIRE(cfg_.subword_ngrams == 0,
+                  "decoding does not add subword n-grams (config key 'subword_ngrams')");
   TRELLIS_REQUIRE(capacity >= 1 && capacity <= cfg_.block_size,
                   "a cache of {} positions does not fit the context length {}", capacity,
                   cfg_.block_size);

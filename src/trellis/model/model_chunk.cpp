@@ -120,6 +120,15 @@ ModelChunk::ModelChunk(const ParamLayout& layout, float* params, float* grads, T
     bind(layout.find(Slot::TokEmbed, -1), emb_, demb_);
   if (chunk_.embedding && cfg_.positions == PositionKind::Learned)
     bind(layout.find(Slot::PosEmbed, -1), pos_, dpos_);
+  if (chunk_.embedding && cfg_.subword_ngrams > 0) {
+    // Replicated, added after the vocabulary-parallel lookup: it would need adding on one
+    // tensor-parallel rank only, which no layout test covers yet.
+    TRELLIS_REQUIRE(tp.size() == 1,
+                    "config key 'subword_ngrams': subword n-grams do not support tensor "
+                    "parallelism yet (tp = {}); use tp = 1",
+                    tp.size());
+    bind(layout.find(Slot::NgramEmbed, -1), ngram_w_, dngram_w_);
+  }
   if (decoder_start_) {
     enc_norm_ = Norm(k_, cfg_, layout, Slot::EncoderNorm, cfg_.n_layer, params, grads);
     bind(layout.find(Slot::DecPosEmbed, cfg_.n_layer), dec_pos_, ddec_pos_);
@@ -306,6 +315,7 @@ void ModelChunk::embed(const int32_t* tokens, const float* pos, float* out, cons
   // Each rank looks up the tokens of its vocabulary slice; leaving the region sums the slices.
   float* lookup = tp_.sequence_parallel() ? full_.f32() : out;
   k_.embedding_forward(lookup, tokens, emb_, vocab_start_, vocab_rows_, BT, C_);
+  if (ngram_w_) ngrams_forward(tokens, lookup, ctx);
   tp_.leave(lookup, out, BT, C_);
   if (pos)
     k_.position_forward(out, pos, tp_.first_row(BT), tp_.local_rows(BT), ctx.T, C_,
@@ -324,6 +334,59 @@ void ModelChunk::embed_backward(const int32_t* tokens, float* dpos, const Contex
   }
   const float* dfull = tp_.leave_backward(dres_.f32(), dfull_.f32(), BT, C);
   k_.embedding_backward(demb_, dfull, tokens, vocab_start_, vocab_rows_, BT, C);
+  if (ngram_w_) ngrams_backward(tokens, dfull, ctx);
+}
+
+namespace {
+// The n-gram bags of the B rows of T tokens (each row its own sequence): ids and offsets
+// [B*T + 1].
+void row_bags(const SubwordNgrams* ngrams, const int32_t* tokens, int64_t B, int64_t T,
+              std::vector<int32_t>& ids, std::vector<int64_t>& offsets) {
+  TRELLIS_CHECK(ngrams, "a model with subword_ngrams > 0 runs without its n-gram table");
+  ids.clear();
+  offsets.clear();
+  for (int64_t b = 0; b < B; ++b) {
+    if (b > 0) offsets.pop_back();  // row b's first offset is row b - 1's end
+    ngrams->bags(tokens + b * T, T, ids, offsets);
+  }
+}
+}  // namespace
+
+void ModelChunk::ngrams_forward(const int32_t* tokens, float* out, const Context& ctx) const {
+  std::vector<int32_t> ids;
+  std::vector<int64_t> offsets;
+  row_bags(subword_, tokens, ctx.B, ctx.T, ids, offsets);
+  const int64_t C = C_;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < ctx.B * ctx.T; ++r) {
+    const int64_t begin = offsets[size_t(r)], end = offsets[size_t(r + 1)];
+    if (begin == end) continue;
+    const float inv = 1.0f / float(end - begin);
+    float* y = out + r * C;
+    for (int64_t i = begin; i < end; ++i) {
+      const float* w = ngram_w_ + int64_t(ids[size_t(i)]) * C;
+      for (int64_t c = 0; c < C; ++c) y[c] += inv * w[c];
+    }
+  }
+}
+
+void ModelChunk::ngrams_backward(const int32_t* tokens, const float* dout,
+                                 const Context& ctx) const {
+  std::vector<int32_t> ids;
+  std::vector<int64_t> offsets;
+  row_bags(subword_, tokens, ctx.B, ctx.T, ids, offsets);
+  const int64_t C = C_;
+  // Serial: bags of different rows share buckets (the same word, colliding hashes).
+  for (int64_t r = 0; r < ctx.B * ctx.T; ++r) {
+    const int64_t begin = offsets[size_t(r)], end = offsets[size_t(r + 1)];
+    if (begin == end) continue;
+    const float inv = 1.0f / float(end - begin);
+    const float* dy = dout + r * C;
+    for (int64_t i = begin; i < end; ++i) {
+      float* dw = dngram_w_ + int64_t(ids[size_t(i)]) * C;
+      for (int64_t c = 0; c < C; ++c) dw[c] += inv * dy[c];
+    }
+  }
 }
 
 // The encoder ends (its final norm makes the encoder output) and the decoder starts (its

@@ -23,6 +23,7 @@
 #include "trellis/model/kv_cache.h"
 #include "trellis/model/modules.h"
 #include "trellis/model/params.h"
+#include "trellis/model/subword_ngrams.h"
 #include "trellis/tensor_parallel/operators.h"
 
 namespace trellis {
@@ -170,6 +171,9 @@ class ModelChunk {
   // row's whole sequence gives there, up to float summation order.
   const std::vector<float>& decode(KVCache& cache,
                                    const std::vector<std::span<const int32_t>>& tokens);
+  // The subword n-grams of a model with subword_ngrams > 0 (built from its tokenizer by
+  // data/subword_ngrams_for); it must outlive the model. Such a model refuses to run without.
+  void set_subword_ngrams(const SubwordNgrams* ngrams) { subword_ = ngrams; }
   // Adds hooks run around every block of every micro-batch from now on, after those added
   // before; they must outlive the model.
   void add_block_hooks(BlockHooks& hooks) { hooks_.push_back(&hooks); }
@@ -192,6 +196,10 @@ class ModelChunk {
   // out = token embedding of `tokens` (+ learned positions pos), this rank's rows.
   void embed(const int32_t* tokens, const float* pos, float* out, const Context& ctx);
   void embed_backward(const int32_t* tokens, float* dpos, const Context& ctx);
+  // out[b*T + t] += the mean of the n-gram rows of token t's bag (forward), and its backward
+  // from d(out) into the n-gram table's gradient.
+  void ngrams_forward(const int32_t* tokens, float* out, const Context& ctx) const;
+  void ngrams_backward(const int32_t* tokens, const float* dout, const Context& ctx) const;
   void decoder_start_forward(Context& ctx, const float* x_enc);
   void cross_forward(Context& ctx, int l, Context::BlockActs& a);
   void cross_backward(Context& ctx, int l, Context::BlockActs& a);
@@ -264,6 +272,9 @@ class ModelChunk {
   int64_t vocab_start_, vocab_rows_, vocab_valid_;
   const float *emb_ = nullptr, *pos_ = nullptr, *head_w_ = nullptr, *dec_pos_ = nullptr;
   float *demb_ = nullptr, *dpos_ = nullptr, *dhead_w_ = nullptr, *ddec_pos_ = nullptr;
+  const float* ngram_w_ = nullptr;  // embed_ngrams.weight (subword_ngrams > 0)
+  float* dngram_w_ = nullptr;
+  const SubwordNgrams* subword_ = nullptr;
   Norm lnf_, enc_norm_;
   Linear features_, classifier_;  // feature inputs' projection; a classifier's head
   // Encoder-decoder: the chunk receives / sends the encoder's output along with its activation.

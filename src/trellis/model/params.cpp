@@ -205,6 +205,14 @@ void ParamBuilder::feature_embedding(const std::string& prefix) {
   add(std::move(b), Parallel::None);
 }
 
+void ParamBuilder::ngram_embedding(const std::string& name) {
+  ParamSpec p = named(name, Slot::NgramEmbed, -1, {cfg_.subword_ngrams, cfg_.n_embd});
+  p.init_std = kInitStd;
+  p.decay = true;
+  p.layout = WeightLayout::OutIn;
+  add(std::move(p), Parallel::None);
+}
+
 void ParamBuilder::norm(Slot slot, int layer, const std::string& prefix) {
   ParamSpec w = named(prefix + ".weight", slot, layer, {cfg_.n_embd});
   w.init_value = 1.0f;

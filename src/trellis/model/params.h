@@ -15,7 +15,8 @@ namespace trellis {
 // What a tensor is to the model. A linear layer's weight may be one fused tensor (Qkv, MlpUp) or
 // several pieces that write consecutive output columns (Q, K, V; Gate, Up).
 // A classifier's head is Classifier; an encoder reading feature vectors (image patches) projects
-// them with FeatureEmbed where text has TokEmbed.
+// them with FeatureEmbed where text has TokEmbed. NgramEmbed is the hashed character n-gram
+// table of subword features (model/subword_ngrams.h).
 // An encoder-decoder's first decoder block also holds the encoder's final norm (EncoderNorm) and
 // the decoder's positions (DecPosEmbed); its decoder blocks add cross-attention (Cross*).
 // clang-format off
@@ -25,7 +26,7 @@ enum class Slot : uint8_t {
   CrossNorm, CrossQ, CrossK, CrossV, CrossOut,
   MlpNorm, MlpUp, Gate, Up, MlpDown,
   EncoderNorm, DecPosEmbed,
-  FeatureEmbed, Classifier,
+  FeatureEmbed, Classifier, NgramEmbed,
 };
 // clang-format on
 
@@ -147,6 +148,8 @@ class ParamBuilder {
   void classifier(const std::string& weight_name, const std::string& bias_name);
   // The projection of feature vectors [C, input_features] with its bias (prefix.weight/.bias).
   void feature_embedding(const std::string& prefix);
+  // The subword n-gram table [subword_ngrams, C], replicated on every tensor-parallel rank.
+  void ngram_embedding(const std::string& name);
 
  private:
   void add(ParamSpec s, Parallel how);

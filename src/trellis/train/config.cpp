@@ -54,6 +54,9 @@ ModelConfig TrainConfig::model_config(int vocab_size, int num_classes, int input
   m.dropout = float(dropout);
   m.attn_dropout = float(attn_dropout);
   m.classifier_dropout = float(classifier_dropout);
+  m.subword_ngrams = subword_ngrams;
+  m.ngram_min = ngram_min;
+  m.ngram_max = ngram_max;
   set_block_choices({{"norm", norm},
                      {"positions", positions},
                      {"mlp", mlp},
@@ -178,6 +181,17 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
                         "its head; training only",
                         &c.classifier_dropout),
                0.0, 1.0),
+      in_range(make_key("subword_ngrams",
+                        "fastText-style subword features (encoder over GPT-2 tokens): each "
+                        "token's embedding plus the mean of the hashed character n-grams of its "
+                        "word, from a table (embed_ngrams.weight) of this many rows; 0 = off "
+                        "(docs/tasks.md)",
+                        &c.subword_ngrams),
+               0.0, double(kMaxVocab) + 1),
+      make_key("ngram_min", "shortest subword n-gram, in characters (with subword_ngrams)",
+               &c.ngram_min),
+      make_key("ngram_max", "longest subword n-gram, in characters (with subword_ngrams)",
+               &c.ngram_max),
       make_key("vocab_multiple", "pad the embedding rows to a multiple of this (speed only)",
                &c.vocab_multiple),
       make_key("init_from",

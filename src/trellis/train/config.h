@@ -28,6 +28,9 @@ struct TrainConfig {
   // model_config copies them into): embedding output and residual branches; attention
   // probabilities; a classifier's pooled vector.
   double dropout = 0.0, attn_dropout = 0.0, classifier_dropout = 0.0;
+  // fastText-style subword features of an encoder over GPT-2 tokens: the n-gram table's rows
+  // (0 = off) and the n-gram lengths (ModelConfig's; model/subword_ngrams.h).
+  int subword_ngrams = 0, ngram_min = 2, ngram_max = 5;
   // A Hugging Face model directory to start from (fine-tuning); its config.json gives the model,
   // so the preset, sizes and block choices above stay unset.
   std::string init_from;

@@ -22,6 +22,7 @@
 #include "trellis/data/corpus.h"
 #include "trellis/data/mixture.h"
 #include "trellis/data/sentencepiece.h"
+#include "trellis/data/subword.h"
 #include "trellis/eval/classification.h"
 #include "trellis/io/checkpoint.h"
 #include "trellis/io/pretrained.h"
@@ -173,6 +174,7 @@ class Trainer {
   BestTracker best_;                // keep_best, early_stop_patience
   nlohmann::json resumed_best_;     // the tracker's state in the checkpoint resumed from
   TokenizerInfo tokenizer_;
+  std::unique_ptr<SubwordNgrams> subword_;  // subword_ngrams > 0: the models' n-gram bags
   ModelConfig mc_;
   int64_t T_, G_, per_rank_;  // shape_.seq_len, the global batch, its share per dp rank
   std::vector<PipeOp> step_ops_;
@@ -286,6 +288,7 @@ void Trainer::build_chunks() {
                                                    *tp_, &c, compute_));
     if (BlockHooks* hooks = dp_sync_->hooks()) models_.back()->add_block_hooks(*hooks);
     models_.back()->set_label_smoothing(float(cfg_.label_smoothing));
+    models_.back()->set_subword_ngrams(subword_.get());
     chunk_models.push_back(models_.back().get());
   }
   pipe_ = std::make_unique<Pipeline>(mesh_.pp_comm(), chunk_models, shape_.micro_batch, T_,
@@ -307,9 +310,11 @@ void Trainer::set_up_batches_and_logging() {
 
 void Trainer::set_up_mfu() {
   // An untied input embedding is a lookup: its parameters do no multiply-adds.
-  // (A classifier's token embedding is one too; feature inputs have none.)
+  // (A classifier's token embedding is one too; feature inputs have none; nor does the subword
+  // n-gram table.)
   const int64_t lookup =
-      mc_.tied_lm_head() || mc_.input_features > 0 ? 0 : int64_t(mc_.vocab_size) * mc_.n_embd;
+      (mc_.tied_lm_head() || mc_.input_features > 0 ? 0 : int64_t(mc_.vocab_size) * mc_.n_embd) +
+      int64_t(mc_.subword_ngrams) * mc_.n_embd;
   step_flops_ = flops_per_token(mc_, ParamLayout(mc_).count() - lookup, T_) * double(G_ * T_);
   // MFU divides by the peak of the cores in use: the user's figure, or a probe of the FMA rate of
   // the precision in use (the largest over the ranks: oversubscribed ranks probe while others
@@ -328,6 +333,7 @@ void Trainer::take_run(RunData data) {
   augment_ = data.augment;
   tokenizer_ = data.tokenizer;
   mc_ = data.model;
+  subword_ = subword_ngrams_for(mc_, tokenizer_.kind, tokenizer_.dir);
   T_ = data.T;
   G_ = cfg_.batch_size;
   per_rank_ = G_ / shape_.dp;

@@ -23,6 +23,7 @@ void embedding(ParamBuilder& b) {
     b.feature_embedding("embed_features");  // the seed network's Dense over image patches
   else
     b.token_embedding("embed_tokens.weight");
+  if (b.config().subword_ngrams > 0) b.ngram_embedding("embed_ngrams.weight");
   if (b.config().positions == PositionKind::Learned) b.position_embedding("embed_positions.weight");
 }
 
