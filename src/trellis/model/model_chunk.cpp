@@ -84,6 +84,7 @@ int64_t ModelChunk::workspace_bytes() const {
 ModelChunk::ModelChunk(const ParamLayout& layout, float* params, float* grads, TensorParallel& tp,
                          const StageSpec* chunk, DType compute)
     : k_(backend(Device::CPU, compute)),
+      bf16_(compute == DType::BF16),
       cfg_(layout.config()),
       chunk_(chunk ? *chunk : layout.stage()),
       tp_(tp) {
@@ -105,6 +106,7 @@ ModelChunk::ModelChunk(const ParamLayout& layout, float* params, float* grads, T
   has_decoder_ = role.has_decoder;
   carry_in_ = role.carry_in;
   carry_out_ = role.carry_out;
+  WeightCopies* copies = bf16_ ? &copies_ : nullptr;
   auto bind = [&](const ParamSpec* s, const float*& p, float*& g) {
     TRELLIS_CHECK(s, "the parameter layout lacks a tensor this chunk needs");
     p = params + s->offset;
@@ -114,7 +116,7 @@ ModelChunk::ModelChunk(const ParamLayout& layout, float* params, float* grads, T
                   "sequence parallelism is not supported for classifiers (their pooling spans the "
                   "sequence); use tensor parallelism without it");
   const bool feature_input = chunk_.embedding && cfg_.input_features > 0;
-  if (feature_input) features_ = Linear(k_, layout, {Slot::FeatureEmbed}, -1, params, grads);
+  if (feature_input) features_ = Linear(k_, layout, {Slot::FeatureEmbed}, -1, params, grads, copies);
   if ((chunk_.embedding && !feature_input) || (chunk_.head && cfg_.tied_lm_head()) ||
       decoder_start_)
     bind(layout.find(Slot::TokEmbed, -1), emb_, demb_);
@@ -127,7 +129,7 @@ ModelChunk::ModelChunk(const ParamLayout& layout, float* params, float* grads, T
   if (chunk_.head) {
     lnf_ = Norm(k_, cfg_, layout, Slot::FinalNorm, -1, params, grads);
     if (!cfg_.lm_head()) {
-      classifier_ = Linear(k_, layout, {Slot::Classifier}, -1, params, grads);
+      classifier_ = Linear(k_, layout, {Slot::Classifier}, -1, params, grads, copies);
     } else if (cfg_.tied_head) {
       head_w_ = emb_, dhead_w_ = demb_;
     } else {
@@ -139,18 +141,18 @@ ModelChunk::ModelChunk(const ParamLayout& layout, float* params, float* grads, T
     b.layer = l;
     b.decoder = cfg_.encoder_decoder() && l >= cfg_.n_layer;
     b.ln1 = Norm(k_, cfg_, layout, Slot::AttnNorm, l, params, grads);
-    b.qkv = Linear(k_, layout, {Slot::Qkv, Slot::Q, Slot::K, Slot::V}, l, params, grads);
-    b.proj = Linear(k_, layout, {Slot::AttnOut}, l, params, grads);
+    b.qkv = Linear(k_, layout, {Slot::Qkv, Slot::Q, Slot::K, Slot::V}, l, params, grads, copies);
+    b.proj = Linear(k_, layout, {Slot::AttnOut}, l, params, grads, copies);
     if (b.decoder) {
       b.lnx = Norm(k_, cfg_, layout, Slot::CrossNorm, l, params, grads);
-      b.xq = Linear(k_, layout, {Slot::CrossQ}, l, params, grads);
-      b.xkv = Linear(k_, layout, {Slot::CrossK, Slot::CrossV}, l, params, grads);
-      b.xproj = Linear(k_, layout, {Slot::CrossOut}, l, params, grads);
+      b.xq = Linear(k_, layout, {Slot::CrossQ}, l, params, grads, copies);
+      b.xkv = Linear(k_, layout, {Slot::CrossK, Slot::CrossV}, l, params, grads, copies);
+      b.xproj = Linear(k_, layout, {Slot::CrossOut}, l, params, grads, copies);
     }
     if (cfg_.mlp != MlpKind::None) {
       b.ln2 = Norm(k_, cfg_, layout, Slot::MlpNorm, l, params, grads);
-      b.up = Linear(k_, layout, {Slot::MlpUp, Slot::Gate, Slot::Up}, l, params, grads);
-      b.down = Linear(k_, layout, {Slot::MlpDown}, l, params, grads);
+      b.up = Linear(k_, layout, {Slot::MlpUp, Slot::Gate, Slot::Up}, l, params, grads, copies);
+      b.down = Linear(k_, layout, {Slot::MlpDown}, l, params, grads, copies);
     }
     const int64_t up_width = (cfg_.mlp == MlpKind::SwiGLU ? 2 : 1) * Fl_;
     const bool mlp = cfg_.mlp != MlpKind::None;
@@ -160,6 +162,7 @@ ModelChunk::ModelChunk(const ParamLayout& layout, float* params, float* grads, T
                   "block {}: the family's tensors do not match the configured widths", l);
     blocks_.push_back(std::move(b));
   }
+  if (bf16_ && chunk_.head && cfg_.lm_head()) head_copy_ = copies_.add(head_w_, vocab_rows_ * C_);
 }
 
 // Self-attention is causal in decoders: an encoder-decoder's encoder blocks see the whole source.
@@ -448,8 +451,27 @@ void ModelChunk::head_forward(Context& ctx, const float* x) {
   lnf_.forward(ctx.lnf.f32(), ctx.lnf_mean.f32(), ctx.lnf_rstd.f32(), x, R);
   const float* in = tp_.enter(ctx.lnf.f32(), ctx.lnf_full.f32(), BT, C_);
   // logits over this rank's vocabulary slice (padding rows are zero and masked in the loss).
-  k_.gemm(false, true, BT, vocab_rows_, C_, 1.0f, in, C_, head_w_, C_, 0.0f, ctx.logits_or_grad.f32(),
-          vocab_rows_);
+  k_.gemm_operands(false, true, BT, vocab_rows_, C_, 1.0f, {in, nullptr, C_}, head_weight(), 0.0f,
+                   ctx.logits_or_grad.f32(), vocab_rows_);
+}
+
+ops::GemmOperand ModelChunk::head_weight() {
+  if (head_copy_ >= 0)
+    if (const uint16_t* w = copies_.get(k_, head_copy_)) return {nullptr, w, C_};
+  return {head_w_, nullptr, C_};
+}
+
+void ModelChunk::start_pass() {
+  if (copy_policy_ == WeightCopyPolicy::PerPass) copies_.changed();
+}
+
+void ModelChunk::set_weight_copies(WeightCopyPolicy policy) {
+  copy_policy_ = policy;
+  copies_.set_enabled(policy != WeightCopyPolicy::Off);
+}
+
+int64_t ModelChunk::weight_copy_bytes() const {
+  return bf16_ && copies_.enabled() ? copies_.elements() * int64_t(sizeof(uint16_t)) : 0;
 }
 
 void ModelChunk::blocks_forward(Context& ctx) {
@@ -475,6 +497,7 @@ double ModelChunk::forward(Context& ctx, float grad_scale) {
   for (int32_t n : ctx.lengths)
     TRELLIS_REQUIRE(n >= 1 && n <= ctx.T, "sequence length {} is outside [1, {}]", n, ctx.T);
   set_doc_positions(ctx);
+  start_pass();
   ctx.dropping = ctx.dropout.train && grad_scale != 0.0f &&
                  (cfg_.dropout > 0.0f || cfg_.attn_dropout > 0.0f ||
                   (cfg_.classifier_dropout > 0.0f && !cfg_.lm_head()));
@@ -688,11 +711,13 @@ void ModelChunk::block_weights(Context& ctx, int l) {
   p.qkv.backward_weights(a.qkv.f32(), sp ? a.ln1_full.f32() : a.ln1.f32(), BT);
 }
 
-void ModelChunk::head_weights(Context& ctx) {
+void ModelChunk::head_weights(Context& ctx, const uint16_t* dlogits16) {
   const int64_t BT = ctx.B * ctx.T;
   const float* lnf_in = tp_.sequence_parallel() ? ctx.lnf_full.f32() : ctx.lnf.f32();
-  k_.gemm(true, false, vocab_rows_, C_, BT, 1.0f, ctx.logits_or_grad.f32(), vocab_rows_, lnf_in, C_,
-          1.0f, dhead_w_, C_);
+  const ops::GemmOperand dlogits = {dlogits16 ? nullptr : ctx.logits_or_grad.f32(), dlogits16,
+                                    vocab_rows_};
+  k_.gemm_operands(true, false, vocab_rows_, C_, BT, 1.0f, dlogits, {lnf_in, nullptr, C_}, 1.0f,
+                   dhead_w_, C_);
 }
 
 void ModelChunk::backward_weights(Context& ctx, bool last_micro_step,
@@ -787,11 +812,15 @@ void ModelChunk::head_backward(Context& ctx) {
   const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT), C = C_;
   const bool sp = tp_.sequence_parallel();
   // ctx.logits_or_grad holds dlogits (fused into the loss).
-  const float* lnf_in = sp ? ctx.lnf_full.f32() : ctx.lnf.f32();
   float* dln = dln_.f32();
-  k_.gemm(false, false, BT, C, vocab_rows_, 1.0f, ctx.logits_or_grad.f32(), vocab_rows_, head_w_, C, 0.0f,
-          dln, C);
-  if (!split_ || !defers_head()) head_weights(ctx);
+  // bf16: dlogits rounded once when both GEMMs that read them run here.
+  const bool both = !split_ || !defers_head();
+  const uint16_t* dlogits16 =
+      bf16_ && both ? copies_.round_once(k_, ctx.logits_or_grad.f32(), BT * vocab_rows_) : nullptr;
+  const ops::GemmOperand dlogits = {dlogits16 ? nullptr : ctx.logits_or_grad.f32(), dlogits16,
+                                    vocab_rows_};
+  k_.gemm_operands(false, false, BT, C, vocab_rows_, 1.0f, dlogits, head_weight(), 0.0f, dln, C);
+  if (both) head_weights(ctx, dlogits16);
   float* dlocal = sp ? dfull_.f32() : dln;
   tp_.enter_backward(dln, dlocal, BT, C);
   k_.zero(dres_.f32(), R * C);
@@ -803,6 +832,7 @@ std::vector<float> ModelChunk::logits_at(Context& ctx, const std::vector<int64_t
   TRELLIS_CHECK(tp_.size() == 1 && chunk_.embedding && chunk_.head && cfg_.lm_head(),
                 "decoding runs the whole language model on a single rank");
   ctx.dropping = false;
+  start_pass();
   blocks_forward(ctx);
   const int64_t C = C_, V = cfg_.vocab_size, n = int64_t(rows.size());
   const float* hidden = ctx.blocks.back().res_out.f32();
@@ -810,8 +840,46 @@ std::vector<float> ModelChunk::logits_at(Context& ctx, const std::vector<int64_t
   for (int64_t i = 0; i < n; ++i)
     std::copy_n(hidden + rows[size_t(i)] * C, C, picked.data() + i * C);
   lnf_.forward(ctx.lnf.f32(), ctx.lnf_mean.f32(), ctx.lnf_rstd.f32(), picked.data(), n);
-  k_.gemm(false, true, n, V, C, 1.0f, ctx.lnf.f32(), C, head_w_, C, 0.0f, logits.data(), V);
+  k_.gemm_operands(false, true, n, V, C, 1.0f, {ctx.lnf.f32(), nullptr, C}, head_weight(), 0.0f,
+                   logits.data(), V);
   return logits;
+}
+
+int64_t weight_copy_bytes(const ParamLayout& layout, const StageSpec& chunk) {
+  const ModelConfig& cfg = layout.config();
+  const auto in_chunk = [&](int layer) {
+    return std::find(chunk.layers.begin(), chunk.layers.end(), layer) != chunk.layers.end();
+  };
+  int64_t n = 0;
+  for (const ParamSpec& s : layout.specs()) {
+    if (s.bias) continue;
+    switch (s.slot) {
+      case Slot::Qkv: case Slot::Q: case Slot::K: case Slot::V: case Slot::AttnOut:
+      case Slot::CrossQ: case Slot::CrossK: case Slot::CrossV: case Slot::CrossOut:
+      case Slot::MlpUp: case Slot::Gate: case Slot::Up: case Slot::MlpDown:
+        if (in_chunk(s.layer)) n += int64_t(s.numel());
+        break;
+      case Slot::FeatureEmbed:
+        if (chunk.embedding) n += int64_t(s.numel());
+        break;
+      case Slot::Classifier:
+        if (chunk.head && !cfg.lm_head()) n += int64_t(s.numel());
+        break;
+      case Slot::Head:  // an untied head; a tied one multiplies the token embedding
+        if (chunk.head && cfg.lm_head()) n += int64_t(s.numel());
+        break;
+      case Slot::TokEmbed:
+        if (chunk.head && cfg.lm_head() && cfg.tied_head) n += int64_t(s.numel());
+        break;
+      default:
+        break;
+    }
+  }
+  return n * int64_t(sizeof(uint16_t));
+}
+
+ModelChunk::WeightCopyPolicy training_weight_copies(int zero) {
+  return zero >= 3 ? ModelChunk::WeightCopyPolicy::Off : ModelChunk::WeightCopyPolicy::UntilChanged;
 }
 
 double flops_per_token(const ModelConfig& cfg, int64_t n_params, int64_t T) {
