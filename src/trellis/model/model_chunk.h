@@ -216,7 +216,16 @@ class ModelChunk {
   void cross_attention(const Context& ctx, const Block& p, Context::BlockActs& a);
   ops::AttentionShape cross_attention_shape(const Context& ctx, const Block& p) const;
   // The MLP's up projection and activation (a.up, a.act) from its input (the norm's output).
-  void mlp_activation(const Block& p, float* up, float* act, const float* in, int64_t rows) const;
+  void mlp_activation(const Block& p, float* up, float* act, Rows in, int64_t rows) const;
+  // Where a kernel writes a value the Context keeps as `kept`: kept itself, or (kept in bf16)
+  // fp32 `staging` that keep() then rounds into kept.
+  static float* staged(Tensor& kept, Tensor& staging);
+  void keep(Tensor& kept, const float* staged, int64_t n) const;
+  // A column-parallel layer's input from a norm's output kept in `local`: gathered into `full`
+  // under sequence parallelism (in fp32), else local itself (fp32 or bf16). saved_input: the
+  // same in backward, from what forward kept.
+  Rows enter(Tensor& local, Tensor& full, int64_t rows);
+  Rows saved_input(const Tensor& local, const Tensor& full) const;
   // One block of decode over the new positions in cache.work.x (into cache.work.y); li: the
   // block's index among the decoder blocks.
   void block_decode(KVCache& cache, const Block& p, int64_t li) const;
@@ -233,7 +242,7 @@ class ModelChunk {
   void block_weights(Context& ctx, int l);
   // A linear layer's backward inside backward (whole) or backward_input (split_: dx only, its
   // output gradient dy copied into `keep` unless it is there already).
-  void linear_backward(const Linear& lin, float* dx, const float* dy, const float* x, int64_t rows,
+  void linear_backward(const Linear& lin, float* dx, const float* dy, Rows x, int64_t rows,
                        bool bias_grad, Tensor& keep) const;
   // backward (split false; notify: on_block_done on the last micro-step, else null) or
   // backward_input (split true).
