@@ -83,7 +83,8 @@ void wrap(Backend& table, const char* name) {
 Backend timed_table(const Backend& base) {
   Backend t = base;
 #define TRELLIS_TIME(op) wrap<&Backend::op>(t, #op)
-  TRELLIS_TIME(gemm), TRELLIS_TIME(add_bias), TRELLIS_TIME(fill_rows);
+  TRELLIS_TIME(gemm), TRELLIS_TIME(gemm_operands), TRELLIS_TIME(to_bf16);
+  TRELLIS_TIME(add_bias), TRELLIS_TIME(fill_rows);
   TRELLIS_TIME(bias_backward), TRELLIS_TIME(layernorm_forward), TRELLIS_TIME(layernorm_backward);
   TRELLIS_TIME(rmsnorm_forward), TRELLIS_TIME(rmsnorm_backward), TRELLIS_TIME(gelu_forward);
   TRELLIS_TIME(gelu_backward), TRELLIS_TIME(gelu_bias_forward);
@@ -97,7 +98,7 @@ Backend timed_table(const Backend& base) {
   TRELLIS_TIME(zero);
 #undef TRELLIS_TIME
   // The device and one pointer per op: an op added to Backend must be added above too.
-  static_assert(sizeof(Backend) == (1 + 26) * sizeof(void*), "time every op of Backend");
+  static_assert(sizeof(Backend) == (1 + 28) * sizeof(void*), "time every op of Backend");
   return t;
 }
 

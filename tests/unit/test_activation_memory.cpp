@@ -146,9 +146,22 @@ TEST(ActivationMemory, EqualsWhatTheModelAllocates) {
             model.backward(ctx, true);
             EXPECT_EQ(ctx.activation_bytes(), want.context);  // backward allocates nothing
             EXPECT_EQ(model.workspace_bytes(), want.workspace);
-            // bf16 GEMMs change no activation buffer.
-            EXPECT_EQ(activation_memory(c.cfg, chunk, B, T, tp, sp, rc, DType::BF16).context,
-                      want.context);
+            // bf16 keeps the saved inputs of linear layers in bf16: as predicted, and less.
+            ModelChunk model16(layout, params.data(), grads.data(), group, &chunk, DType::BF16);
+            Context ctx16;
+            ctx16.recompute = rc;
+            model16.prepare(ctx16, B, T);
+            fill_inputs(c.cfg, ctx16);
+            const ActivationMemory want16 =
+                activation_memory(c.cfg, chunk, B, T, tp, sp, rc, DType::BF16);
+            model16.forward(ctx16, 1.0f / float(B * T));
+            model16.backward(ctx16, true);
+            EXPECT_EQ(ctx16.activation_bytes(), want16.context);
+            EXPECT_EQ(model16.workspace_bytes(), want16.workspace);
+            // (with sequence parallelism and no MLP no saved input is a bf16 one)
+            if (rc == Recompute::None && (!sp || c.cfg.mlp != MlpKind::None))
+              EXPECT_LT(want16.context, want.context);
+            EXPECT_LE(want16.context, want.context);
             ++checked;
           }
         }
@@ -338,6 +351,73 @@ TEST(ActivationMemory, RelatesToMegatronsPerLayerFormulaTermByTerm) {
     EXPECT_EQ(trellis(true, Recompute::Full), 2 * full / t);
     EXPECT_EQ(trellis(false, Recompute::Full), 2 * full);
   }
+}
+
+}  // namespace
+}  // namespace trellis
+
+namespace trellis {
+namespace {
+
+// A bf16 model keeps the saved inputs of its linear layers in bf16 with the results of keeping
+// them in fp32 and rounding at each GEMM; and it keeps one bf16 copy of each weight it multiplies, as weight_copy_bytes predicts
+// (every family and chunk kind; none for fp32 or with copies off); the copies give the bits of
+// rounding at each GEMM call (Off) over two steps of two micro-batches each, with the weights
+// changed between them; and they are really read: a step whose weight change goes unannounced
+// gives other losses.
+TEST(WeightCopies, PredictedAndBitwiseTheRoundingAtEachCall) {
+  const int64_t B = 2, T = 8;
+  int compared = 0;
+  for (const Case& c : cases()) {
+    for (const StageSpec& chunk : chunks(c.cfg)) {
+      SCOPED_TRACE(c.name + " layers " + std::to_string(chunk.layers.front()) + ".." +
+                   std::to_string(chunk.layers.back()));
+      const ParamLayout layout(c.cfg, 1, 0, &chunk);
+      TensorParallel group(nullptr, false);
+      using P = ModelChunk::WeightCopyPolicy;
+      // Two steps of two micro-batches; returns the losses and the final gradients.
+      // f32_inputs: the Context keeps every saved input in fp32 (as before bf16 storage).
+      auto run = [&](DType compute, P policy, bool announce, bool f32_inputs = false) {
+        std::vector<float> params(layout.size()), grads(layout.size(), 0.0f);
+        init_params(layout, 5, params.data());
+        ModelChunk model(layout, params.data(), grads.data(), group, &chunk, compute);
+        model.set_weight_copies(policy);
+        std::vector<double> out;
+        for (int step = 0; step < 2; ++step) {
+          if (announce) model.weights_changed();
+          std::fill(grads.begin(), grads.end(), 0.0f);
+          for (int micro = 0; micro < 2; ++micro) {
+            Context ctx;
+            if (f32_inputs)
+              model.prepare(ctx, activation_layout(c.cfg, chunk, B, T, 1, false, DType::F32));
+            else
+              model.prepare(ctx, B, T);
+            fill_inputs(c.cfg, ctx);
+            ctx.tokens[0] = int32_t(micro);
+            out.push_back(model.forward(ctx, 1.0f / float(B * T)));
+            model.backward(ctx, micro == 1);
+            if (chunk.head) continue;  // a chunk without the head: its input gradient too
+            for (int64_t i = 0; i < ctx.dinput.numel(); i += 7) out.push_back(ctx.dinput.f32()[i]);
+          }
+          for (size_t i = 0; i < params.size(); ++i) params[i] -= 0.5f * grads[i];
+        }
+        out.insert(out.end(), grads.begin(), grads.end());
+        EXPECT_EQ(model.weight_copy_bytes(), compute == DType::BF16 && policy != P::Off
+                                                  ? weight_copy_bytes(layout, chunk)
+                                                  : 0);
+        return out;
+      };
+      EXPECT_GT(weight_copy_bytes(layout, chunk), 0);
+      const std::vector<double> each_call = run(DType::BF16, P::Off, true);
+      EXPECT_EQ(run(DType::BF16, P::UntilChanged, true), each_call);
+      EXPECT_EQ(run(DType::BF16, P::PerPass, false), each_call);
+      EXPECT_EQ(run(DType::BF16, P::Off, true, true), each_call);  // bf16 inputs: the same bits
+      EXPECT_NE(run(DType::BF16, P::UntilChanged, false), each_call);  // stale copies
+      run(DType::F32, P::UntilChanged, true);                          // holds none
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, 18);
 }
 
 }  // namespace

@@ -206,3 +206,41 @@ TEST(Bf16, GemmFromInsideAnOpenMPRegion) {
 }
 
 }  // namespace
+
+// Operands rounded once (packed, or a strided slice of a wider bf16 matrix) give the bits of
+// rounding at the call, for every transpose, with fp32 and bf16 operands mixed.
+TEST(Bf16, OperandsRoundedOnceEqualRoundingAtTheCall) {
+  std::mt19937 rng(21);
+  std::normal_distribution<float> nd;
+  const int64_t M = 37, N = 29, K = 45;
+  int compared = 0;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (int64_t pad : {0, 5}) {  // 5: the operands are column slices of wider matrices
+        const int64_t arows = ta ? K : M, acols = ta ? M : K, brows = tb ? N : K,
+                      bcols = tb ? K : N;
+        const int64_t lda = acols + pad, ldb = bcols + pad;
+        std::vector<float> A(size_t(arows * lda)), B(size_t(brows * ldb));
+        for (float& v : A) v = nd(rng);
+        for (float& v : B) v = nd(rng);
+        std::vector<uint16_t> A16(A.size()), B16(B.size());
+        ops::to_bf16(A16.data(), A.data(), int64_t(A.size()));
+        ops::to_bf16(B16.data(), B.data(), int64_t(B.size()));
+        std::vector<float> want(size_t(M * N), 0.5f);
+        ops::gemm_bf16(ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, 1.0f, want.data(), N);
+        const ops::GemmOperand a32{A.data(), nullptr, lda}, a16{nullptr, A16.data(), lda};
+        const ops::GemmOperand b32{B.data(), nullptr, ldb}, b16{nullptr, B16.data(), ldb};
+        for (auto [a, b] : {std::pair{a16, b16}, {a16, b32}, {a32, b16}}) {
+          std::vector<float> got(size_t(M * N), 0.5f);
+          ops::gemm_bf16_operands(ta, tb, M, N, K, 1.0f, a, b, 1.0f, got.data(), N);
+          ASSERT_EQ(got, want) << "ta=" << ta << " tb=" << tb << " pad=" << pad;
+          ++compared;
+        }
+      }
+  EXPECT_EQ(compared, 24);
+  // The fp32 GEMM takes fp32 operands only.
+  std::vector<float> x(4, 1.0f), c(4);
+  std::vector<uint16_t> x16(4);
+  EXPECT_ANY_THROW(ops::gemm_operands(false, false, 2, 2, 2, 1.0f, {nullptr, x16.data(), 2},
+                                      {x.data(), nullptr, 2}, 0.0f, c.data(), 2));
+}

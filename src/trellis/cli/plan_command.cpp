@@ -97,6 +97,7 @@ nlohmann::json candidate_json(const Candidate& c) {
                         {"shards", c.memory.shards},
                         {"activations", c.memory.activations},
                         {"workspace", c.memory.workspace},
+                        {"weight_copies", c.memory.weight_copies},
                         {"contexts", c.memory.contexts},
                         {"total", c.memory.total()}}}};
   if (c.fits) {

@@ -47,6 +47,13 @@ float* Tensor::f32() {
 
 const float* Tensor::f32() const { return const_cast<Tensor*>(this)->f32(); }
 
+uint16_t* Tensor::bf16() {
+  TRELLIS_CHECK(dtype_ == DType::BF16, "tensor holds {}, read as bf16", dtype_name(dtype_));
+  return static_cast<uint16_t*>(data_);
+}
+
+const uint16_t* Tensor::bf16() const { return const_cast<Tensor*>(this)->bf16(); }
+
 void Tensor::reshape(std::vector<int64_t> shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;

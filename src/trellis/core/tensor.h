@@ -42,6 +42,8 @@ class Tensor {
   const void* data() const { return data_; }
   float* f32();
   const float* f32() const;
+  uint16_t* bf16();  // bf16 bits
+  const uint16_t* bf16() const;
 
  private:
   std::shared_ptr<std::byte[]> storage_;

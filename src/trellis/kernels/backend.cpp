@@ -11,6 +11,8 @@ namespace {
 const Backend kCpu = {
     Device::CPU,
     ops::gemm,
+    ops::gemm_operands,
+    ops::to_bf16,
     ops::add_bias,
     ops::fill_rows,
     ops::bias_backward,
@@ -42,6 +44,7 @@ const Backend kCpu = {
 const Backend kCpuBf16 = [] {
   Backend b = kCpu;
   b.gemm = ops::gemm_bf16;
+  b.gemm_operands = ops::gemm_bf16_operands;
   return b;
 }();
 

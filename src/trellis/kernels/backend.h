@@ -12,6 +12,9 @@ namespace trellis {
 struct Backend {
   Device device;
   decltype(&ops::gemm) gemm;
+  // The same GEMM over operands that may be bf16 already (the bf16 table only gets such ones).
+  decltype(&ops::gemm_operands) gemm_operands;
+  decltype(&ops::to_bf16) to_bf16;
   decltype(&ops::add_bias) add_bias;
   decltype(&ops::fill_rows) fill_rows;
   decltype(&ops::bias_backward) bias_backward;
@@ -45,8 +48,10 @@ struct Backend {
 // The kernels of a device for a compute precision: the installed table if there is one
 // (set_backend), else the one this build ships (CPU: the functions of kernels/ops.h); an input
 // error if there is neither. Models take it once, at construction. With `compute` = BF16 the
-// GEMMs take bf16 operands and accumulate in fp32 (ops::gemm_bf16), as PyTorch's autocast does;
-// every other op, the weights and the gradients stay fp32. Callers check the CPU can (cpu_isa).
+// GEMMs take bf16 operands and accumulate in fp32 (ops::gemm_bf16, gemm_bf16_operands), as
+// PyTorch's autocast does; the model keeps bf16 copies of what they read (model/modules.h), while
+// every other op, the master weights and the gradients stay fp32. Callers check the CPU can
+// (cpu_isa).
 const Backend& backend(Device device, DType compute = DType::F32);
 
 // Installs `table` as the kernels of `device` (null: back to the built-in ones) and returns the

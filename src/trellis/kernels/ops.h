@@ -22,6 +22,23 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
 void to_bf16(uint16_t* out, const float* in, int64_t n);
 void from_bf16(float* out, const uint16_t* in, int64_t n);
 
+// A GEMM operand stored in either precision, rows of stride ld: fp32 values, or bf16 bits
+// already rounded with to_bf16. A bf16 GEMM reads bf16 bits as they are, so rounding once and
+// reusing the copy (a weight across micro-batches, dy across both backward GEMMs) gives the same
+// bits as rounding at every call.
+struct GemmOperand {
+  const float* f32 = nullptr;
+  const uint16_t* bf16 = nullptr;
+  int64_t ld = 0;
+};
+// gemm over such operands: the fp32 GEMM takes fp32 ones only; gemm_bf16_operands takes both
+// and converts only the fp32 ones.
+void gemm_operands(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                   const GemmOperand& A, const GemmOperand& B, float beta, float* C, int64_t ldc);
+void gemm_bf16_operands(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                        const GemmOperand& A, const GemmOperand& B, float beta, float* C,
+                        int64_t ldc);
+
 // out[rows,C] += bias[C] (+ residual[rows,C] when not null).
 void add_bias(float* out, const float* bias, const float* residual, int64_t rows, int64_t C);
 // dbias[C] += column sums of dout[rows,C] (rows of stride ld; 0 = C).

@@ -11,13 +11,17 @@ int64_t numel(const std::vector<int64_t>& shape) {
   return n;
 }
 
+int64_t bytes(const std::vector<int64_t>& shape, DType dtype) {
+  return numel(shape) * int64_t(dtype_size(dtype));
+}
+
 // Bytes of a block's tensors that a Context keeps under `recompute`.
 int64_t kept_bytes(const std::vector<BlockTensor>& block, Recompute recompute,
                    bool split_backward = false) {
-  int64_t floats = 0;
+  int64_t n = 0;
   for (const BlockTensor& t : block)
-    if (context_keeps(recompute, t.group, split_backward)) floats += numel(t.shape);
-  return int64_t(sizeof(float)) * floats;
+    if (context_keeps(recompute, t.group, split_backward)) n += bytes(t.shape, t.dtype);
+  return n;
 }
 }  // namespace
 
@@ -87,14 +91,16 @@ int64_t GradScratch::floats() const {
 }
 
 std::vector<BlockTensor> block_tensors(const ModelConfig& cfg, const ActivationDims& d,
-                                       bool decoder) {
+                                       bool decoder, DType compute) {
+  // The saved GEMM inputs kept in bf16 (the norms' outputs only where no gather reads them).
+  const DType act = compute, norm = d.full == 0 ? compute : DType::F32;
   using A = Context::BlockActs;
   constexpr ActGroup in = ActGroup::Inner, rec = ActGroup::Recomputable;
   const int64_t m = cfg.mlp == MlpKind::None ? 0 : 1, x = decoder ? 1 : 0;
   const int64_t B = d.B, T = d.T, BT = d.BT, R = d.R, C = d.C, full = d.full, st = d.stats;
   return {
       // ln1 (+ stats, + gathered copy), q|k|v, attention, attention's residual sum
-      {&A::ln1, in, {R, C}},
+      {&A::ln1, in, {R, C}, norm},
       {&A::ln1_mean, in, {st}},
       {&A::ln1_rstd, in, {R}},
       {&A::ln1_full, in, {full, C}},
@@ -103,16 +109,16 @@ std::vector<BlockTensor> block_tensors(const ModelConfig& cfg, const ActivationD
       {&A::att, in, {BT, d.att}},
       {&A::res_mid, in, {R, C}},
       // ln2 (+ stats, + gathered copy), the MLP's up projection and activation, the output
-      {&A::ln2, in, {m * R, C}},
+      {&A::ln2, in, {m * R, C}, norm},
       {&A::ln2_mean, in, {m * st}},
       {&A::ln2_rstd, in, {m * R}},
       {&A::ln2_full, in, {m * full, C}},
       {&A::up, rec, {BT, d.up}},
-      {&A::act, rec, {BT, d.act}},
+      {&A::act, rec, {BT, d.act}, act},
       {&A::res_out, ActGroup::Output, {R, C}},
       // cross-attention: lnx (+ stats, + gathered copy), queries, the gathered encoder output,
       // keys|values, logsumexp, output, the residual sum
-      {&A::lnx, in, {x * R, C}},
+      {&A::lnx, in, {x * R, C}, norm},
       {&A::lnx_mean, in, {x * st}},
       {&A::lnx_rstd, in, {x * R}},
       {&A::lnx_full, in, {x * full, C}},
@@ -131,15 +137,16 @@ std::vector<BlockTensor> block_tensors(const ModelConfig& cfg, const ActivationD
 }
 
 ActivationLayout activation_layout(const ModelConfig& cfg, const StageSpec& chunk, int64_t B,
-                                   int64_t T, int tp, bool sequence_parallel) {
+                                   int64_t T, int tp, bool sequence_parallel, DType compute) {
   ActivationLayout L;
   L.dims = activation_dims(cfg, B, T, tp, sequence_parallel);
   L.role = chunk_role(cfg, chunk);
   const ActivationDims& d = L.dims;
   const ChunkRole& r = L.role;
   for (int l : chunk.layers)
-    L.blocks.push_back(block_tensors(cfg, d, cfg.encoder_decoder() && l >= cfg.n_layer));
-  L.workspace_block = block_tensors(cfg, d, r.has_decoder);
+    L.blocks.push_back(
+        block_tensors(cfg, d, cfg.encoder_decoder() && l >= cfg.n_layer, compute));
+  L.workspace_block = block_tensors(cfg, d, r.has_decoder, compute);
 
   const int64_t BT = d.BT, R = d.R, C = d.C;
   const int64_t head = r.head ? 1 : 0, embedding = r.embedding ? 1 : 0;
@@ -153,7 +160,8 @@ ActivationLayout activation_layout(const ModelConfig& cfg, const StageSpec& chun
       {&Context::enc_rstd, {start * R}},
       {&Context::dec_embedded, {start * R, C}},
       // the final norm (+ stats, + gathered copy)
-      {&Context::lnf, {head * R, C}},
+      // a classifier pools it in fp32
+      {&Context::lnf, {head * R, C}, cfg.lm_head() && d.full == 0 ? compute : DType::F32},
       {&Context::lnf_mean, {head * d.stats}},
       {&Context::lnf_rstd, {head * R}},
       {&Context::lnf_full, {head * d.full, C}},
@@ -182,27 +190,28 @@ ActivationMemory activation_memory(const ActivationLayout& layout, Recompute rec
   for (const std::vector<BlockTensor>& block : layout.blocks)
     m.blocks += kept_bytes(block, recompute, split_backward);
   int64_t outside = 0;
-  for (const ContextTensor& t : layout.context) outside += numel(t.shape);
-  m.context = m.blocks + f * outside;
+  for (const ContextTensor& t : layout.context) outside += bytes(t.shape, t.dtype);
+  m.context = m.blocks + outside;
   // The workspace: backward's scratch, and the groups of one block the Context does not keep.
   int64_t rebuilt = 0;
   for (const BlockTensor& t : layout.workspace_block)
-    if (rebuilt_in_workspace(recompute, t.group)) rebuilt += numel(t.shape);
-  m.workspace = f * (layout.scratch.floats() + rebuilt);
+    if (rebuilt_in_workspace(recompute, t.group)) rebuilt += bytes(t.shape, t.dtype);
+  m.workspace = f * layout.scratch.floats() + rebuilt;
   return m;
 }
 
 ActivationMemory activation_memory(const ModelConfig& cfg, const StageSpec& chunk, int64_t B,
                                    int64_t T, int tp, bool sequence_parallel, Recompute recompute,
-                                   DType /*compute: activations stay fp32*/, bool split_backward) {
-  return activation_memory(activation_layout(cfg, chunk, B, T, tp, sequence_parallel), recompute,
-                           split_backward);
+                                   DType compute, bool split_backward) {
+  return activation_memory(activation_layout(cfg, chunk, B, T, tp, sequence_parallel, compute),
+                           recompute, split_backward);
 }
 
 int64_t block_activation_bytes(const ModelConfig& cfg, bool decoder, int64_t B, int64_t T, int tp,
-                               bool sequence_parallel, Recompute recompute) {
-  return kept_bytes(block_tensors(cfg, activation_dims(cfg, B, T, tp, sequence_parallel), decoder),
-                    recompute);
+                               bool sequence_parallel, Recompute recompute, DType compute) {
+  return kept_bytes(
+      block_tensors(cfg, activation_dims(cfg, B, T, tp, sequence_parallel), decoder, compute),
+      recompute);
 }
 
 int64_t block_attention_state_bytes(const ModelConfig& cfg, bool decoder, int64_t B, int64_t T,

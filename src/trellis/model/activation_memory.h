@@ -1,5 +1,5 @@
 #pragma once
-// The activation layout of a model chunk, from the sizes alone: the shape of every tensor
+// The activation layout of a model chunk, from the sizes alone: the shape and dtype of every tensor
 // ModelChunk::prepare allocates for one micro-batch's Context and for the model's workspace,
 // under each recompute policy. ModelChunk::prepare allocates from this table and
 // activation_memory sums it, so a tensor added or resized here changes both (the only place a
@@ -64,10 +64,12 @@ struct BlockTensor {
   Tensor Context::BlockActs::*member;
   ActGroup group;
   std::vector<int64_t> shape;  // when kept; a leading 0: the block has no such tensor
+  DType dtype = DType::F32;
 };
 struct ContextTensor {
   Tensor Context::*member;
   std::vector<int64_t> shape;  // a leading 0: this chunk has no such tensor
+  DType dtype = DType::F32;
 };
 // Backward's gradient scratch of a chunk (floats of ModelChunk's private buffers).
 struct GradScratch {
@@ -76,9 +78,13 @@ struct GradScratch {
   int64_t floats() const;
 };
 
-// The tensors of one block (decoder: with cross-attention).
+// The tensors of one block (decoder: with cross-attention). compute BF16: the saved inputs of
+// linear layers that a GEMM reads directly (the norms' outputs feeding q|k|v, the MLP and
+// cross-attention's queries without sequence parallelism, whose gathers run in fp32; the MLP's
+// activation feeding its down projection) are kept as the bf16 the GEMMs round them to, as
+// autocast keeps them. Everything else stays fp32.
 std::vector<BlockTensor> block_tensors(const ModelConfig& cfg, const ActivationDims& d,
-                                       bool decoder);
+                                       bool decoder, DType compute = DType::F32);
 
 struct ActivationLayout {
   ActivationDims dims;
@@ -90,8 +96,11 @@ struct ActivationLayout {
   std::vector<ContextTensor> context;  // the chunk's tensors outside its blocks
   GradScratch scratch;
 };
+// compute BF16: the language-model head's input (the final norm's output, without sequence
+// parallelism) is kept in bf16 too, as are the blocks' (block_tensors).
 ActivationLayout activation_layout(const ModelConfig& cfg, const StageSpec& chunk, int64_t B,
-                                   int64_t T, int tp, bool sequence_parallel);
+                                   int64_t T, int tp, bool sequence_parallel,
+                                   DType compute = DType::F32);
 
 struct ActivationMemory {
   // One Context after a training forward: everything it keeps for its backward
@@ -106,14 +115,14 @@ struct ActivationMemory {
   int64_t workspace = 0;
 };
 
-// The bytes of a layout under a recompute policy (every activation is fp32); split_backward: the
+// The bytes of a layout under a recompute policy (each tensor in its dtype); split_backward: the
 // Contexts of a schedule that splits backwards (zb1), which keep the WeightGrad group too.
 ActivationMemory activation_memory(const ActivationLayout& layout, Recompute recompute,
                                    bool split_backward = false);
 
 // For micro-batches of B sequences of T tokens on the chunk `chunk` of the model, at
-// tensor-parallel size tp (with or without sequence parallelism). Activations are fp32 whatever
-// the compute precision (bf16 rounds GEMM operands only), so `compute` changes nothing here.
+// tensor-parallel size tp (with or without sequence parallelism), in compute precision `compute`
+// (BF16 keeps the saved inputs of linear layers in bf16; activation_layout).
 ActivationMemory activation_memory(const ModelConfig& cfg, const StageSpec& chunk, int64_t B,
                                    int64_t T, int tp, bool sequence_parallel, Recompute recompute,
                                    DType compute = DType::F32, bool split_backward = false);
@@ -121,7 +130,8 @@ ActivationMemory activation_memory(const ModelConfig& cfg, const StageSpec& chun
 // The bytes one block keeps in a Context (decoder: an encoder-decoder's decoder block, with
 // cross-attention): the per-layer term of the model.
 int64_t block_activation_bytes(const ModelConfig& cfg, bool decoder, int64_t B, int64_t T, int tp,
-                               bool sequence_parallel, Recompute recompute);
+                               bool sequence_parallel, Recompute recompute,
+                               DType compute = DType::F32);
 
 // ... of which what attention saves for its backward (self-attention's, and a decoder's
 // cross-attention's): the tiled kernel's logsumexp, B x heads/tp x T floats each, unless

@@ -81,6 +81,7 @@ KVCache ModelChunk::encode(const std::vector<std::span<const uint32_t>>& sources
   }
   ctx.dropping = false;
   set_doc_positions(ctx);
+  start_pass();
   embed(ctx.src_tokens.data(), pos_, ctx.embedded.f32(), ctx);
   size_t i = 0;
   for (; i < blocks_.size() && !blocks_[i].decoder; ++i)
@@ -111,6 +112,7 @@ const std::vector<float>& ModelChunk::decode(KVCache& c,
   TRELLIS_CHECK(int64_t(tokens.size()) == c.size(), "{} token lists for {} cache rows",
                 tokens.size(), c.size());
   const int64_t rows = c.size(), C = C_, V = cfg_.vocab_size;
+  start_pass();
   KVCache::Work& w = c.work;
   w.qrow.assign(size_t(rows + 1), 0);
   w.past.resize(size_t(rows));
@@ -161,7 +163,8 @@ const std::vector<float>& ModelChunk::decode(KVCache& c,
   }
   lnf_.forward(w.ln.data(), w.mean.data(), w.rstd.data(), w.last.data(), rows);
   w.logits.resize(size_t(rows * V));
-  k_.gemm(false, true, rows, V, C, 1.0f, w.ln.data(), C, head_w_, C, 0.0f, w.logits.data(), V);
+  k_.gemm_operands(false, true, rows, V, C, 1.0f, {w.ln.data(), nullptr, C}, head_weight(), 0.0f,
+                   w.logits.data(), V);
   return w.logits;
 }
 

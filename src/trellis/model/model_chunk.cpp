@@ -26,6 +26,11 @@ enum DropSite : int {
 void grow(Tensor& t, int64_t n) {
   if (t.numel() < n) t = Tensor::zeros({n});
 }
+
+// A kept tensor as a linear layer's input rows, in the precision it is kept in.
+Rows rows_of(const Tensor& t) {
+  return t.dtype() == DType::BF16 ? Rows(t.bf16()) : Rows(t.f32());
+}
 }  // namespace
 
 Recompute parse_recompute(const std::string& name) {
@@ -84,6 +89,7 @@ int64_t ModelChunk::workspace_bytes() const {
 ModelChunk::ModelChunk(const ParamLayout& layout, float* params, float* grads, TensorParallel& tp,
                          const StageSpec* chunk, DType compute)
     : k_(backend(Device::CPU, compute)),
+      bf16_(compute == DType::BF16),
       cfg_(layout.config()),
       chunk_(chunk ? *chunk : layout.stage()),
       tp_(tp) {
@@ -105,6 +111,7 @@ ModelChunk::ModelChunk(const ParamLayout& layout, float* params, float* grads, T
   has_decoder_ = role.has_decoder;
   carry_in_ = role.carry_in;
   carry_out_ = role.carry_out;
+  WeightCopies* copies = bf16_ ? &copies_ : nullptr;
   auto bind = [&](const ParamSpec* s, const float*& p, float*& g) {
     TRELLIS_CHECK(s, "the parameter layout lacks a tensor this chunk needs");
     p = params + s->offset;
@@ -114,7 +121,7 @@ ModelChunk::ModelChunk(const ParamLayout& layout, float* params, float* grads, T
                   "sequence parallelism is not supported for classifiers (their pooling spans the "
                   "sequence); use tensor parallelism without it");
   const bool feature_input = chunk_.embedding && cfg_.input_features > 0;
-  if (feature_input) features_ = Linear(k_, layout, {Slot::FeatureEmbed}, -1, params, grads);
+  if (feature_input) features_ = Linear(k_, layout, {Slot::FeatureEmbed}, -1, params, grads, copies);
   if ((chunk_.embedding && !feature_input) || (chunk_.head && cfg_.tied_lm_head()) ||
       decoder_start_)
     bind(layout.find(Slot::TokEmbed, -1), emb_, demb_);
@@ -136,7 +143,7 @@ ModelChunk::ModelChunk(const ParamLayout& layout, float* params, float* grads, T
   if (chunk_.head) {
     lnf_ = Norm(k_, cfg_, layout, Slot::FinalNorm, -1, params, grads);
     if (!cfg_.lm_head()) {
-      classifier_ = Linear(k_, layout, {Slot::Classifier}, -1, params, grads);
+      classifier_ = Linear(k_, layout, {Slot::Classifier}, -1, params, grads, copies);
     } else if (cfg_.tied_head) {
       head_w_ = emb_, dhead_w_ = demb_;
     } else {
@@ -148,18 +155,18 @@ ModelChunk::ModelChunk(const ParamLayout& layout, float* params, float* grads, T
     b.layer = l;
     b.decoder = cfg_.encoder_decoder() && l >= cfg_.n_layer;
     b.ln1 = Norm(k_, cfg_, layout, Slot::AttnNorm, l, params, grads);
-    b.qkv = Linear(k_, layout, {Slot::Qkv, Slot::Q, Slot::K, Slot::V}, l, params, grads);
-    b.proj = Linear(k_, layout, {Slot::AttnOut}, l, params, grads);
+    b.qkv = Linear(k_, layout, {Slot::Qkv, Slot::Q, Slot::K, Slot::V}, l, params, grads, copies);
+    b.proj = Linear(k_, layout, {Slot::AttnOut}, l, params, grads, copies);
     if (b.decoder) {
       b.lnx = Norm(k_, cfg_, layout, Slot::CrossNorm, l, params, grads);
-      b.xq = Linear(k_, layout, {Slot::CrossQ}, l, params, grads);
-      b.xkv = Linear(k_, layout, {Slot::CrossK, Slot::CrossV}, l, params, grads);
-      b.xproj = Linear(k_, layout, {Slot::CrossOut}, l, params, grads);
+      b.xq = Linear(k_, layout, {Slot::CrossQ}, l, params, grads, copies);
+      b.xkv = Linear(k_, layout, {Slot::CrossK, Slot::CrossV}, l, params, grads, copies);
+      b.xproj = Linear(k_, layout, {Slot::CrossOut}, l, params, grads, copies);
     }
     if (cfg_.mlp != MlpKind::None) {
       b.ln2 = Norm(k_, cfg_, layout, Slot::MlpNorm, l, params, grads);
-      b.up = Linear(k_, layout, {Slot::MlpUp, Slot::Gate, Slot::Up}, l, params, grads);
-      b.down = Linear(k_, layout, {Slot::MlpDown}, l, params, grads);
+      b.up = Linear(k_, layout, {Slot::MlpUp, Slot::Gate, Slot::Up}, l, params, grads, copies);
+      b.down = Linear(k_, layout, {Slot::MlpDown}, l, params, grads, copies);
     }
     const int64_t up_width = (cfg_.mlp == MlpKind::SwiGLU ? 2 : 1) * Fl_;
     const bool mlp = cfg_.mlp != MlpKind::None;
@@ -169,6 +176,7 @@ ModelChunk::ModelChunk(const ParamLayout& layout, float* params, float* grads, T
                   "block {}: the family's tensors do not match the configured widths", l);
     blocks_.push_back(std::move(b));
   }
+  if (bf16_ && chunk_.head && cfg_.lm_head()) head_copy_ = copies_.add(head_w_, vocab_rows_ * C_);
 }
 
 // Self-attention is causal in decoders: an encoder-decoder's encoder blocks see the whole source.
@@ -240,7 +248,8 @@ void ModelChunk::prepare(Context& ctx, int64_t B, int64_t T) {
   TRELLIS_REQUIRE(!tp_.sequence_parallel() || B * T % tp_.size() == 0,
                   "sequence parallelism needs batch x sequence rows ({}) divisible by tp={}", B * T,
                   tp_.size());
-  prepare(ctx, activation_layout(cfg_, chunk_, B, T, tp_.size(), tp_.sequence_parallel()));
+  prepare(ctx, activation_layout(cfg_, chunk_, B, T, tp_.size(), tp_.sequence_parallel(),
+                                 bf16_ ? DType::BF16 : DType::F32));
 }
 
 void ModelChunk::prepare(Context& ctx, const ActivationLayout& layout) {
@@ -267,14 +276,14 @@ void ModelChunk::prepare(Context& ctx, const ActivationLayout& layout) {
   for (size_t i = 0; i < ctx.blocks.size(); ++i)
     for (const BlockTensor& t : layout.blocks[i])
       fit(ctx.blocks[i].*t.member,
-          kept(t.shape, context_keeps(ctx.recompute, t.group, ctx.split_backward)));
+          kept(t.shape, context_keeps(ctx.recompute, t.group, ctx.split_backward)), t.dtype);
   for (const BlockTensor& t : layout.workspace_block) {
     Tensor& w = work_.*t.member;
     int64_t n = rebuilt_in_workspace(ctx.recompute, t.group);
     for (int64_t dim : t.shape) n *= dim;
-    if (!w.owned() || w.numel() < n) w = Tensor::zeros({n});
+    if (!w.owned() || w.dtype() != t.dtype || w.numel() < n) w = Tensor::zeros({n}, t.dtype);
   }
-  for (const ContextTensor& t : layout.context) fit(ctx.*t.member, t.shape);
+  for (const ContextTensor& t : layout.context) fit(ctx.*t.member, t.shape, t.dtype);
   const int64_t classified = chunk_.head && !cfg_.lm_head() ? d.B : 0;
   ctx.predictions.assign(size_t(classified), -1);
   if (cfg_.input_features > 0)
@@ -440,8 +449,25 @@ void ModelChunk::cross_attention(const Context& ctx, const Block& p, Context::Bl
                        a.xkv.f32() + KV, 2 * KV, cross_attention_shape(ctx, p));
 }
 
-void ModelChunk::mlp_activation(const Block& p, float* up, float* act, const float* in,
-                                 int64_t rows) const {
+float* ModelChunk::staged(Tensor& kept, Tensor& staging) {
+  return kept.dtype() == DType::BF16 ? staging.f32() : kept.f32();
+}
+
+void ModelChunk::keep(Tensor& kept, const float* staged, int64_t n) const {
+  if (kept.dtype() == DType::BF16) k_.to_bf16(kept.bf16(), staged, n);
+}
+
+Rows ModelChunk::enter(Tensor& local, Tensor& full, int64_t rows) {
+  if (local.dtype() == DType::BF16) return local.bf16();  // kept in bf16 only without SP
+  return tp_.enter(local.f32(), full.f32(), rows, C_);
+}
+
+Rows ModelChunk::saved_input(const Tensor& local, const Tensor& full) const {
+  return tp_.sequence_parallel() ? Rows(full.f32()) : rows_of(local);
+}
+
+void ModelChunk::mlp_activation(const Block& p, float* up, float* act, Rows in,
+                                int64_t rows) const {
   const bool fused_bias = cfg_.mlp == MlpKind::Gelu && p.up.bias();  // added by the GELU pass
   p.up.forward(up, in, rows, !fused_bias);
   if (cfg_.mlp == MlpKind::SwiGLU)
@@ -465,11 +491,13 @@ void ModelChunk::block_forward(Context& ctx, int l, const float* x, bool recompu
   Context::BlockActs view;
   Context::BlockActs& a = acts(ctx, l, view);
   // Attention: heads split across the group (q|k|v column-parallel, projection row-parallel).
-  p.ln1.forward(a.ln1.f32(), a.ln1_mean.f32(), a.ln1_rstd.f32(), x, R);
-  const float* in = tp_.enter(a.ln1.f32(), a.ln1_full.f32(), BT, C);
+  // (a bf16 norm output is written to dln_, free in forward, and kept rounded)
+  float* ln1 = staged(a.ln1, dln_);
+  p.ln1.forward(ln1, a.ln1_mean.f32(), a.ln1_rstd.f32(), x, R);
+  keep(a.ln1, ln1, R * C);
   float* qkv = a.qkv.f32();
   const int64_t W = p.qkv.out();
-  p.qkv.forward(qkv, in, BT);
+  p.qkv.forward(qkv, enter(a.ln1, a.ln1_full, BT), BT);
   if (cfg_.positions == PositionKind::Rope)  // q and k heads are the first Hl + Hkvl of a row
     k_.rope_forward(qkv, W, BT, 0, ctx.T, Hl_ + Hkvl_, hd_, cfg_.rope_theta, doc_positions(ctx));
   self_attention(ctx, p, a);
@@ -484,12 +512,15 @@ void ModelChunk::block_forward(Context& ctx, int l, const float* x, bool recompu
     if (!recompute) std::copy_n(mid, R * C, a.res_out.f32());
     return;
   }
-  p.ln2.forward(a.ln2.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(), mid, R);
-  in = tp_.enter(a.ln2.f32(), a.ln2_full.f32(), BT, C);
-  mlp_activation(p, a.up.f32(), a.act.f32(), in, BT);
+  float* ln2 = staged(a.ln2, dln_);
+  p.ln2.forward(ln2, a.ln2_mean.f32(), a.ln2_rstd.f32(), mid, R);
+  keep(a.ln2, ln2, R * C);
+  float* act = staged(a.act, dact_);  // (dact_ is free in forward and before mlp_backward uses it)
+  mlp_activation(p, a.up.f32(), act, enter(a.ln2, a.ln2_full, BT), BT);
+  keep(a.act, act, BT * Fl_);
   if (recompute) return;  // backward needs nothing after the activation; the output is kept
   partial = sp ? full_.f32() : a.res_out.f32();
-  p.down.forward(partial, a.act.f32(), BT, false);
+  p.down.forward(partial, rows_of(a.act), BT, false);
   tp_.leave(partial, a.res_out.f32(), BT, C);
   add_branch(ctx, a.res_out.f32(), p.down.bias(), mid, p.layer, kMlpOutDrop);
 }
@@ -499,9 +530,10 @@ void ModelChunk::cross_forward(Context& ctx, int l, Context::BlockActs& a) {
   const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT), C = C_;
   const bool sp = tp_.sequence_parallel();
   const Block& p = blocks_[size_t(l)];
-  p.lnx.forward(a.lnx.f32(), a.lnx_mean.f32(), a.lnx_rstd.f32(), a.res_mid.f32(), R);
-  const float* in = tp_.enter(a.lnx.f32(), a.lnx_full.f32(), BT, C);
-  p.xq.forward(a.xq.f32(), in, BT);
+  float* lnx = staged(a.lnx, dln_);
+  p.lnx.forward(lnx, a.lnx_mean.f32(), a.lnx_rstd.f32(), a.res_mid.f32(), R);
+  keep(a.lnx, lnx, R * C);
+  p.xq.forward(a.xq.f32(), enter(a.lnx, a.lnx_full, BT), BT);
   const float* enc = tp_.enter(encoder_output(ctx), a.enc_full.f32(), BT, C);
   p.xkv.forward(a.xkv.f32(), enc, BT);
   cross_attention(ctx, p, a);
@@ -513,11 +545,32 @@ void ModelChunk::cross_forward(Context& ctx, int l, Context::BlockActs& a) {
 
 void ModelChunk::head_forward(Context& ctx, const float* x) {
   const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT);
-  lnf_.forward(ctx.lnf.f32(), ctx.lnf_mean.f32(), ctx.lnf_rstd.f32(), x, R);
-  const float* in = tp_.enter(ctx.lnf.f32(), ctx.lnf_full.f32(), BT, C_);
+  float* lnf = staged(ctx.lnf, dln_);
+  lnf_.forward(lnf, ctx.lnf_mean.f32(), ctx.lnf_rstd.f32(), x, R);
+  keep(ctx.lnf, lnf, R * C_);
+  const Rows in = enter(ctx.lnf, ctx.lnf_full, BT);
   // logits over this rank's vocabulary slice (padding rows are zero and masked in the loss).
-  k_.gemm(false, true, BT, vocab_rows_, C_, 1.0f, in, C_, head_w_, C_, 0.0f, ctx.logits_or_grad.f32(),
-          vocab_rows_);
+  k_.gemm_operands(false, true, BT, vocab_rows_, C_, 1.0f, in.operand(C_), head_weight(), 0.0f,
+                   ctx.logits_or_grad.f32(), vocab_rows_);
+}
+
+ops::GemmOperand ModelChunk::head_weight() {
+  if (head_copy_ >= 0)
+    if (const uint16_t* w = copies_.get(k_, head_copy_)) return {nullptr, w, C_};
+  return {head_w_, nullptr, C_};
+}
+
+void ModelChunk::start_pass() {
+  if (copy_policy_ == WeightCopyPolicy::PerPass) copies_.changed();
+}
+
+void ModelChunk::set_weight_copies(WeightCopyPolicy policy) {
+  copy_policy_ = policy;
+  copies_.set_enabled(policy != WeightCopyPolicy::Off);
+}
+
+int64_t ModelChunk::weight_copy_bytes() const {
+  return bf16_ && copies_.enabled() ? copies_.elements() * int64_t(sizeof(uint16_t)) : 0;
 }
 
 void ModelChunk::blocks_forward(Context& ctx) {
@@ -543,6 +596,7 @@ double ModelChunk::forward(Context& ctx, float grad_scale) {
   for (int32_t n : ctx.lengths)
     TRELLIS_REQUIRE(n >= 1 && n <= ctx.T, "sequence length {} is outside [1, {}]", n, ctx.T);
   set_doc_positions(ctx);
+  start_pass();
   ctx.dropping = ctx.dropout.train && grad_scale != 0.0f &&
                  (cfg_.dropout > 0.0f || cfg_.attn_dropout > 0.0f ||
                   (cfg_.classifier_dropout > 0.0f && !cfg_.lm_head()));
@@ -583,19 +637,22 @@ void ModelChunk::mlp_backward(Context& ctx, int l, Context::BlockActs& a) {
   const Block& p = blocks_[size_t(l)];
   float *dres = dres_.f32(), *dln = dln_.f32(), *dfull = dfull_.f32();
   float* dlocal = sp ? dfull : dln;           // where entering's backward leaves d(norm output)
-  if (ctx.recompute == Recompute::Selective)  // from the kept norm output (gathered under SP)
-    mlp_activation(p, a.up.f32(), a.act.f32(), sp ? a.ln2_full.f32() : a.ln2.f32(), BT);
+  if (ctx.recompute == Recompute::Selective) {  // from the kept norm output (gathered under SP)
+    float* act = staged(a.act, dact_);
+    mlp_activation(p, a.up.f32(), act, saved_input(a.ln2, a.ln2_full), BT);
+    keep(a.act, act, BT * Fl_);
+  }
   const float* dbranch = branch_grad(ctx, dres, dln, p.layer, kMlpOutDrop);
   if (p.down.bias_grad()) k_.bias_backward(p.down.bias_grad(), dbranch, R, C, C);
   const float* dy = tp_.leave_backward(dbranch, dfull, BT, C);
-  linear_backward(p.down, dact_.f32(), dy, a.act.f32(), BT, false, a.ddown);
+  linear_backward(p.down, dact_.f32(), dy, rows_of(a.act), BT, false, a.ddown);
   k_.zero(dup_.f32(), BT * p.up.out());
   if (cfg_.mlp == MlpKind::SwiGLU)
     k_.swiglu_backward(dup_.f32(), a.up.f32(), dact_.f32(), BT, Fl_);
   else
     k_.gelu_backward(dup_.f32(), a.up.f32(), dact_.f32(), BT * Fl_);
   // (a.up, read by the activation's backward above, is free to keep d(up) for a split backward)
-  linear_backward(p.up, dln, dup_.f32(), sp ? a.ln2_full.f32() : a.ln2.f32(), BT, true, a.up);
+  linear_backward(p.up, dln, dup_.f32(), saved_input(a.ln2, a.ln2_full), BT, true, a.up);
   tp_.enter_backward(dln, dlocal, BT, C);
   p.ln2.backward(dres, dlocal, p.decoder ? a.res_x.f32() : a.res_mid.f32(), a.ln2_mean.f32(),
                  a.ln2_rstd.f32(), R);
@@ -630,7 +687,7 @@ void ModelChunk::block_backward(Context& ctx, int l, const float* x) {
   if (cfg_.positions == PositionKind::Rope)
     k_.rope_backward(dqkv, W, BT, 0, ctx.T, Hl_ + Hkvl_, hd_, cfg_.rope_theta, doc_positions(ctx));
   // (q|k|v, read by attention's backward above, is free to keep d(q|k|v) for a split backward)
-  linear_backward(p.qkv, dln, dqkv, sp ? a.ln1_full.f32() : a.ln1.f32(), BT, true, a.qkv);
+  linear_backward(p.qkv, dln, dqkv, saved_input(a.ln1, a.ln1_full), BT, true, a.qkv);
   tp_.enter_backward(dln, dlocal, BT, C);
   p.ln1.backward(dres, dlocal, x, a.ln1_mean.f32(), a.ln1_rstd.f32(), R);
 }
@@ -659,13 +716,13 @@ void ModelChunk::cross_backward(Context& ctx, int l, Context::BlockActs& a) {
   tp_.enter_backward(denc_full, denc_local, BT, C);
   k_.accumulate(denc_.f32(), denc_local, R * C);
   // Queries: through the cross-attention norm into the residual.
-  linear_backward(p.xq, dln, dxq_.f32(), sp ? a.lnx_full.f32() : a.lnx.f32(), BT, true, a.xq);
+  linear_backward(p.xq, dln, dxq_.f32(), saved_input(a.lnx, a.lnx_full), BT, true, a.xq);
   float* dlocal = sp ? dfull : dln;
   tp_.enter_backward(dln, dlocal, BT, C);
   p.lnx.backward(dres, dlocal, a.res_mid.f32(), a.lnx_mean.f32(), a.lnx_rstd.f32(), R);
 }
 
-void ModelChunk::linear_backward(const Linear& lin, float* dx, const float* dy, const float* x,
+void ModelChunk::linear_backward(const Linear& lin, float* dx, const float* dy, Rows x,
                                  int64_t rows, bool bias_grad, Tensor& keep) const {
   if (!split_) return lin.backward(dx, dy, x, rows, bias_grad);
   lin.backward_input(dx, dy, rows);
@@ -741,23 +798,25 @@ void ModelChunk::block_weights(Context& ctx, int l) {
   const Block& p = blocks_[size_t(l)];
   Context::BlockActs& a = ctx.blocks[size_t(l)];
   if (!p.up.empty()) {
-    p.down.backward_weights(a.ddown.f32(), a.act.f32(), BT, false);
-    p.up.backward_weights(a.up.f32(), sp ? a.ln2_full.f32() : a.ln2.f32(), BT);
+    p.down.backward_weights(a.ddown.f32(), rows_of(a.act), BT, false);
+    p.up.backward_weights(a.up.f32(), saved_input(a.ln2, a.ln2_full), BT);
   }
   if (p.decoder) {
     p.xproj.backward_weights(a.dxproj.f32(), a.xatt.f32(), BT, false);
     p.xkv.backward_weights(a.xkv.f32(), sp ? a.enc_full.f32() : encoder_output(ctx), BT);
-    p.xq.backward_weights(a.xq.f32(), sp ? a.lnx_full.f32() : a.lnx.f32(), BT);
+    p.xq.backward_weights(a.xq.f32(), saved_input(a.lnx, a.lnx_full), BT);
   }
   p.proj.backward_weights(a.dproj.f32(), a.att.f32(), BT, false);
-  p.qkv.backward_weights(a.qkv.f32(), sp ? a.ln1_full.f32() : a.ln1.f32(), BT);
+  p.qkv.backward_weights(a.qkv.f32(), saved_input(a.ln1, a.ln1_full), BT);
 }
 
-void ModelChunk::head_weights(Context& ctx) {
+void ModelChunk::head_weights(Context& ctx, const uint16_t* dlogits16) {
   const int64_t BT = ctx.B * ctx.T;
-  const float* lnf_in = tp_.sequence_parallel() ? ctx.lnf_full.f32() : ctx.lnf.f32();
-  k_.gemm(true, false, vocab_rows_, C_, BT, 1.0f, ctx.logits_or_grad.f32(), vocab_rows_, lnf_in, C_,
-          1.0f, dhead_w_, C_);
+  const Rows lnf_in = saved_input(ctx.lnf, ctx.lnf_full);
+  const ops::GemmOperand dlogits = {dlogits16 ? nullptr : ctx.logits_or_grad.f32(), dlogits16,
+                                    vocab_rows_};
+  k_.gemm_operands(true, false, vocab_rows_, C_, BT, 1.0f, dlogits, lnf_in.operand(C_), 1.0f,
+                   dhead_w_, C_);
 }
 
 void ModelChunk::backward_weights(Context& ctx, bool last_micro_step,
@@ -852,11 +911,15 @@ void ModelChunk::head_backward(Context& ctx) {
   const int64_t BT = ctx.B * ctx.T, R = tp_.local_rows(BT), C = C_;
   const bool sp = tp_.sequence_parallel();
   // ctx.logits_or_grad holds dlogits (fused into the loss).
-  const float* lnf_in = sp ? ctx.lnf_full.f32() : ctx.lnf.f32();
   float* dln = dln_.f32();
-  k_.gemm(false, false, BT, C, vocab_rows_, 1.0f, ctx.logits_or_grad.f32(), vocab_rows_, head_w_, C, 0.0f,
-          dln, C);
-  if (!split_ || !defers_head()) head_weights(ctx);
+  // bf16: dlogits rounded once when both GEMMs that read them run here.
+  const bool both = !split_ || !defers_head();
+  const uint16_t* dlogits16 =
+      bf16_ && both ? copies_.round_once(k_, ctx.logits_or_grad.f32(), BT * vocab_rows_) : nullptr;
+  const ops::GemmOperand dlogits = {dlogits16 ? nullptr : ctx.logits_or_grad.f32(), dlogits16,
+                                    vocab_rows_};
+  k_.gemm_operands(false, false, BT, C, vocab_rows_, 1.0f, dlogits, head_weight(), 0.0f, dln, C);
+  if (both) head_weights(ctx, dlogits16);
   float* dlocal = sp ? dfull_.f32() : dln;
   tp_.enter_backward(dln, dlocal, BT, C);
   k_.zero(dres_.f32(), R * C);
@@ -868,15 +931,55 @@ std::vector<float> ModelChunk::logits_at(Context& ctx, const std::vector<int64_t
   TRELLIS_CHECK(tp_.size() == 1 && chunk_.embedding && chunk_.head && cfg_.lm_head(),
                 "decoding runs the whole language model on a single rank");
   ctx.dropping = false;
+  start_pass();
   blocks_forward(ctx);
   const int64_t C = C_, V = cfg_.vocab_size, n = int64_t(rows.size());
   const float* hidden = ctx.blocks.back().res_out.f32();
-  std::vector<float> picked(size_t(n * C)), logits(size_t(n * V));
+  std::vector<float> picked(size_t(n * C)), ln(size_t(n * C)), logits(size_t(n * V));
+  std::vector<float> mean(static_cast<size_t>(n)), rstd(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i)
     std::copy_n(hidden + rows[size_t(i)] * C, C, picked.data() + i * C);
-  lnf_.forward(ctx.lnf.f32(), ctx.lnf_mean.f32(), ctx.lnf_rstd.f32(), picked.data(), n);
-  k_.gemm(false, true, n, V, C, 1.0f, ctx.lnf.f32(), C, head_w_, C, 0.0f, logits.data(), V);
+  lnf_.forward(ln.data(), mean.data(), rstd.data(), picked.data(), n);
+  k_.gemm_operands(false, true, n, V, C, 1.0f, {ln.data(), nullptr, C}, head_weight(), 0.0f,
+                   logits.data(), V);
   return logits;
+}
+
+int64_t weight_copy_bytes(const ParamLayout& layout, const StageSpec& chunk) {
+  const ModelConfig& cfg = layout.config();
+  const auto in_chunk = [&](int layer) {
+    return std::find(chunk.layers.begin(), chunk.layers.end(), layer) != chunk.layers.end();
+  };
+  int64_t n = 0;
+  for (const ParamSpec& s : layout.specs()) {
+    if (s.bias) continue;
+    switch (s.slot) {
+      case Slot::Qkv: case Slot::Q: case Slot::K: case Slot::V: case Slot::AttnOut:
+      case Slot::CrossQ: case Slot::CrossK: case Slot::CrossV: case Slot::CrossOut:
+      case Slot::MlpUp: case Slot::Gate: case Slot::Up: case Slot::MlpDown:
+        if (in_chunk(s.layer)) n += int64_t(s.numel());
+        break;
+      case Slot::FeatureEmbed:
+        if (chunk.embedding) n += int64_t(s.numel());
+        break;
+      case Slot::Classifier:
+        if (chunk.head && !cfg.lm_head()) n += int64_t(s.numel());
+        break;
+      case Slot::Head:  // an untied head; a tied one multiplies the token embedding
+        if (chunk.head && cfg.lm_head()) n += int64_t(s.numel());
+        break;
+      case Slot::TokEmbed:
+        if (chunk.head && cfg.lm_head() && cfg.tied_head) n += int64_t(s.numel());
+        break;
+      default:
+        break;
+    }
+  }
+  return n * int64_t(sizeof(uint16_t));
+}
+
+ModelChunk::WeightCopyPolicy training_weight_copies(int zero) {
+  return zero >= 3 ? ModelChunk::WeightCopyPolicy::Off : ModelChunk::WeightCopyPolicy::UntilChanged;
 }
 
 double flops_per_token(const ModelConfig& cfg, int64_t n_params, int64_t T) {

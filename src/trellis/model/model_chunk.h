@@ -174,6 +174,19 @@ class ModelChunk {
   // The subword n-grams of a model with subword_ngrams > 0 (built from its tokenizer by
   // data/subword_ngrams_for); it must outlive the model. Such a model refuses to run without.
   void set_subword_ngrams(const SubwordNgrams* ngrams) { subword_ = ngrams; }
+  // A bf16 model's copies of its weights in bf16 (model/modules.h WeightCopies): how long they
+  // live. PerPass (the default): until the next forward, logits_at, encode or decode starts, so
+  // a caller that writes the weights between passes needs to say nothing. UntilChanged: until
+  // weights_changed(), which the caller must call whenever the fp32 weights may have changed
+  // (the trainer: before each step's passes and each evaluation). Off: none are kept; each GEMM
+  // rounds the fp32 weights it reads (ZeRO-3, whose rank holds a block only while it runs).
+  // An fp32 model has none.
+  enum class WeightCopyPolicy : uint8_t { PerPass, UntilChanged, Off };
+  void set_weight_copies(WeightCopyPolicy policy);
+  void weights_changed() { copies_.changed(); }
+  // Bytes of the bf16 weight copies held once made (0 for fp32 or with Off);
+  // weight_copy_bytes (model/activation_memory.h) predicts them.
+  int64_t weight_copy_bytes() const;
   // Adds hooks run around every block of every micro-batch from now on, after those added
   // before; they must outlive the model.
   void add_block_hooks(BlockHooks& hooks) { hooks_.push_back(&hooks); }
@@ -212,7 +225,16 @@ class ModelChunk {
   void cross_attention(const Context& ctx, const Block& p, Context::BlockActs& a);
   ops::AttentionShape cross_attention_shape(const Context& ctx, const Block& p) const;
   // The MLP's up projection and activation (a.up, a.act) from its input (the norm's output).
-  void mlp_activation(const Block& p, float* up, float* act, const float* in, int64_t rows) const;
+  void mlp_activation(const Block& p, float* up, float* act, Rows in, int64_t rows) const;
+  // Where a kernel writes a value the Context keeps as `kept`: kept itself, or (kept in bf16)
+  // fp32 `staging` that keep() then rounds into kept.
+  static float* staged(Tensor& kept, Tensor& staging);
+  void keep(Tensor& kept, const float* staged, int64_t n) const;
+  // A column-parallel layer's input from a norm's output kept in `local`: gathered into `full`
+  // under sequence parallelism (in fp32), else local itself (fp32 or bf16). saved_input: the
+  // same in backward, from what forward kept.
+  Rows enter(Tensor& local, Tensor& full, int64_t rows);
+  Rows saved_input(const Tensor& local, const Tensor& full) const;
   // One block of decode over the new positions in cache.work.x (into cache.work.y); li: the
   // block's index among the decoder blocks.
   void block_decode(KVCache& cache, const Block& p, int64_t li) const;
@@ -229,13 +251,14 @@ class ModelChunk {
   void block_weights(Context& ctx, int l);
   // A linear layer's backward inside backward (whole) or backward_input (split_: dx only, its
   // output gradient dy copied into `keep` unless it is there already).
-  void linear_backward(const Linear& lin, float* dx, const float* dy, const float* x, int64_t rows,
+  void linear_backward(const Linear& lin, float* dx, const float* dy, Rows x, int64_t rows,
                        bool bias_grad, Tensor& keep) const;
   // backward (split false; notify: on_block_done on the last micro-step, else null) or
   // backward_input (split true).
   void backward_pass(Context& ctx, bool split, const std::function<void(int)>* notify);
-  // The head's weight gradient (this rank's vocabulary rows) from ctx's dlogits.
-  void head_weights(Context& ctx);
+  // The head's weight gradient (this rank's vocabulary rows) from ctx's dlogits (dlogits16: their
+  // bf16 rounding, when made already).
+  void head_weights(Context& ctx, const uint16_t* dlogits16 = nullptr);
   // Whether a split backward defers the head's weight gradient: not in a chunk that also embeds
   // (a tied head shares its gradient with the embedding, which backward_input writes, so the
   // sums keep backward's order: head, then embedding, micro-batch after micro-batch).
@@ -264,7 +287,16 @@ class ModelChunk {
   // ctx.positions from ctx.doc_start (cleared without documents).
   void set_doc_positions(Context& ctx) const;
 
+  // The head's weight [vocab rows, C] as a GEMM operand (its bf16 copy in a bf16 model).
+  ops::GemmOperand head_weight();
+  // Starts a pass (forward, logits_at, encode, decode): under PerPass the copies are stale.
+  void start_pass();
+
   const Backend& k_;
+  const bool bf16_;  // compute precision BF16
+  WeightCopies copies_;
+  WeightCopyPolicy copy_policy_ = WeightCopyPolicy::PerPass;
+  int head_copy_ = -1;
   ModelConfig cfg_;
   StageSpec chunk_;
   TensorParallel& tp_;
@@ -292,6 +324,13 @@ class ModelChunk {
   // What recomputing Contexts do not keep (one block's worth; see acts()).
   Context::BlockActs work_;
 };
+
+// The bytes of the bf16 weight copies a bf16 ModelChunk of `chunk` keeps (its linear layers' and
+// head's weights; ModelChunk::weight_copy_bytes, which test_activation_memory checks against it).
+int64_t weight_copy_bytes(const ParamLayout& layout, const StageSpec& chunk);
+// The policy a bf16 training run gives its chunks: UntilChanged, or Off under ZeRO-3 (whose
+// ranks hold a block's weights only while it runs).
+ModelChunk::WeightCopyPolicy training_weight_copies(int zero);
 
 // Training FLOPs per token (forward + backward): 6 * params + attention's 12 * L * C * T.
 double flops_per_token(const ModelConfig& cfg, int64_t n_params, int64_t T);

@@ -4,9 +4,39 @@
 
 namespace trellis {
 
+int WeightCopies::add(const float* w, int64_t n) {
+  TRELLIS_CHECK(bits_.empty(), "a weight registered after its copies were made");
+  copies_.push_back({w, n, elements_, 0});
+  elements_ += n;
+  return int(copies_.size()) - 1;
+}
+
+const uint16_t* WeightCopies::get(const Backend& k, int h) {
+  if (!enabled_) return nullptr;
+  if (bits_.empty()) bits_.resize(size_t(elements_));
+  Copy& c = copies_[size_t(h)];
+  if (c.generation != generation_) {
+    k.to_bf16(bits_.data() + c.offset, c.w, c.n);
+    c.generation = generation_;
+  }
+  return bits_.data() + c.offset;
+}
+
+void WeightCopies::set_enabled(bool enabled) {
+  enabled_ = enabled;
+  if (!enabled) std::vector<uint16_t>().swap(bits_);
+  changed();
+}
+
+const uint16_t* WeightCopies::round_once(const Backend& k, const float* x, int64_t n) {
+  if (scratch_.size() < size_t(n)) scratch_.resize(size_t(n));
+  k.to_bf16(scratch_.data(), x, n);
+  return scratch_.data();
+}
+
 Linear::Linear(const Backend& k, const ParamLayout& layout, std::vector<Slot> slots, int layer,
-               float* params, float* grads)
-    : k_(&k) {
+               float* params, float* grads, WeightCopies* copies)
+    : k_(&k), copies_(copies) {
   for (Slot slot : slots) {
     const ParamSpec* w = layout.find(slot, layer);
     if (!w) continue;
@@ -36,43 +66,61 @@ Linear::Linear(const Backend& k, const ParamLayout& layout, std::vector<Slot> sl
     }
     pieces_.push_back(piece);
   }
+  if (copies_)
+    for (Piece& p : pieces_) p.copy = copies_->add(p.w, p.cols * in_);
 }
 
-void Linear::forward(float* y, const float* x, int64_t rows, bool add_bias) const {
+ops::GemmOperand Linear::weight(const Piece& p) const {
+  const int64_t ld = p.out_in ? in_ : p.cols;
+  if (const uint16_t* w = copies_ ? copies_->get(*k_, p.copy) : nullptr) return {nullptr, w, ld};
+  return {p.w, nullptr, ld};
+}
+
+void Linear::forward(float* y, Rows x, int64_t rows, bool add_bias) const {
   for (const Piece& p : pieces_) {
     const bool bias = add_bias && p.b;
     if (bias) k_->fill_rows(y + p.col, out_, p.b, rows, p.cols);
-    k_->gemm(false, p.out_in, rows, p.cols, in_, 1.0f, x, in_, p.w, p.out_in ? in_ : p.cols,
-             bias ? 1.0f : 0.0f, y + p.col, out_);
+    k_->gemm_operands(false, p.out_in, rows, p.cols, in_, 1.0f, x.operand(in_), weight(p),
+                      bias ? 1.0f : 0.0f, y + p.col, out_);
   }
 }
 
-void Linear::backward(float* dx, const float* dy, const float* x, int64_t rows,
-                      bool bias_grad) const {
-  if (dx) backward_input(dx, dy, rows);
-  backward_weights(dy, x, rows, bias_grad);
+void Linear::backward(float* dx, const float* dy, Rows x, int64_t rows, bool bias_grad) const {
+  // bf16: dy rounded once for both GEMMs (the bits each would round it to).
+  const Rows dyr = copies_ ? Rows(copies_->round_once(*k_, dy, rows * out_)) : Rows(dy);
+  if (dx) input_gemms(dx, dyr, rows);
+  weight_gemms(dyr, dy, x, rows, bias_grad);
 }
 
 void Linear::backward_input(float* dx, const float* dy, int64_t rows) const {
+  input_gemms(dx, dy, rows);
+}
+
+void Linear::backward_weights(const float* dy, Rows x, int64_t rows, bool bias_grad) const {
+  weight_gemms(dy, dy, x, rows, bias_grad);
+}
+
+void Linear::input_gemms(float* dx, Rows dy, int64_t rows) const {
   float dx_beta = 0.0f;  // the first piece writes dx, the others add to it
   for (const Piece& p : pieces_) {
-    const float* dyp = dy + p.col;
-    if (p.out_in)
-      k_->gemm(false, false, rows, in_, p.cols, 1.0f, dyp, out_, p.w, in_, dx_beta, dx, in_);
-    else
-      k_->gemm(false, true, rows, in_, p.cols, 1.0f, dyp, out_, p.w, p.cols, dx_beta, dx, in_);
+    const ops::GemmOperand dyp = {dy.f32 ? dy.f32 + p.col : nullptr,
+                                  dy.bf16 ? dy.bf16 + p.col : nullptr, out_};
+    k_->gemm_operands(false, !p.out_in, rows, in_, p.cols, 1.0f, dyp, weight(p), dx_beta, dx, in_);
     dx_beta = 1.0f;
   }
 }
 
-void Linear::backward_weights(const float* dy, const float* x, int64_t rows, bool bias_grad) const {
+void Linear::weight_gemms(Rows dy, const float* dy32, Rows x, int64_t rows, bool bias_grad) const {
   for (const Piece& p : pieces_) {
-    const float* dyp = dy + p.col;
+    const ops::GemmOperand dyp = {dy.f32 ? dy.f32 + p.col : nullptr,
+                                  dy.bf16 ? dy.bf16 + p.col : nullptr, out_};
     if (p.out_in)
-      k_->gemm(true, false, p.cols, in_, rows, 1.0f, dyp, out_, x, in_, 1.0f, p.dw, in_);
+      k_->gemm_operands(true, false, p.cols, in_, rows, 1.0f, dyp, x.operand(in_), 1.0f, p.dw,
+                        in_);
     else
-      k_->gemm(true, false, in_, p.cols, rows, 1.0f, x, in_, dyp, out_, 1.0f, p.dw, p.cols);
-    if (bias_grad && p.db) k_->bias_backward(p.db, dyp, rows, p.cols, out_);
+      k_->gemm_operands(true, false, in_, p.cols, rows, 1.0f, x.operand(in_), dyp, 1.0f, p.dw,
+                        p.cols);
+    if (bias_grad && p.db) k_->bias_backward(p.db, dy32 + p.col, rows, p.cols, out_);
   }
 }
 

@@ -58,6 +58,9 @@ RankMemory rank_memory(const RunShape& run, const StageSpec& stage,
     m.activations += contexts[size_t(v)] * a.context;
     m.workspace += a.workspace;
     m.contexts += contexts[size_t(v)];
+    if (run.compute == DType::BF16 &&
+        training_weight_copies(run.zero) != ModelChunk::WeightCopyPolicy::Off)
+      m.weight_copies += weight_copy_bytes(layout, chunks[size_t(v)]);
   }
   return m;
 }

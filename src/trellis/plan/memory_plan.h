@@ -22,8 +22,11 @@ struct RankMemory {
   int64_t params = 0, grads = 0, optimizer = 0, shards = 0;
   int64_t activations = 0;  // Contexts alive at the schedule's peak
   int64_t workspace = 0;    // the model chunks' shared scratch
-  int contexts = 0;         // that peak
-  int64_t total() const { return params + grads + optimizer + shards + activations + workspace; }
+  int64_t weight_copies = 0;  // bf16: the chunks' bf16 copies of their weights
+  int contexts = 0;           // that peak
+  int64_t total() const {
+    return params + grads + optimizer + shards + activations + workspace + weight_copies;
+  }
 };
 
 // The model chunks of pipeline rank pp_rank (local chunk v is global chunk v * pp + pp_rank, as

@@ -144,6 +144,8 @@ class Trainer {
   StepStats forward_backward_step(int64_t step);
   // Clip, update, and share the updated parameters.
   void optimizer_step(int64_t step, StepStats& st);
+  // The fp32 weights may have changed since the chunks' last pass: their bf16 copies are stale.
+  void weights_changed();
   EvalResult evaluate();
   EvalResult evaluate_set(int64_t items);
   int64_t val_items_of(int set);
@@ -289,6 +291,8 @@ void Trainer::build_chunks() {
     if (BlockHooks* hooks = dp_sync_->hooks()) models_.back()->add_block_hooks(*hooks);
     models_.back()->set_label_smoothing(float(cfg_.label_smoothing));
     models_.back()->set_subword_ngrams(subword_.get());
+    // The trainer says when the weights change (weights_changed), so bf16 copies last a step.
+    models_.back()->set_weight_copies(training_weight_copies(shape_.zero));
     chunk_models.push_back(models_.back().get());
   }
   pipe_ = std::make_unique<Pipeline>(mesh_.pp_comm(), chunk_models, shape_.micro_batch, T_,
@@ -489,6 +493,7 @@ void Trainer::print_header() const {
 
 StepStats Trainer::forward_backward_step(int64_t step) {
   StepStats st;
+  weights_changed();
   dp_sync_->begin_step();
   // Every rank knows the global batch's targets (tokens, real target tokens or examples).
   const int64_t targets = batches_->step_targets(step - 1);
@@ -583,7 +588,12 @@ int64_t Trainer::val_items_of(int set) {
   return cfg_.val_batches > 0 ? std::min(cfg_.val_batches * G_, n) : n;
 }
 
+void Trainer::weights_changed() {
+  for (const std::unique_ptr<ModelChunk>& m : models_) m->weights_changed();
+}
+
 EvalResult Trainer::evaluate_set(int64_t items) {
+  weights_changed();
   const int64_t b = shape_.micro_batch;
   const int64_t lo = items * mesh_.dp_rank() / mesh_.dp();
   const int64_t hi = items * (mesh_.dp_rank() + 1) / mesh_.dp();
@@ -888,7 +898,8 @@ int dry_run(const TrainConfig& cfg, bool json) {
                      {"params", m.params},       {"grads", m.grads},
                      {"optimizer", m.optimizer}, {"shards", m.shards},
                      {"activations", m.activations}, {"contexts", m.contexts},
-                     {"workspace", m.workspace}, {"total", m.total()}});
+                     {"workspace", m.workspace}, {"weight_copies", m.weight_copies},
+                     {"total", m.total()}});
     fmt::print("{}\n", out.dump(1));
     return 0;
   }
@@ -898,15 +909,16 @@ int dry_run(const TrainConfig& cfg, bool json) {
              cfg.model, double(ParamLayout(run.model).count()) / 1e6, run.dp, run.tp,
              run.sequence_parallel ? " + sequence parallel" : "", run.pp, run.zero,
              recompute_name(run.recompute), run.micro_batch, run.seq_len, run.accum);
-  fmt::print("{:>5} {:>9} {:>10} {:>10} {:>10} {:>10} {:>12} {:>10} {:>10}   (MiB)\n", "rank",
-             "dp/tp/pp", "params", "grads", "optimizer", "shards", "activations", "workspace",
-             "total");
+  fmt::print("{:>5} {:>9} {:>10} {:>10} {:>10} {:>10} {:>12} {:>10} {:>11} {:>10}   (MiB)\n",
+             "rank", "dp/tp/pp", "params", "grads", "optimizer", "shards", "activations",
+             "workspace", "bf16 copies", "total");
   for (const RankMemory& m : ranks)
-    fmt::print("{:>5} {:>9} {:>10.1f} {:>10.1f} {:>10.1f} {:>10.1f} {:>12} {:>10.1f} {:>10.1f}\n",
-               m.rank, fmt::format("{}/{}/{}", m.dp_rank, m.tp_rank, m.pp_rank), mib(m.params),
-               mib(m.grads), mib(m.optimizer), mib(m.shards),
-               fmt::format("{:.1f} ({}x)", mib(m.activations), m.contexts), mib(m.workspace),
-               mib(m.total()));
+    fmt::print(
+        "{:>5} {:>9} {:>10.1f} {:>10.1f} {:>10.1f} {:>10.1f} {:>12} {:>10.1f} {:>11.1f} {:>10.1f}\n",
+        m.rank, fmt::format("{}/{}/{}", m.dp_rank, m.tp_rank, m.pp_rank), mib(m.params),
+        mib(m.grads), mib(m.optimizer), mib(m.shards),
+        fmt::format("{:.1f} ({}x)", mib(m.activations), m.contexts), mib(m.workspace),
+        mib(m.weight_copies), mib(m.total()));
   const auto top = std::max_element(ranks.begin(), ranks.end(), [](auto& a, auto& b) {
     return a.total() < b.total();
   });

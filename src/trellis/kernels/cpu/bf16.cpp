@@ -93,53 +93,82 @@ struct Bf16Scratch {
   std::vector<float> fa, fb;  // the emulation's operands: bf16 values held in fp32
 };
 
+float bf16_value(uint16_t bits) { return std::bit_cast<float>(uint32_t(bits) << 16); }
+
+// An operand's stored rectangle (rows x cols at stride ld) as packed bf16: converted into
+// scratch, or used in place when it is bf16 already and packed (a strided bf16 slice, such as one
+// piece's columns of dy, is copied so oneDNN sees the same packed operand as when it converts).
+const uint16_t* packed_bf16(std::vector<uint16_t>& scratch, const GemmOperand& x, int64_t rows,
+                            int64_t cols) {
+  if (x.bf16 && (x.ld == cols || rows == 1)) return x.bf16;
+  scratch.resize(size_t(rows * cols));
+  if (x.bf16) {
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy_n(x.bf16 + r * x.ld, cols, scratch.data() + r * cols);
+  } else {
+    pack_bf16(scratch.data(), x.f32, rows, cols, x.ld);
+  }
+  return scratch.data();
+}
+
 // Without AVX-512 oneDNN has no bf16 matmul; the same arithmetic is an fp32 GEMM of the rounded
 // operands (a product of two bf16 values is exact in fp32), so tests and tools still work there.
 void gemm_bf16_emulated(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                        const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
-                        float* C, int64_t ldc, Bf16Scratch& s) {
-  auto rounded = [](std::vector<float>& out, const float* in, int64_t rows, int64_t cols,
-                    int64_t ld) {
+                        const GemmOperand& A, const GemmOperand& B, float beta, float* C,
+                        int64_t ldc, Bf16Scratch& s) {
+  auto rounded = [](std::vector<float>& out, const GemmOperand& in, int64_t rows, int64_t cols) {
     out.resize(size_t(rows * cols));
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c)
-        out[size_t(r * cols + c)] =
-            std::bit_cast<float>(uint32_t(round_bf16(in[r * ld + c])) << 16);
+        out[size_t(r * cols + c)] = in.bf16 ? bf16_value(in.bf16[r * in.ld + c])
+                                            : bf16_value(round_bf16(in.f32[r * in.ld + c]));
   };
-  rounded(s.fa, A, trans_a ? K : M, trans_a ? M : K, lda);
-  rounded(s.fb, B, trans_b ? N : K, trans_b ? K : N, ldb);
+  rounded(s.fa, A, trans_a ? K : M, trans_a ? M : K);
+  rounded(s.fb, B, trans_b ? N : K, trans_b ? K : N);
   gemm(trans_a, trans_b, M, N, K, alpha, s.fa.data(), trans_a ? M : K, s.fb.data(), trans_b ? K : N,
        beta, C, ldc);
+}
+
+void check_one_precision(const GemmOperand& x) {
+  TRELLIS_CHECK((x.f32 == nullptr) != (x.bf16 == nullptr),
+                "a GEMM operand needs exactly one of fp32 and bf16 storage");
 }
 }  // namespace
 
 void to_bf16(uint16_t* out, const float* in, int64_t n) { pack_bf16(out, in, 1, n, n); }
 
 void from_bf16(float* out, const uint16_t* in, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(uint32_t(in[i]) << 16);
+  for (int64_t i = 0; i < n; ++i) out[i] = bf16_value(in[i]);
 }
 
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
                int64_t ldc) {
+  gemm_bf16_operands(trans_a, trans_b, M, N, K, alpha, {A, nullptr, lda}, {B, nullptr, ldb}, beta,
+                     C, ldc);
+}
+
+void gemm_bf16_operands(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                        const GemmOperand& A, const GemmOperand& B, float beta, float* C,
+                        int64_t ldc) {
   if (M == 0 || N == 0) return;
   if (K == 0) {  // oneDNN refuses empty reductions; C = beta * C
     for (int64_t i = 0; i < M; ++i)
       for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
     return;
   }
+  check_one_precision(A);
+  check_one_precision(B);
   thread_local Bf16Scratch s;
   if (cpu_isa() < Isa::Avx512)
-    return gemm_bf16_emulated(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, s);
-  // Round the operands once, packed: A's stored rectangle is [K, M] when transposed, B's [N, K].
-  s.a.resize(size_t(M * K));
-  s.b.resize(size_t(K * N));
-  pack_bf16(s.a.data(), A, trans_a ? K : M, trans_a ? M : K, lda);
-  pack_bf16(s.b.data(), B, trans_b ? N : K, trans_b ? K : N, ldb);
+    return gemm_bf16_emulated(trans_a, trans_b, M, N, K, alpha, A, B, beta, C, ldc, s);
+  // Round the fp32 operands once, packed: A's stored rectangle is [K, M] when transposed, B's
+  // [N, K].
+  const uint16_t* pa = packed_bf16(s.a, A, trans_a ? K : M, trans_a ? M : K);
+  const uint16_t* pb = packed_bf16(s.b, B, trans_b ? N : K, trans_b ? K : N);
   // Strides of the logical [M,K] and [K,N] matrices in the packed buffers.
   const int64_t a0 = trans_a ? 1 : K, a1 = trans_a ? M : 1;
   const int64_t b0 = trans_b ? 1 : N, b1 = trans_b ? K : 1;
-  const uint16_t *pa = s.a.data(), *pb = s.b.data();
 
   // Threads share the work as in the fp32 gemm (gemm_split.h).
   std::vector<std::string> errors(static_cast<size_t>(omp_get_max_threads()));

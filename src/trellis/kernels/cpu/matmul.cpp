@@ -74,4 +74,10 @@ void bias_backward(float* dbias, const float* dout, int64_t rows, int64_t C, int
   }
 }
 
+void gemm_operands(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                   const GemmOperand& A, const GemmOperand& B, float beta, float* C, int64_t ldc) {
+  TRELLIS_CHECK(A.f32 && B.f32 && !A.bf16 && !B.bf16, "the fp32 GEMM got a bf16 operand");
+  gemm(trans_a, trans_b, M, N, K, alpha, A.f32, A.ld, B.f32, B.ld, beta, C, ldc);
+}
+
 }  // namespace trellis::ops
