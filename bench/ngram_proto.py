@@ -34,27 +34,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "reference"))
 from trellis_test import read_examples  # noqa: E402
-
-
-def gpt2_token_bytes(meta):
-    """Token id -> its bytes (GPT-2's byte <-> printable-character table, bytes_to_unicode)."""
-    d = os.path.join(os.path.dirname(__file__), "..", "tests", "data", "gpt2")
-    with open(os.path.join(d, "encoder.json")) as f:
-        enc = json.load(f)
-    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
-    byte_of, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            byte_of[chr(b)] = b
-        else:
-            byte_of[chr(256 + extra)] = b
-            extra += 1
-    out = [b""] * meta["vocab_size"]
-    for piece, i in enc.items():
-        if i != meta["special_token"]:
-            out[i] = bytes(byte_of[c] for c in piece)
-    return out
+from subword_ngrams import token_bytes  # noqa: E402
 
 
 def fnv1a(data):
@@ -232,7 +214,7 @@ def main():
         meta = json.load(f)
     S, K = meta["special_token"], len(meta["classes"])
     T_max = 128
-    tok_bytes = gpt2_token_bytes(meta)
+    tok_bytes = token_bytes()  # GPT-2's token texts, as the oracle test reads them
     cache = {}
 
     def load(name):
