@@ -89,8 +89,11 @@ Backend timed_table(const Backend& base) {
   TRELLIS_TIME(rmsnorm_forward), TRELLIS_TIME(rmsnorm_backward), TRELLIS_TIME(gelu_forward);
   TRELLIS_TIME(gelu_backward), TRELLIS_TIME(gelu_bias_forward);
   TRELLIS_TIME(swiglu_forward), TRELLIS_TIME(swiglu_backward);
+  TRELLIS_TIME(gelu_forward_bf16), TRELLIS_TIME(gelu_backward_bf16);
+  TRELLIS_TIME(swiglu_forward_bf16), TRELLIS_TIME(swiglu_backward_bf16);
   TRELLIS_TIME(rope_forward), TRELLIS_TIME(rope_backward), TRELLIS_TIME(attention_forward);
   TRELLIS_TIME(attention_backward), TRELLIS_TIME(attention_cached);
+  TRELLIS_TIME(attention_forward_bf16), TRELLIS_TIME(attention_backward_bf16);
   TRELLIS_TIME(embedding_forward);
   TRELLIS_TIME(embedding_backward), TRELLIS_TIME(position_forward);
   TRELLIS_TIME(position_backward), TRELLIS_TIME(cross_entropy), TRELLIS_TIME(dropout);
@@ -98,7 +101,7 @@ Backend timed_table(const Backend& base) {
   TRELLIS_TIME(zero);
 #undef TRELLIS_TIME
   // The device and one pointer per op: an op added to Backend must be added above too.
-  static_assert(sizeof(Backend) == (1 + 28) * sizeof(void*), "time every op of Backend");
+  static_assert(sizeof(Backend) == (1 + 34) * sizeof(void*), "time every op of Backend");
   return t;
 }
 

@@ -244,3 +244,124 @@ TEST(Bf16, OperandsRoundedOnceEqualRoundingAtTheCall) {
   EXPECT_ANY_THROW(ops::gemm_operands(false, false, 2, 2, 2, 1.0f, {nullptr, x16.data(), 2},
                                       {x.data(), nullptr, 2}, 0.0f, c.data(), 2));
 }
+
+// The MLP activations over bf16 storage are the fp32 kernels (tested against double references
+// and finite differences in test_kernels) on the rounded values, bit for bit: up = to_bf16(pre
+// (+ bias)), out = to_bf16(fp32 kernel(up)), and the backwards the fp32 ones on the widened up.
+// Shapes with per-row SIMD tails; pre includes NaN-free extremes (silu/GELU saturation).
+namespace {
+std::vector<float> widened(const std::vector<uint16_t>& b) {
+  std::vector<float> f(b.size());
+  ops::from_bf16(f.data(), b.data(), int64_t(b.size()));
+  return f;
+}
+std::vector<uint16_t> rounded(const std::vector<float>& f) {
+  std::vector<uint16_t> b(f.size());
+  ops::to_bf16(b.data(), f.data(), int64_t(f.size()));
+  return b;
+}
+std::vector<float> normal(std::mt19937& rng, size_t n, float scale) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  if (n >= 3) v[0] = 30.0f, v[1] = -30.0f, v[2] = 0.0f;
+  return v;
+}
+struct Shape {
+  int64_t rows, width;
+};
+const Shape kActivationShapes[] = {{5, 19}, {1, 1}, {3, 16}, {7, 33}, {2, 67}};
+}  // namespace
+
+TEST(Bf16, GeluOverBf16StorageIsTheFp32KernelOnRoundedValues) {
+  std::mt19937 rng(71);
+  int compared = 0;
+  for (const Shape& s : kActivationShapes)
+    for (bool with_bias : {true, false}) {
+      const size_t n = size_t(s.rows * s.width);
+      const std::vector<float> pre = normal(rng, n, 2.0f), bias = normal(rng, size_t(s.width), 1.0f);
+      std::vector<uint16_t> up(n), out(n);
+      ops::gelu_forward_bf16(out.data(), up.data(), pre.data(), with_bias ? bias.data() : nullptr,
+                             s.rows, s.width);
+      std::vector<float> sum = pre;
+      if (with_bias)
+        for (size_t i = 0; i < n; ++i) sum[i] += bias[i % size_t(s.width)];
+      const std::vector<uint16_t> want_up = rounded(sum);
+      std::vector<float> act(n);
+      ops::gelu_forward(act.data(), widened(want_up).data(), int64_t(n));
+      EXPECT_EQ(up, want_up) << s.rows << "x" << s.width;
+      EXPECT_EQ(out, rounded(act)) << s.rows << "x" << s.width;
+      // backward accumulates into what is there
+      const std::vector<float> dout = normal(rng, n, 1.0f), start = normal(rng, n, 1.0f);
+      std::vector<float> got = start, want = start;
+      ops::gelu_backward_bf16(got.data(), up.data(), dout.data(), int64_t(n));
+      ops::gelu_backward(want.data(), widened(up).data(), dout.data(), int64_t(n));
+      EXPECT_EQ(got, want) << s.rows << "x" << s.width;
+      EXPECT_NE(got, start);
+      ++compared;
+    }
+  EXPECT_EQ(compared, 10);
+}
+
+TEST(Bf16, SwiGluOverBf16StorageIsTheFp32KernelOnRoundedValues) {
+  std::mt19937 rng(72);
+  int compared = 0;
+  for (const Shape& s : kActivationShapes) {
+    const int64_t F = s.width;
+    const size_t n = size_t(s.rows * F);
+    const std::vector<float> pre = normal(rng, 2 * n, 2.0f);
+    std::vector<uint16_t> gu(2 * n), out(n);
+    ops::swiglu_forward_bf16(out.data(), gu.data(), pre.data(), s.rows, F);
+    const std::vector<uint16_t> want_gu = rounded(pre);
+    std::vector<float> act(n);
+    ops::swiglu_forward(act.data(), widened(want_gu).data(), s.rows, F);
+    EXPECT_EQ(gu, want_gu) << s.rows << "x" << F;
+    EXPECT_EQ(out, rounded(act)) << s.rows << "x" << F;
+    const std::vector<float> dout = normal(rng, n, 1.0f), start = normal(rng, 2 * n, 1.0f);
+    std::vector<float> got = start, want = start;
+    ops::swiglu_backward_bf16(got.data(), gu.data(), dout.data(), s.rows, F);
+    ops::swiglu_backward(want.data(), widened(gu).data(), dout.data(), s.rows, F);
+    EXPECT_EQ(got, want) << s.rows << "x" << F;
+    EXPECT_NE(got, start);
+    ++compared;
+  }
+  EXPECT_EQ(compared, 5);
+}
+
+// Attention over bf16 q|k|v is the fp32 tiled kernel on the widened values, bit for bit: forward
+// (out, lse) and backward (accumulated dq, dk, dv), with q|k|v fused in one row (stride > width),
+// grouped-query heads, a causal and a padded bidirectional shape, and key blocks small enough to
+// cross several block edges.
+TEST(Bf16, AttentionOverBf16QkvIsTheFp32KernelOnRoundedValues) {
+  std::mt19937 rng(73);
+  int compared = 0;
+  for (bool causal : {true, false}) {
+    const int64_t B = 2, T = 13, H = 4, Hkv = 2, hd = 8, Q = H * hd, KV = Hkv * hd, W = Q + 2 * KV;
+    const std::vector<int32_t> lengths = {13, 9};
+    ops::AttentionShape s{B, T, T, H, Hkv, hd, causal, causal ? nullptr : lengths.data()};
+    s.tiles = {4, 5};
+    s.query_len = s.key_len;
+    const std::vector<uint16_t> qkv = rounded(normal(rng, size_t(B * T * W), 1.0f));
+    const std::vector<float> wide = widened(qkv);
+    std::vector<float> out16(size_t(B * T * Q)), lse16(size_t(B * H * T));
+    std::vector<float> out32 = out16, lse32 = lse16;
+    ops::attention_forward_bf16(out16.data(), lse16.data(), qkv.data(), W, qkv.data() + Q,
+                                qkv.data() + Q + KV, W, s);
+    ops::attention_forward(out32.data(), lse32.data(), wide.data(), W, wide.data() + Q,
+                           wide.data() + Q + KV, W, s);
+    EXPECT_EQ(out16, out32);
+    EXPECT_EQ(lse16, lse32);
+    const std::vector<float> dout = normal(rng, out32.size(), 1.0f), start = normal(rng, wide.size(), 1.0f);
+    std::vector<float> d16 = start, d32 = start;
+    ops::attention_backward_bf16(d16.data(), d16.data() + Q, d16.data() + Q + KV, dout.data(),
+                                 qkv.data(), W, qkv.data() + Q, qkv.data() + Q + KV, W,
+                                 out16.data(), lse16.data(), s);
+    ops::attention_backward(d32.data(), d32.data() + Q, d32.data() + Q + KV, dout.data(),
+                            wide.data(), W, wide.data() + Q, wide.data() + Q + KV, W, out32.data(),
+                            lse32.data(), s);
+    EXPECT_EQ(d16, d32);
+    EXPECT_NE(d16, start);
+    ++compared;
+  }
+  EXPECT_EQ(compared, 2);
+}

@@ -27,6 +27,10 @@ struct Backend {
   decltype(&ops::gelu_bias_forward) gelu_bias_forward;
   decltype(&ops::swiglu_forward) swiglu_forward;
   decltype(&ops::swiglu_backward) swiglu_backward;
+  decltype(&ops::gelu_forward_bf16) gelu_forward_bf16;
+  decltype(&ops::gelu_backward_bf16) gelu_backward_bf16;
+  decltype(&ops::swiglu_forward_bf16) swiglu_forward_bf16;
+  decltype(&ops::swiglu_backward_bf16) swiglu_backward_bf16;
   decltype(&ops::rope_forward) rope_forward;
   decltype(&ops::rope_backward) rope_backward;
   void (*attention_forward)(float*, float*, const float*, int64_t, const float*, const float*,
@@ -34,6 +38,8 @@ struct Backend {
   void (*attention_backward)(float*, float*, float*, const float*, const float*, int64_t,
                              const float*, const float*, int64_t, const float*, const float*,
                              const ops::AttentionShape&);
+  decltype(&ops::attention_forward_bf16) attention_forward_bf16;
+  decltype(&ops::attention_backward_bf16) attention_backward_bf16;
   decltype(&ops::attention_cached) attention_cached;
   decltype(&ops::embedding_forward) embedding_forward;
   decltype(&ops::embedding_backward) embedding_backward;

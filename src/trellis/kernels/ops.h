@@ -90,6 +90,18 @@ void gelu_bias_forward(float* out, float* inp, const float* bias, int64_t rows, 
 void swiglu_forward(float* out, const float* gu, int64_t rows, int64_t F);
 void swiglu_backward(float* dgu, const float* gu, const float* dout, int64_t rows, int64_t F);
 
+// The MLP activation of a bf16 model, whose up projection's output is kept in bf16 as autocast
+// keeps it: fp32 math on bf16 values. pre [rows, width]: the up GEMM's fp32 output; up = bf16(pre
+// (+ bias, when not null)), kept for backward; out = bf16(act(up)), the activation of the rounded
+// value (GELU: width C; SwiGLU: up = gate | up, width 2F, out width F). The backwards read the
+// kept bf16 up and accumulate fp32 gradients.
+void gelu_forward_bf16(uint16_t* out, uint16_t* up, const float* pre, const float* bias,
+                       int64_t rows, int64_t C);
+void gelu_backward_bf16(float* dinp, const uint16_t* inp, const float* dout, int64_t n);
+void swiglu_forward_bf16(uint16_t* out, uint16_t* gu, const float* pre, int64_t rows, int64_t F);
+void swiglu_backward_bf16(float* dgu, const uint16_t* gu, const float* dout, int64_t rows,
+                          int64_t F);
+
 // Inverted dropout with masks drawn from Philox4x32-10 (core/philox.h), a pure function of global
 // indices (DESIGN invariant 6): element e of position t of global sequence s, with extra counter
 // word x (the global query head in attention, else 0), is kept iff
@@ -150,6 +162,16 @@ void attention_forward(float* out, float* lse, const float* q, int64_t ldq, cons
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
                         int64_t ldq, const float* k, const float* v, int64_t ldkv, const float* out,
                         const float* lse, const AttentionShape& s);
+// The same over q, k and v kept in bf16 (a bf16 model's q|k|v, as autocast keeps them): each
+// head's rows widened to fp32 and the same algorithm, fp32 math throughout (out, lse and the
+// gradients fp32).
+void attention_forward_bf16(float* out, float* lse, const uint16_t* q, int64_t ldq,
+                            const uint16_t* k, const uint16_t* v, int64_t ldkv,
+                            const AttentionShape& s);
+void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
+                             const uint16_t* q, int64_t ldq, const uint16_t* k, const uint16_t* v,
+                             int64_t ldkv, const float* out, const float* lse,
+                             const AttentionShape& s);
 // The same attention keeping the probabilities P [B, H, Tq, Tk] (the undropped ones) for
 // backward, which reads them instead of recomputing: the kernel before the tiled one, kept as the
 // reference the tests and bench/attention_bench compare it with (s.tiles and s.query_len are not

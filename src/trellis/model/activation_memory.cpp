@@ -92,7 +92,9 @@ int64_t GradScratch::floats() const {
 
 std::vector<BlockTensor> block_tensors(const ModelConfig& cfg, const ActivationDims& d,
                                        bool decoder, DType compute) {
-  // The saved GEMM inputs kept in bf16 (the norms' outputs only where no gather reads them).
+  // The saved GEMM inputs kept in bf16 (the norms' outputs only where no gather reads them), and
+  // the GEMM outputs that element-wise kernels read in bf16: q|k|v (attention) and the up
+  // projection (the MLP activation).
   const DType act = compute, norm = d.full == 0 ? compute : DType::F32;
   using A = Context::BlockActs;
   constexpr ActGroup in = ActGroup::Inner, rec = ActGroup::Recomputable;
@@ -104,7 +106,7 @@ std::vector<BlockTensor> block_tensors(const ModelConfig& cfg, const ActivationD
       {&A::ln1_mean, in, {st}},
       {&A::ln1_rstd, in, {R}},
       {&A::ln1_full, in, {full, C}},
-      {&A::qkv, in, {BT, d.qkv}},
+      {&A::qkv, in, {BT, d.qkv}, act},
       {&A::lse, in, {B, d.Hl, T}},
       {&A::att, in, {BT, d.att}},
       {&A::res_mid, in, {R, C}},
@@ -113,7 +115,7 @@ std::vector<BlockTensor> block_tensors(const ModelConfig& cfg, const ActivationD
       {&A::ln2_mean, in, {m * st}},
       {&A::ln2_rstd, in, {m * R}},
       {&A::ln2_full, in, {m * full, C}},
-      {&A::up, rec, {BT, d.up}},
+      {&A::up, rec, {BT, d.up}, act},
       {&A::act, rec, {BT, d.act}, act},
       {&A::res_out, ActGroup::Output, {R, C}},
       // cross-attention: lnx (+ stats, + gathered copy), queries, the gathered encoder output,
@@ -133,6 +135,9 @@ std::vector<BlockTensor> block_tensors(const ModelConfig& cfg, const ActivationD
       {&A::dproj, ActGroup::WeightGrad, {BT, C}},
       {&A::ddown, ActGroup::WeightGrad, {m * BT, C}},
       {&A::dxproj, ActGroup::WeightGrad, {x * BT, C}},
+      // ... and of the up projection and q|k|v, which they cannot hold themselves in bf16
+      {&A::dup, ActGroup::WeightGrad, {(compute == DType::BF16 ? m : 0) * BT, d.up}},
+      {&A::dqkv, ActGroup::WeightGrad, {(compute == DType::BF16 ? 1 : 0) * BT, d.qkv}},
   };
 }
 

@@ -54,7 +54,8 @@ ChunkRole chunk_role(const ModelConfig& cfg, const StageSpec& chunk);
 // input part for its weight part, held only by such a Context (never rebuilt, no workspace). The
 // column-parallel layers' output gradients need no tensor of their own: the input part leaves
 // them in q|k|v, the MLP's up projection and cross-attention's queries and keys|values, which it
-// has read by then.
+// has read by then (where one of them is kept in bf16, too narrow for an fp32 gradient, a WeightGrad
+// tensor of its own holds it).
 enum class ActGroup : uint8_t { Inner, Recomputable, Output, WeightGrad };
 bool context_keeps(Recompute policy, ActGroup group, bool split_backward = false);
 // Whether the workspace holds (one block's copy of) a group a Context does not keep.
@@ -81,8 +82,9 @@ struct GradScratch {
 // The tensors of one block (decoder: with cross-attention). compute BF16: the saved inputs of
 // linear layers that a GEMM reads directly (the norms' outputs feeding q|k|v, the MLP and
 // cross-attention's queries without sequence parallelism, whose gathers run in fp32; the MLP's
-// activation feeding its down projection) are kept as the bf16 the GEMMs round them to, as
-// autocast keeps them. Everything else stays fp32.
+// activation feeding its down projection) are kept as the bf16 the GEMMs round them to, and
+// the outputs of q|k|v (after RoPE; attention reads them) and of the MLP's up projection
+// (GELU/SwiGLU's input) in bf16, as autocast keeps them. Everything else stays fp32.
 std::vector<BlockTensor> block_tensors(const ModelConfig& cfg, const ActivationDims& d,
                                        bool decoder, DType compute = DType::F32);
 

@@ -62,7 +62,8 @@ int64_t block_bytes(const Context::BlockActs& a) {
        {&a.ln1,      &a.ln1_mean, &a.ln1_rstd, &a.ln1_full, &a.qkv,      &a.lse,    &a.att,
         &a.res_mid,  &a.lnx,      &a.lnx_mean, &a.lnx_rstd, &a.lnx_full, &a.xq,       &a.enc_full,
         &a.xkv,      &a.xlse,     &a.xatt,     &a.res_x,    &a.ln2,      &a.ln2_mean, &a.ln2_rstd,
-        &a.ln2_full, &a.up,       &a.act,      &a.res_out,  &a.dproj,    &a.ddown,    &a.dxproj})
+        &a.ln2_full, &a.up,       &a.act,      &a.res_out,  &a.dproj,    &a.ddown,    &a.dxproj,
+        &a.dup,      &a.dqkv})
     n += owned_bytes(*t);
   return n;
 }
@@ -428,6 +429,11 @@ Context::BlockActs& ModelChunk::acts(Context& ctx, int l, Context::BlockActs& vi
 
 void ModelChunk::self_attention(const Context& ctx, const Block& p, Context::BlockActs& a) {
   const int64_t W = p.qkv.out(), Q = Hl_ * hd_, KV = Hkvl_ * hd_;
+  if (a.qkv.dtype() == DType::BF16) {
+    const uint16_t* qkv = a.qkv.bf16();
+    return k_.attention_forward_bf16(a.att.f32(), a.lse.f32(), qkv, W, qkv + Q, qkv + Q + KV, W,
+                                     attention_shape(ctx, p));
+  }
   const float* qkv = a.qkv.f32();
   k_.attention_forward(a.att.f32(), a.lse.f32(), qkv, W, qkv + Q, qkv + Q + KV, W,
                        attention_shape(ctx, p));
@@ -466,6 +472,29 @@ Rows ModelChunk::saved_input(const Tensor& local, const Tensor& full) const {
   return tp_.sequence_parallel() ? Rows(full.f32()) : rows_of(local);
 }
 
+void ModelChunk::mlp_forward(const Block& p, Context::BlockActs& a, Rows in, int64_t rows) {
+  if (a.up.dtype() != DType::BF16) {
+    float* act = staged(a.act, dact_);  // (dact_ is free in forward and before mlp_backward uses it)
+    mlp_activation(p, a.up.f32(), act, in, rows);
+    keep(a.act, act, rows * Fl_);
+    return;
+  }
+  TRELLIS_CHECK(a.act.dtype() == DType::BF16, "an MLP keeping its up projection in bf16 but not its activation");
+  // The GEMM's fp32 output goes to dup_ (free in forward, and in backward until mlp_backward
+  // zeroes it), the kernel rounds it into a.up and writes the activation in bf16.
+  const float* bias = cfg_.mlp == MlpKind::Gelu ? p.up.bias() : nullptr;  // added by the GELU pass
+  float* pre = dup_.f32();
+  p.up.forward(pre, in, rows, !bias);
+  if (cfg_.mlp == MlpKind::SwiGLU)
+    k_.swiglu_forward_bf16(a.act.bf16(), a.up.bf16(), pre, rows, Fl_);
+  else
+    k_.gelu_forward_bf16(a.act.bf16(), a.up.bf16(), pre, bias, rows, Fl_);
+}
+
+Tensor& ModelChunk::kept_grad(Tensor& output, Tensor& own) {
+  return output.dtype() == DType::BF16 ? own : output;
+}
+
 void ModelChunk::mlp_activation(const Block& p, float* up, float* act, Rows in,
                                 int64_t rows) const {
   const bool fused_bias = cfg_.mlp == MlpKind::Gelu && p.up.bias();  // added by the GELU pass
@@ -495,11 +524,14 @@ void ModelChunk::block_forward(Context& ctx, int l, const float* x, bool recompu
   float* ln1 = staged(a.ln1, dln_);
   p.ln1.forward(ln1, a.ln1_mean.f32(), a.ln1_rstd.f32(), x, R);
   keep(a.ln1, ln1, R * C);
-  float* qkv = a.qkv.f32();
+  // (a bf16 q|k|v: the GEMM and RoPE write fp32 to dqkv_, free in forward and until
+  // block_backward zeroes it, and the result is kept rounded once)
+  float* qkv = staged(a.qkv, dqkv_);
   const int64_t W = p.qkv.out();
   p.qkv.forward(qkv, enter(a.ln1, a.ln1_full, BT), BT);
   if (cfg_.positions == PositionKind::Rope)  // q and k heads are the first Hl + Hkvl of a row
     k_.rope_forward(qkv, W, BT, 0, ctx.T, Hl_ + Hkvl_, hd_, cfg_.rope_theta, doc_positions(ctx));
+  keep(a.qkv, qkv, BT * W);
   self_attention(ctx, p, a);
   float* partial = sp ? full_.f32() : a.res_mid.f32();
   p.proj.forward(partial, a.att.f32(), BT, false);
@@ -515,9 +547,7 @@ void ModelChunk::block_forward(Context& ctx, int l, const float* x, bool recompu
   float* ln2 = staged(a.ln2, dln_);
   p.ln2.forward(ln2, a.ln2_mean.f32(), a.ln2_rstd.f32(), mid, R);
   keep(a.ln2, ln2, R * C);
-  float* act = staged(a.act, dact_);  // (dact_ is free in forward and before mlp_backward uses it)
-  mlp_activation(p, a.up.f32(), act, enter(a.ln2, a.ln2_full, BT), BT);
-  keep(a.act, act, BT * Fl_);
+  mlp_forward(p, a, enter(a.ln2, a.ln2_full, BT), BT);
   if (recompute) return;  // backward needs nothing after the activation; the output is kept
   partial = sp ? full_.f32() : a.res_out.f32();
   p.down.forward(partial, rows_of(a.act), BT, false);
@@ -638,21 +668,25 @@ void ModelChunk::mlp_backward(Context& ctx, int l, Context::BlockActs& a) {
   float *dres = dres_.f32(), *dln = dln_.f32(), *dfull = dfull_.f32();
   float* dlocal = sp ? dfull : dln;           // where entering's backward leaves d(norm output)
   if (ctx.recompute == Recompute::Selective) {  // from the kept norm output (gathered under SP)
-    float* act = staged(a.act, dact_);
-    mlp_activation(p, a.up.f32(), act, saved_input(a.ln2, a.ln2_full), BT);
-    keep(a.act, act, BT * Fl_);
+    mlp_forward(p, a, saved_input(a.ln2, a.ln2_full), BT);
   }
   const float* dbranch = branch_grad(ctx, dres, dln, p.layer, kMlpOutDrop);
   if (p.down.bias_grad()) k_.bias_backward(p.down.bias_grad(), dbranch, R, C, C);
   const float* dy = tp_.leave_backward(dbranch, dfull, BT, C);
   linear_backward(p.down, dact_.f32(), dy, rows_of(a.act), BT, false, a.ddown);
   k_.zero(dup_.f32(), BT * p.up.out());
-  if (cfg_.mlp == MlpKind::SwiGLU)
+  const bool swiglu = cfg_.mlp == MlpKind::SwiGLU;
+  if (a.up.dtype() == DType::BF16 && swiglu)
+    k_.swiglu_backward_bf16(dup_.f32(), a.up.bf16(), dact_.f32(), BT, Fl_);
+  else if (a.up.dtype() == DType::BF16)
+    k_.gelu_backward_bf16(dup_.f32(), a.up.bf16(), dact_.f32(), BT * Fl_);
+  else if (swiglu)
     k_.swiglu_backward(dup_.f32(), a.up.f32(), dact_.f32(), BT, Fl_);
   else
     k_.gelu_backward(dup_.f32(), a.up.f32(), dact_.f32(), BT * Fl_);
-  // (a.up, read by the activation's backward above, is free to keep d(up) for a split backward)
-  linear_backward(p.up, dln, dup_.f32(), saved_input(a.ln2, a.ln2_full), BT, true, a.up);
+  // (an fp32 a.up, read by the activation's backward above, is free to keep d(up) for a split
+  // backward; a bf16 one is too narrow, so a split Context keeps it in a.dup)
+  linear_backward(p.up, dln, dup_.f32(), saved_input(a.ln2, a.ln2_full), BT, true, kept_grad(a.up, a.dup));
   tp_.enter_backward(dln, dlocal, BT, C);
   p.ln2.backward(dres, dlocal, p.decoder ? a.res_x.f32() : a.res_mid.f32(), a.ln2_mean.f32(),
                  a.ln2_rstd.f32(), R);
@@ -680,14 +714,22 @@ void ModelChunk::block_backward(Context& ctx, int l, const float* x) {
   linear_backward(p.proj, datt_.f32(), dy, a.att.f32(), BT, false, a.dproj);
   const int64_t W = p.qkv.out(), Q = Hl_ * hd_, KV = Hkvl_ * hd_;
   float* dqkv = dqkv_.f32();
-  const float* qkv = a.qkv.f32();
   k_.zero(dqkv, BT * W);
-  k_.attention_backward(dqkv, dqkv + Q, dqkv + Q + KV, datt_.f32(), qkv, W, qkv + Q, qkv + Q + KV,
-                        W, a.att.f32(), a.lse.f32(), attention_shape(ctx, p));
+  if (a.qkv.dtype() == DType::BF16) {
+    const uint16_t* qkv = a.qkv.bf16();
+    k_.attention_backward_bf16(dqkv, dqkv + Q, dqkv + Q + KV, datt_.f32(), qkv, W, qkv + Q,
+                               qkv + Q + KV, W, a.att.f32(), a.lse.f32(), attention_shape(ctx, p));
+  } else {
+    const float* qkv = a.qkv.f32();
+    k_.attention_backward(dqkv, dqkv + Q, dqkv + Q + KV, datt_.f32(), qkv, W, qkv + Q,
+                          qkv + Q + KV, W, a.att.f32(), a.lse.f32(), attention_shape(ctx, p));
+  }
   if (cfg_.positions == PositionKind::Rope)
     k_.rope_backward(dqkv, W, BT, 0, ctx.T, Hl_ + Hkvl_, hd_, cfg_.rope_theta, doc_positions(ctx));
-  // (q|k|v, read by attention's backward above, is free to keep d(q|k|v) for a split backward)
-  linear_backward(p.qkv, dln, dqkv, saved_input(a.ln1, a.ln1_full), BT, true, a.qkv);
+  // (an fp32 q|k|v, read by attention's backward above, is free to keep d(q|k|v) for a split
+  // backward; a bf16 one is too narrow: a.dqkv)
+  linear_backward(p.qkv, dln, dqkv, saved_input(a.ln1, a.ln1_full), BT, true,
+                  kept_grad(a.qkv, a.dqkv));
   tp_.enter_backward(dln, dlocal, BT, C);
   p.ln1.backward(dres, dlocal, x, a.ln1_mean.f32(), a.ln1_rstd.f32(), R);
 }
@@ -799,7 +841,7 @@ void ModelChunk::block_weights(Context& ctx, int l) {
   Context::BlockActs& a = ctx.blocks[size_t(l)];
   if (!p.up.empty()) {
     p.down.backward_weights(a.ddown.f32(), rows_of(a.act), BT, false);
-    p.up.backward_weights(a.up.f32(), saved_input(a.ln2, a.ln2_full), BT);
+    p.up.backward_weights(kept_grad(a.up, a.dup).f32(), saved_input(a.ln2, a.ln2_full), BT);
   }
   if (p.decoder) {
     p.xproj.backward_weights(a.dxproj.f32(), a.xatt.f32(), BT, false);
@@ -807,7 +849,7 @@ void ModelChunk::block_weights(Context& ctx, int l) {
     p.xq.backward_weights(a.xq.f32(), saved_input(a.lnx, a.lnx_full), BT);
   }
   p.proj.backward_weights(a.dproj.f32(), a.att.f32(), BT, false);
-  p.qkv.backward_weights(a.qkv.f32(), saved_input(a.ln1, a.ln1_full), BT);
+  p.qkv.backward_weights(kept_grad(a.qkv, a.dqkv).f32(), saved_input(a.ln1, a.ln1_full), BT);
 }
 
 void ModelChunk::head_weights(Context& ctx, const uint16_t* dlogits16) {

@@ -88,6 +88,9 @@ struct Context {
     Tensor ln2, ln2_mean, ln2_rstd, ln2_full, up, act, res_out;
     // A split backward's output gradients of the output projections (for backward_weights).
     Tensor dproj, ddown, dxproj;
+    // ... and of the MLP's up projection and of q|k|v, where those are kept in bf16 (fp32 ones
+    // hold their own gradient).
+    Tensor dup, dqkv;
   };
   std::vector<BlockActs> blocks;
   // At the first decoder block: the encoder's output (its final norm) and the decoder's input.
@@ -224,8 +227,13 @@ class ModelChunk {
   void self_attention(const Context& ctx, const Block& p, Context::BlockActs& a);
   void cross_attention(const Context& ctx, const Block& p, Context::BlockActs& a);
   ops::AttentionShape cross_attention_shape(const Context& ctx, const Block& p) const;
-  // The MLP's up projection and activation (a.up, a.act) from its input (the norm's output).
+  // The MLP's up projection and activation (a.up, a.act) from its input (the norm's output), in
+  // the dtype a keeps them in; mlp_activation: the same in fp32 buffers (decoding's too).
+  void mlp_forward(const Block& p, Context::BlockActs& a, Rows in, int64_t rows);
   void mlp_activation(const Block& p, float* up, float* act, Rows in, int64_t rows) const;
+  // Where a split backward keeps a column-parallel layer's output gradient for backward_weights:
+  // the output's own tensor, or `own` when the output is kept in bf16.
+  static Tensor& kept_grad(Tensor& output, Tensor& own);
   // Where a kernel writes a value the Context keeps as `kept`: kept itself, or (kept in bf16)
   // fp32 `staging` that keep() then rounds into kept.
   static float* staged(Tensor& kept, Tensor& staging);

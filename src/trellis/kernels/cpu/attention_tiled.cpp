@@ -13,13 +13,16 @@
 // visible_keys). Padding query rows (query_len) are not computed: 0 out, no gradient. With
 // attention dropout each (row, key block) mask is drawn once in forward and once in backward, as
 // in the kernel that stores the probabilities (attention.cpp). Measured against that kernel:
-// bench/RESULTS.md, "Tiled attention" and its follow-ups.
+// bench/RESULTS.md, "Tiled attention" and its follow-ups. A bf16 model's q, k and v are read as
+// bf16 (the _bf16 entry points): each head's rows are widened into per-thread fp32 copies (Tq or
+// Tk rows of hd floats) and the same algorithm runs on them, so the math stays fp32.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "trellis/kernels/cpu/attention_masks.h"
+#include "trellis/kernels/cpu/bf16_lanes.h"
 #include "trellis/kernels/cpu/dropout_mask.h"
 #include "trellis/kernels/cpu/simd_math.h"
 #include "trellis/kernels/ops.h"
@@ -98,6 +101,22 @@ void row_mask(float* m, const AttentionShape& s, int64_t b, int64_t h, int64_t i
   dropout_multipliers(m + c.a, j0 + c.a, c.e - c.a, s.dropout, uint64_t(i),
                       uint64_t(s.dropout.seq0 + b), uint64_t(s.dropout.head0 + h));
 }
+
+// Rows [0, n) of one head (hd columns at stride ld) as fp32 rows: fp32 ones as they are, bf16
+// ones widened (exactly) into buf at stride hd.
+struct HeadRows {
+  const float* p;
+  int64_t ld;
+};
+HeadRows head_rows(const float* x, int64_t ld, int64_t, int64_t, std::vector<float>&) {
+  return {x, ld};
+}
+HeadRows head_rows(const uint16_t* x, int64_t ld, int64_t n, int64_t hd, std::vector<float>& buf) {
+  if (buf.size() < size_t(n * hd)) buf.resize(size_t(n * hd));
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t d = 0; d < hd; ++d) buf[size_t(r * hd + d)] = simd::widen_bf16(x[r * ld + d]);
+  return {buf.data(), hd};
+}
 }  // namespace
 
 AttentionTiles attention_tiles(const AttentionShape& s) {
@@ -108,8 +127,10 @@ AttentionTiles attention_tiles(const AttentionShape& s) {
   return {queries, s.tiles.keys > 0 ? s.tiles.keys : kKeys};
 }
 
-void attention_forward(float* out, float* lse, const float* q, int64_t ldq, const float* k,
-                       const float* v, int64_t ldkv, const AttentionShape& s) {
+namespace {
+template <class E>
+void tiled_forward(float* out, float* lse, const E* q, int64_t ldq, const E* k, const E* v,
+                   int64_t ldkv, const AttentionShape& s) {
   detail::check_attention_shape(s);
   const int64_t hd = s.hd, Tq = s.Tq, C = s.H * hd, group = s.H / s.Hkv;
   const AttentionTiles tiles = attention_tiles(s);
@@ -124,14 +145,15 @@ void attention_forward(float* out, float* lse, const float* q, int64_t ldq, cons
     std::vector<float> sc(size_t(Br * Bc)), mk(drop ? size_t(Br * Bc) : 0), acc(size_t(Br * hd));
     std::vector<float> mrow(static_cast<size_t>(Br));
     std::vector<double> lrow(static_cast<size_t>(Br));
+    std::vector<float> qbuf, kbuf, vbuf;  // bf16 inputs: this head's rows widened
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < s.B * s.H; ++bh) {
       const int64_t b = bh / s.H, h = bh % s.H, kv = (h / group) * hd;
-      const float* qh = q + b * Tq * ldq + h * hd;
-      const float* kh = k + b * s.Tk * ldkv + kv;
-      const float* vh = v + b * s.Tk * ldkv + kv;
-      float* oh = out + b * Tq * C + h * hd;
       const int64_t rows = query_rows(s, b);
+      const auto [qh, ldq_h] = head_rows(q + b * Tq * ldq + h * hd, ldq, rows, hd, qbuf);
+      const auto [kh, ldkv_h] = head_rows(k + b * s.Tk * ldkv + kv, ldkv, s.Tk, hd, kbuf);
+      const float* vh = head_rows(v + b * s.Tk * ldkv + kv, ldkv, s.Tk, hd, vbuf).p;
+      float* oh = out + b * Tq * C + h * hd;
       for (int64_t i = rows; i < Tq; ++i) {  // padding rows: 0, computed by nobody
         std::fill_n(oh + i * C, hd, 0.0f);
         lse[bh * Tq + i] = 0.0f;
@@ -145,8 +167,8 @@ void attention_forward(float* out, float* lse, const float* q, int64_t ldq, cons
         std::fill_n(acc.begin(), m * hd, 0.0f);
         for (int64_t j0 = lo; j0 < n; j0 += Bc) {
           const int64_t j1 = std::min(n, j0 + Bc), nk = j1 - j0;
-          gemm(false, true, m, nk, hd, scale, qh + i0 * ldq, ldq, kh + j0 * ldkv, ldkv, 0.0f,
-               sc.data(), Bc);
+          gemm(false, true, m, nk, hd, scale, qh + i0 * ldq_h, ldq_h, kh + j0 * ldkv_h, ldkv_h,
+               0.0f, sc.data(), Bc);
           for (int64_t r = 0; r < m; ++r) {
             const Cols c = visible_cols(s, b, i0 + r, j0, j1);
             float* row = sc.data() + r * Bc;
@@ -172,8 +194,8 @@ void attention_forward(float* out, float* lse, const float* q, int64_t ldq, cons
               for (int64_t j = c.a; j < c.e; ++j) row[j] *= mr[j];
             }
           }
-          gemm(false, false, m, hd, nk, 1.0f, sc.data(), Bc, vh + j0 * ldkv, ldkv, 1.0f, acc.data(),
-               hd);
+          gemm(false, false, m, hd, nk, 1.0f, sc.data(), Bc, vh + j0 * ldkv_h, ldkv_h, 1.0f,
+               acc.data(), hd);
         }
         for (int64_t r = 0; r < m; ++r) {
           const double l = lrow[size_t(r)];
@@ -188,9 +210,10 @@ void attention_forward(float* out, float* lse, const float* q, int64_t ldq, cons
   }
 }
 
-void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
-                        int64_t ldq, const float* k, const float* v, int64_t ldkv, const float* out,
-                        const float* lse, const AttentionShape& s) {
+template <class E>
+void tiled_backward(float* dq, float* dk, float* dv, const float* dout, const E* q, int64_t ldq,
+                    const E* k, const E* v, int64_t ldkv, const float* out, const float* lse,
+                    const AttentionShape& s) {
   detail::check_attention_shape(s);
   const int64_t hd = s.hd, Tq = s.Tq, C = s.H * hd, group = s.H / s.Hkv;
   const AttentionTiles tiles = attention_tiles(s);
@@ -204,20 +227,21 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
     // Per thread: P, dP (then dS), P o M / (1 - p) under dropout, and each row's D.
     std::vector<float> pb(size_t(Br * Bc)), dpb(size_t(Br * Bc)), pm(drop ? size_t(Br * Bc) : 0);
     std::vector<float> drow(static_cast<size_t>(Br));
+    std::vector<float> qbuf, kbuf, vbuf;  // bf16 inputs: this head's rows widened
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bg = 0; bg < s.B * s.Hkv; ++bg) {
       const int64_t b = bg / s.Hkv, g = bg % s.Hkv, kv = g * hd;
-      const float* kh = k + b * s.Tk * ldkv + kv;
-      const float* vh = v + b * s.Tk * ldkv + kv;
+      const auto [kh, ldkv_h] = head_rows(k + b * s.Tk * ldkv + kv, ldkv, s.Tk, hd, kbuf);
+      const float* vh = head_rows(v + b * s.Tk * ldkv + kv, ldkv, s.Tk, hd, vbuf).p;
       float* dkh = dk + b * s.Tk * ldkv + kv;
       float* dvh = dv + b * s.Tk * ldkv + kv;
       for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-        const float* qh = q + b * Tq * ldq + h * hd;
+        const int64_t rows = query_rows(s, b);  // padding rows get no gradient
+        const auto [qh, ldq_h] = head_rows(q + b * Tq * ldq + h * hd, ldq, rows, hd, qbuf);
         float* dqh = dq + b * Tq * ldq + h * hd;
         const float* dy = dout + b * Tq * C + h * hd;
         const float* oh = out + b * Tq * C + h * hd;
         const float* lh = lse + (b * s.H + h) * Tq;
-        const int64_t rows = query_rows(s, b);  // padding rows get no gradient
         for (int64_t i0 = 0; i0 < rows; i0 += Br) {
           const int64_t i1 = std::min(rows, i0 + Br), m = i1 - i0;
           const int64_t lo = first_key(s, b, i0), n = block_keys(s, b, i1);
@@ -225,9 +249,9 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
             drow[size_t(r)] = dot_f8(dy + (i0 + r) * C, oh + (i0 + r) * C, hd);
           for (int64_t j0 = lo; j0 < n; j0 += Bc) {
             const int64_t j1 = std::min(n, j0 + Bc), nk = j1 - j0;
-            gemm(false, true, m, nk, hd, scale, qh + i0 * ldq, ldq, kh + j0 * ldkv, ldkv, 0.0f,
-                 pb.data(), Bc);  // S
-            gemm(false, true, m, nk, hd, 1.0f, dy + i0 * C, C, vh + j0 * ldkv, ldkv, 0.0f,
+            gemm(false, true, m, nk, hd, scale, qh + i0 * ldq_h, ldq_h, kh + j0 * ldkv_h, ldkv_h,
+                 0.0f, pb.data(), Bc);  // S
+            gemm(false, true, m, nk, hd, 1.0f, dy + i0 * C, C, vh + j0 * ldkv_h, ldkv_h, 0.0f,
                  dpb.data(), Bc);  // dP (of the dropped probabilities)
             for (int64_t r = 0; r < m; ++r) {
               const Cols c = visible_cols(s, b, i0 + r, j0, j1);
@@ -255,15 +279,40 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
             }
             gemm(true, false, nk, hd, m, 1.0f, drop ? pm.data() : pb.data(), Bc, dy + i0 * C, C,
                  1.0f, dvh + j0 * ldkv, ldkv);  // dV += P^T dO
-            gemm(false, false, m, hd, nk, 1.0f, dpb.data(), Bc, kh + j0 * ldkv, ldkv, 1.0f,
+            gemm(false, false, m, hd, nk, 1.0f, dpb.data(), Bc, kh + j0 * ldkv_h, ldkv_h, 1.0f,
                  dqh + i0 * ldq, ldq);  // dQ += dS K
-            gemm(true, false, nk, hd, m, 1.0f, dpb.data(), Bc, qh + i0 * ldq, ldq, 1.0f,
+            gemm(true, false, nk, hd, m, 1.0f, dpb.data(), Bc, qh + i0 * ldq_h, ldq_h, 1.0f,
                  dkh + j0 * ldkv, ldkv);  // dK += dS^T Q
           }
         }
       }
     }
   }
+}
+}  // namespace
+
+void attention_forward(float* out, float* lse, const float* q, int64_t ldq, const float* k,
+                       const float* v, int64_t ldkv, const AttentionShape& s) {
+  tiled_forward(out, lse, q, ldq, k, v, ldkv, s);
+}
+
+void attention_forward_bf16(float* out, float* lse, const uint16_t* q, int64_t ldq,
+                            const uint16_t* k, const uint16_t* v, int64_t ldkv,
+                            const AttentionShape& s) {
+  tiled_forward(out, lse, q, ldq, k, v, ldkv, s);
+}
+
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                        int64_t ldq, const float* k, const float* v, int64_t ldkv, const float* out,
+                        const float* lse, const AttentionShape& s) {
+  tiled_backward(dq, dk, dv, dout, q, ldq, k, v, ldkv, out, lse, s);
+}
+
+void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
+                             const uint16_t* q, int64_t ldq, const uint16_t* k, const uint16_t* v,
+                             int64_t ldkv, const float* out, const float* lse,
+                             const AttentionShape& s) {
+  tiled_backward(dq, dk, dv, dout, q, ldq, k, v, ldkv, out, lse, s);
 }
 
 void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C,

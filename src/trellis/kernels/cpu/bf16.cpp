@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "trellis/core/error.h"
+#include "trellis/kernels/cpu/bf16_lanes.h"
 #include "trellis/kernels/cpu/gemm_split.h"
 #include "trellis/kernels/isa.h"
 #include "trellis/kernels/ops.h"
@@ -18,14 +19,7 @@
 namespace trellis::ops {
 
 namespace {
-// Round to nearest, ties to even; NaN stays a (quiet) NaN. Written branch-free so the loops below
-// vectorise; unlike vcvtneps2bf16 it keeps subnormals, as PyTorch's conversion does.
-inline uint16_t round_bf16(float f) {
-  const uint32_t u = std::bit_cast<uint32_t>(f);
-  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
-  return uint16_t(nan ? (u >> 16) | 0x40u : rounded);
-}
+using simd::round_bf16;
 
 constexpr int64_t kConvertChunk = 1 << 14;  // elements per OpenMP work item
 

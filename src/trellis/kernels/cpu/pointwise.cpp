@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "trellis/kernels/cpu/bf16_lanes.h"
 #include "trellis/kernels/cpu/simd_math.h"
 #include "trellis/kernels/ops.h"
 
@@ -85,6 +86,45 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) 
   }
 }
 
+void gelu_forward_bf16(uint16_t* out, uint16_t* up, const float* pre, const float* bias,
+                       int64_t rows, int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = pre + r * C;
+    uint16_t *u = up + r * C, *y = out + r * C;
+    int64_t c = 0;
+    for (; c + 8 <= C; c += 8) {
+      simd::store8_bf16(u + c, bias ? simd::load8(x + c) + simd::load8(bias + c) : simd::load8(x + c));
+      simd::store8_bf16(y + c, gelu_fwd8(simd::load8_bf16(u + c)));  // of the rounded value
+    }
+    if (c < C) {
+      const int64_t n = C - c;
+      const simd::f8 v = simd::load8_partial(x + c, n);
+      simd::store8_bf16_partial(u + c, bias ? v + simd::load8_partial(bias + c, n) : v, n);
+      simd::store8_bf16_partial(y + c, gelu_fwd8(simd::load8_bf16_partial(u + c, n)), n);
+    }
+  }
+}
+
+void gelu_backward_bf16(float* dinp, const uint16_t* inp, const float* dout, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < n; c += kChunk) {
+    const int64_t end = std::min(n, c + kChunk);
+    int64_t i = c;
+    for (; i + 8 <= end; i += 8)
+      simd::store8(dinp + i, simd::load8(dinp + i) +
+                                 gelu_bwd8(simd::load8_bf16(inp + i), simd::load8(dout + i)));
+    if (i < end) {
+      const int64_t r = end - i;
+      simd::store8_partial(
+          dinp + i,
+          simd::load8_partial(dinp + i, r) +
+              gelu_bwd8(simd::load8_bf16_partial(inp + i, r), simd::load8_partial(dout + i, r)),
+          r);
+    }
+  }
+}
+
 // SwiGLU in double, 4 lanes at a time, for the same reason as GELU; element-wise, so deterministic.
 namespace {
 inline simd::d4 sigmoid4(simd::d4 g) {
@@ -126,6 +166,38 @@ void swiglu_backward(float* dgu, const float* gu, const float* dout, int64_t row
     const simd::d4 g4 = load(g, n), u4 = load(g + F, n), dy = load(dout + r * F + j, n);
     const simd::d4 sg = sigmoid4(g4);
     // silu'(g) = sigmoid(g) * (1 + g * (1 - sigmoid(g))).
+    const simd::d4 dsilu = sg * (simd::splat(1.0) + g4 * (simd::splat(1.0) - sg));
+    store(dg, load(dg, n) + dy * u4 * dsilu, n);
+    store(dg + F, load(dg + F, n) + dy * g4 * sg, n);
+  });
+}
+
+// bf16 SwiGLU: gate and up rounded from the GEMM's output into gu, then the fp32 kernel's
+// double lanes on the rounded values, its output rounded once.
+void swiglu_forward_bf16(uint16_t* out, uint16_t* gu, const float* pre, int64_t rows, int64_t F) {
+  swiglu_rows(rows, F, [&](int64_t r, int64_t j, int64_t n) {
+    const float* g = pre + r * 2 * F + j;
+    uint16_t* gr = gu + r * 2 * F + j;
+    float v[2][4], y[4];
+    for (int64_t i = 0; i < n; ++i) {
+      gr[i] = simd::round_bf16(g[i]), gr[F + i] = simd::round_bf16(g[F + i]);
+      v[0][i] = simd::widen_bf16(gr[i]), v[1][i] = simd::widen_bf16(gr[F + i]);
+    }
+    const simd::d4 g4 = load(v[0], n), u4 = load(v[1], n);
+    store(y, g4 * sigmoid4(g4) * u4, n);
+    for (int64_t i = 0; i < n; ++i) out[r * F + j + i] = simd::round_bf16(y[i]);
+  });
+}
+
+void swiglu_backward_bf16(float* dgu, const uint16_t* gu, const float* dout, int64_t rows,
+                          int64_t F) {
+  swiglu_rows(rows, F, [&](int64_t r, int64_t j, int64_t n) {
+    const uint16_t* g = gu + r * 2 * F + j;
+    float* dg = dgu + r * 2 * F + j;
+    float v[2][4];
+    for (int64_t i = 0; i < n; ++i) v[0][i] = simd::widen_bf16(g[i]), v[1][i] = simd::widen_bf16(g[F + i]);
+    const simd::d4 g4 = load(v[0], n), u4 = load(v[1], n), dy = load(dout + r * F + j, n);
+    const simd::d4 sg = sigmoid4(g4);
     const simd::d4 dsilu = sg * (simd::splat(1.0) + g4 * (simd::splat(1.0) - sg));
     store(dg, load(dg, n) + dy * u4 * dsilu, n);
     store(dg + F, load(dg + F, n) + dy * g4 * sg, n);
