@@ -271,9 +271,9 @@ TEST(GradReducer, BucketsEndAtReadyPoints) {
   c.base = g.data();
   // 40 floats a bucket; blocks start at 100 and 230 (given unsorted, as a layout may list them).
   GradReducer red(c, g.data(), g.size(), 160, {230, 100});
-  const std::vector<std::pair<size_t, size_t>> want = {
-      {260, 40}, {230, 30}, {190, 40}, {150, 40}, {110, 40}, {100, 10}, {60, 40}, {20, 40},
-      {0, 20}};
+  const std::vector<std::pair<size_t, size_t>> want = {{260, 40}, {230, 30}, {190, 40},
+                                                       {150, 40}, {110, 40}, {100, 10},
+                                                       {60, 40},  {20, 40},  {0, 20}};
   ASSERT_EQ(red.bucket_count(), want.size());
   red.ready_from(230);  // the top block: its two buckets, nothing of the next
   ASSERT_EQ(c.launches.size(), 2u);

@@ -69,9 +69,9 @@ TEST(Memory, PageBufferCommitFaultsReleasedPagesInForWriting) {
   const size_t first = (lo + page_floats - 1) / page_floats, stop = hi / page_floats;
   auto resident_pages = [&] {
     std::vector<unsigned char> in(stop - first);
-    EXPECT_EQ(mincore(reinterpret_cast<char*>(b.data()) + first * page, (stop - first) * page,
-                      in.data()),
-              0);
+    EXPECT_EQ(
+        mincore(reinterpret_cast<char*>(b.data()) + first * page, (stop - first) * page, in.data()),
+        0);
     size_t n = 0;
     for (unsigned char c : in) n += c & 1;
     return n;
