@@ -263,6 +263,33 @@ TEST(GradReducer, BucketsAreCutFromTheEnd) {
   for (const auto& l : c.launches) EXPECT_TRUE(l.waited);
 }
 
+// Buckets end at the points backward reports (block starts), so a bucket starts with the block
+// that finishes it: the one holding the first block's top does not take blocks above it along.
+TEST(GradReducer, BucketsEndAtReadyPoints) {
+  RecordingComm c;
+  std::vector<float> g(300);
+  c.base = g.data();
+  // 40 floats a bucket; blocks start at 100 and 230 (given unsorted, as a layout may list them).
+  GradReducer red(c, g.data(), g.size(), 160, {230, 100});
+  const std::vector<std::pair<size_t, size_t>> want = {{260, 40}, {230, 30}, {190, 40},
+                                                       {150, 40}, {110, 40}, {100, 10},
+                                                       {60, 40},  {20, 40},  {0, 20}};
+  ASSERT_EQ(red.bucket_count(), want.size());
+  red.ready_from(230);  // the top block: its two buckets, nothing of the next
+  ASSERT_EQ(c.launches.size(), 2u);
+  red.ready_from(100);
+  ASSERT_EQ(c.launches.size(), 6u);
+  red.finish();
+  ASSERT_EQ(c.launches.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(c.launches[i].offset, want[i].first) << i;
+    EXPECT_EQ(c.launches[i].n, want[i].second) << i;
+  }
+  // A bucket of the whole buffer stays one all-reduce.
+  GradReducer one(c, g.data(), g.size(), 300 * sizeof(float), {230, 100});
+  EXPECT_EQ(one.bucket_count(), 1u);
+}
+
 TEST(GradReducer, ReadyFromLaunchesOnlyFinishedBuckets) {
   RecordingComm c;
   std::vector<float> g(100);

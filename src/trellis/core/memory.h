@@ -36,7 +36,8 @@ class PageBuffer {
   float* data() { return data_; }
   const float* data() const { return data_; }
   size_t size() const { return floats_; }
-  // Counts the pages touching [begin, end) as live (they are, or are about to be, written).
+  // Counts the pages touching [begin, end) as live (they are, or are about to be, written) and
+  // faults those that were not in, writable and zero.
   void commit(size_t begin, size_t end);
   // Zeroes [begin, end) and returns the pages lying wholly inside it to the system.
   void release(size_t begin, size_t end);
@@ -44,6 +45,8 @@ class PageBuffer {
   int64_t committed_bytes() const { return committed_ * int64_t(page_); }
 
  private:
+  void populate(size_t first, size_t stop);  // pages [first, stop)
+
   float* data_ = nullptr;  // 2 MiB-aligned inside the mapping [base_, base_ + map_bytes_)
   void* base_ = nullptr;
   size_t floats_ = 0, bytes_ = 0, page_ = 0, map_bytes_ = 0;

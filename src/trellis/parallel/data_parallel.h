@@ -1,8 +1,9 @@
 #pragma once
 // Gradient reducer of replicated data parallelism (ZeRO-0 in parallel/zero.h; PyTorch DDP's
 // Reducer, simplified): the flat gradient buffer is cut into buckets from its end (the order in
-// which backward finishes gradients) and each bucket's all-reduce is launched as soon as its
-// gradients are final, overlapping backward.
+// which backward finishes gradients), also at every point where backward reports gradients final
+// (each block's start), and each bucket's all-reduce is launched as soon as its gradients are
+// final, overlapping backward.
 #include <cstddef>
 #include <memory>
 #include <vector>
@@ -13,8 +14,12 @@ namespace trellis {
 
 class GradReducer {
  public:
-  // grads: the flat gradient buffer of n floats; bucket_bytes: target bucket size.
-  GradReducer(Communicator& dp, float* grads, size_t n, size_t bucket_bytes);
+  // grads: the flat gradient buffer of n floats; bucket_bytes: the largest bucket; ready_points:
+  // the offsets ready_from will be called with (a bucket never spans one, so none waits for
+  // gradients finished later than most of it), unless bucket_bytes holds all n floats: then one
+  // bucket, launched when backward ends.
+  GradReducer(Communicator& dp, float* grads, size_t n, size_t bucket_bytes,
+              std::vector<size_t> ready_points = {});
   // Called during the last micro-batch's backward: gradients in [offset, n) are final. Launches
   // every bucket that lies entirely inside that range and polls in-flight ones for progress.
   void ready_from(size_t offset);

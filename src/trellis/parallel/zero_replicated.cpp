@@ -1,5 +1,6 @@
 // ZeRO-0: replicas that all-reduce their gradients in buckets while backward runs.
 #include <algorithm>
+#include <vector>
 
 #include "trellis/parallel/zero_strategies.h"
 
@@ -10,7 +11,13 @@ ReplicatedSync::ReplicatedSync(Communicator& dp, const ParamLayout& layout, size
   params_.commit(0, params_.size());
   grads_.commit(0, grads_.size());
   owned_ = {{0, n_}};
-  if (dp_size_ > 1) reducer_ = std::make_unique<GradReducer>(dp, grads_.data(), n_, bucket_bytes);
+  // Backward reports each block's start as its gradients become final (the trainer's
+  // on_block_done): the blocks' units begin there.
+  std::vector<size_t> block_starts;
+  for (const ZeroUnit& u : zero_units(layout))
+    if (u.layer >= 0) block_starts.push_back(u.begin);
+  if (dp_size_ > 1)
+    reducer_ = std::make_unique<GradReducer>(dp, grads_.data(), n_, bucket_bytes, block_starts);
 }
 
 ZeroFootprint ReplicatedSync::footprint(const ParamLayout& layout, int dp) {

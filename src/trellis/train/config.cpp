@@ -345,7 +345,9 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
                "gradients, reduced per block), 3 (and parameters, gathered per block); 2 and 3 "
                "without pp",
                &c.zero),
-      make_key("bucket_mb", "gradient all-reduce bucket size in MiB", &c.bucket_mb),
+      make_key("bucket_mb",
+               "largest gradient all-reduce bucket in MiB (buckets also end at each block's start)",
+               &c.bucket_mb),
       make_key("comm_timeout", "seconds a rank waits in one communication before aborting the job",
                &c.comm_timeout),
   };

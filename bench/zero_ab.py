@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""ZeRO-2 and ZeRO-3 against ZeRO-0 (issue 27 §3: a sharded step at most 1.15x a replicated one),
+for one or more binaries: baby, --dp 2 on one host (2 ranks, 1 thread each, shared memory),
+global batch 8 x 256, fp32. Each round runs every binary at every stage, alternating, so load from
+other jobs hits all alike; ms/step is the median of step_ms after the first 2 steps. Prints each
+round's runs, the ratios to ZeRO-0 within each round and their medians, the page faults per rank
+(perf stat, when perf is installed) and the memory counters.
+
+  /usr/bin/python3 bench/zero_ab.py BIN [BIN ...] [--steps 8] [--rounds 3] [--stages 0,2,3]
+
+Run it under `flock /work/measure.lock` on a shared machine and report `uptime` with it.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+BASE = ["--model", "baby", "--batch-size", "8", "--seq-len", "256", "--threads", "1",
+        "--val-every", "0", "--tensorboard", "false", "--quiet", "--seed", "1337",
+        "--precision", "fp32", "--dp", "2"]
+
+
+def load():
+    with open("/proc/loadavg") as f:
+        return f.read().split()[0]
+
+
+def run(binary, zero, steps, out):
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    perf = []
+    if shutil.which("perf"):
+        # One file per rank: perf expands no rank in -o, so each rank's shell names its own.
+        perf = ["sh", "-c", 'exec perf stat -e page-faults -x, -o "$0.$OMPI_COMM_WORLD_RANK" "$@"',
+                os.path.join(out, "perf")]
+    cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "--mca", "mpi_yield_when_idle", "1",
+           "-np", "2", *perf, binary, "train", *BASE, "--zero", str(zero), "--steps", str(steps),
+           "--out", out]
+    os.makedirs(out, exist_ok=True)
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    if p.returncode != 0:
+        sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+    rows = [json.loads(x) for x in open(os.path.join(out, "metrics.jsonl"))]
+    rows = [x for x in rows if "step_ms" in x]
+    timed = [x for x in rows if x["step"] > 2]
+    faults = []
+    for r in range(2):
+        path = os.path.join(out, f"perf.{r}")
+        if os.path.exists(path):
+            m = re.search(r"^(\d+),,page-faults", open(path).read(), re.M)
+            faults.append(int(m.group(1)) if m else -1)
+    return {"ms": statistics.median(x["step_ms"] for x in timed),
+            "exposed": statistics.median(x.get("comm_exposed_ms", 0.0) for x in timed),
+            "alloc_peak": rows[-1]["alloc_peak_bytes"], "mem": rows[-1]["mem_bytes"],
+            "faults": faults}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("binaries", nargs="+")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--stages", default="0,2,3")
+    a = ap.parse_args()
+    stages = [int(z) for z in a.stages.split(",")]
+    if stages[0] != 0:
+        sys.exit("--stages must start with 0 (the ratios' base)")
+    bins = [os.path.abspath(b) for b in a.binaries]
+    res = {(b, z): [] for b in bins for z in stages}
+    loads = [load()]
+    with tempfile.TemporaryDirectory(prefix="zero_ab_") as work:
+        for r in range(a.rounds):
+            for z in stages:
+                for i, b in enumerate(bins):
+                    x = run(b, z, a.steps, os.path.join(work, f"{i}_{z}_{r}"))
+                    res[(b, z)].append(x)
+                    print(f"  [load {load()}] round {r + 1} {b} zero {z}: {x['ms']:.0f} ms/step, "
+                          f"exposed {x['exposed']:.0f} ms, faults {x['faults']}",
+                          file=sys.stderr, flush=True)
+                    loads.append(load())
+    print(f"\n{a.rounds} rounds × {a.steps} steps (median of steps 3–{a.steps}); 1-minute load "
+          f"{min(loads, key=float)}–{max(loads, key=float)}\n")
+    print("| binary | ZeRO | ms/step, median (runs) | / ZeRO-0 per round (median) | exposed ms "
+          "| page faults per rank | alloc_peak_bytes | mem_bytes |")
+    print("|---|---|---|---|---|---|---|---|")
+    for b in bins:
+        for z in stages:
+            xs = res[(b, z)]
+            ratios = [x["ms"] / x0["ms"] for x, x0 in zip(xs, res[(b, 0)])]
+            faults = [f for x in xs for f in x["faults"]]
+            runs = " / ".join(f"{x['ms']:.0f}" for x in xs)
+            print(f"| {b} | {z} | {statistics.median(x['ms'] for x in xs):.0f} ({runs}) | "
+                  f"{' / '.join(f'{q:.2f}' for q in ratios)} ({statistics.median(ratios):.2f}) | "
+                  f"{statistics.median(x['exposed'] for x in xs):.0f} | "
+                  f"{statistics.median(faults) if faults else '-'} | {xs[-1]['alloc_peak']} | "
+                  f"{xs[-1]['mem']} |")
+
+
+if __name__ == "__main__":
+    main()
