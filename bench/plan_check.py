@@ -26,7 +26,8 @@ import subprocess
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts",
                       "netns_cluster.sh")
 
-# (world, train flags): world 1 and 2, ZeRO 0-3, recompute, tp (+sp), pp schedules, micro-batches.
+# (world, train flags): world 1 and 2, ZeRO 0-3, recompute, tp (+sp), the four pp schedules,
+# micro-batches.
 LAYOUTS = [
     (1, "--micro-batch-size 8"),
     (1, "--micro-batch-size 2"),
@@ -43,6 +44,7 @@ LAYOUTS = [
     (2, "--pp 2 --schedule 1f1b --micro-batch-size 2"),
     (2, "--pp 2 --schedule gpipe --micro-batch-size 1"),
     (2, "--pp 2 --schedule interleaved --virtual-stages 3 --micro-batch-size 2"),
+    (2, "--pp 2 --schedule zb1 --micro-batch-size 2"),
 ]
 
 
