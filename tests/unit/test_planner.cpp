@@ -2,11 +2,16 @@
 // its pipeline replay against the schedules' closed forms, the machine files, and the search.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 
 #include "trellis/core/error.h"
+#include "trellis/kernels/backend.h"
+#include "trellis/model/model_chunk.h"
+#include "trellis/model/params.h"
+#include "trellis/tensor_parallel/operators.h"
 #include "trellis/model/activation_memory.h"
 #include "trellis/model/family.h"
 #include "trellis/plan/calibrate.h"
@@ -384,6 +389,43 @@ TEST(PlannerCalibration, MemoryBoundBytesLeaveOutAttentionsSavedState) {
       EXPECT_DOUBLE_EQ(b256, 6 * (kept - lse)) << preset << " tp" << tp;
     }
   }
+}
+
+// The memory-bound rate is timed on a block run with every GEMM and attention kernel taken out:
+// if a GEMM entry point stays in (the Linear layers' gemm_operands once did), the "memory-bound"
+// time includes the matrix products and the rate comes out ~20x too slow. Without GEMMs no
+// weight matrix gets a gradient, while the norms and biases do.
+TEST(PlannerCalibration, MemoryBoundKernelsRunNoMatrixProduct) {
+  ModelConfig cfg = model_preset("baby");
+  cfg.n_layer = 2;
+  StageSpec chunk{{0, 1}, false, false};
+  const ParamLayout layout(cfg, 1, 0, &chunk);
+  std::vector<float> params(layout.size()), grads(layout.size(), 0.0f);
+  init_params(layout, 1, params.data());
+  TensorParallel single(nullptr, false);
+  const Backend* built_in = set_backend(Device::CPU, &memory_bound_kernels());
+  ModelChunk model(layout, params.data(), grads.data(), single, &chunk);
+  set_backend(Device::CPU, built_in);
+  Context ctx;
+  model.prepare(ctx, 2, 16);
+  // Varied values: a constant row would normalise to zero and give every weight a zero gradient.
+  for (int64_t i = 0; i < ctx.input.numel(); ++i) ctx.input.f32()[i] = float(i % 7) * 0.1f;
+  for (int64_t i = 0; i < ctx.doutput.numel(); ++i) ctx.doutput.f32()[i] = float(i % 5) * 0.01f;
+  model.forward(ctx, 1.0f);
+  model.backward(ctx, true);
+  int matrices = 0, others_with_gradient = 0;
+  for (const ParamSpec& p : layout.specs()) {
+    const auto g = grads.begin() + std::ptrdiff_t(p.offset);
+    const bool any = std::any_of(g, g + std::ptrdiff_t(p.numel()), [](float v) { return v != 0; });
+    if (p.decay) {
+      ++matrices;
+      EXPECT_FALSE(any) << p.name << " got a gradient: a GEMM ran";
+    } else {
+      others_with_gradient += any;
+    }
+  }
+  EXPECT_EQ(matrices, 2 * 4);  // q|k|v, attention out, MLP up and down per block
+  EXPECT_GT(others_with_gradient, 0);
 }
 
 // Across nodes over TCP a one-thread rank does not move ZeRO-0's all-reduce while it computes

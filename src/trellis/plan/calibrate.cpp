@@ -122,18 +122,30 @@ constexpr int64_t kBlockB = 8, kBlockT = 256;
 // out) weigh a quarter as much per block.
 constexpr int kBlockLayers = 4;
 
+}  // namespace
+
+const Backend& memory_bound_kernels() {
+  static const Backend k = [] {
+    Backend b = backend(Device::CPU);
+    b.gemm = [](auto...) {};
+    b.gemm_operands = [](auto...) {};
+    b.attention_forward = [](auto...) {};
+    b.attention_backward = [](auto...) {};
+    b.attention_forward_bf16 = [](auto...) {};
+    b.attention_backward_bf16 = [](auto...) {};
+    b.attention_cached = [](auto...) {};
+    return b;
+  }();
+  return k;
+}
+
+namespace {
+
 // Seconds of a GPT-2 block's memory-bound ops, forward and backward: the model's own blocks (a
 // pipeline chunk of kBlockLayers of them, no embedding nor head) run with the GEMMs and attention
 // taken out of the kernel table, so whatever else a block calls is timed, as ModelChunk calls it.
 double memory_bound_seconds(double seconds) {
   const ModelConfig cfg = memory_bound_block();
-  static Backend memory_bound_only = [] {
-    Backend k = backend(Device::CPU);
-    k.gemm = [](auto...) {};
-    k.attention_forward = [](auto...) {};
-    k.attention_backward = [](auto...) {};
-    return k;
-  }();
   StageSpec chunk{{}, false, false};
   for (int l = 0; l < kBlockLayers; ++l) chunk.layers.push_back(l);
   const ParamLayout layout(cfg, 1, 0, &chunk);
@@ -141,7 +153,7 @@ double memory_bound_seconds(double seconds) {
   init_params(layout, 1, params.data());
   TensorParallel single(nullptr, false);
   // The model takes its kernels at construction; the built-in table goes back at once.
-  const Backend* built_in = set_backend(Device::CPU, &memory_bound_only);
+  const Backend* built_in = set_backend(Device::CPU, &memory_bound_kernels());
   ModelChunk model(layout, params.data(), grads.data(), single, &chunk);
   set_backend(Device::CPU, built_in);
   Context ctx;

@@ -13,6 +13,7 @@
 namespace trellis {
 
 class Communicator;
+struct Backend;
 
 // Collective: every rank of `world` calls it. `seconds` bounds each measurement; the compute
 // measurements run `rounds` times, interleaved, and each kernel keeps its fastest round.
@@ -26,6 +27,11 @@ nlohmann::json calibrate_machine(Communicator& world, int gemm_size, double seco
 // steady_clock; tests pass a fake one).
 double time_per_call(const std::function<void()>& f, double seconds, int windows = 5,
                      const std::function<double()>& now = {});
+
+// The CPU kernels with every GEMM and attention kernel a no-op: a model run with them does
+// only its memory-bound work (norms, biases, activations, residuals, copies), which is what the
+// memory-bound rate is timed on. Every GEMM entry of Backend must be here.
+const Backend& memory_bound_kernels();
 
 // The smallest of samples (seconds): the fastest round of a measurement.
 double fastest_of(const std::vector<double>& samples);
