@@ -206,19 +206,22 @@ GemmFit fit_gemm_times(const std::vector<double>& seconds, int64_t cube, nlohman
   return fit_gemm(rows);
 }
 
-// Bytes/s of writing again pages given back with madvise(MADV_DONTNEED), beyond writing resident
-// ones: the page faults ZeRO-2/3 pay. `huge`: PageBuffer's 2 MiB pages (a whole range released);
-// otherwise 4 KiB pages, what the edges of a released range that do not fill a huge page become.
+// Bytes/s of writing again pages a PageBuffer gave back and committed again, beyond writing
+// resident ones: what ZeRO-2/3 pay for each released unit (release, commit, then the unit's
+// writes). `huge`: PageBuffer's 2 MiB pages (a whole range released); otherwise 4 KiB pages,
+// what the edges of a released range that do not fill a huge page become.
 double page_refill_bandwidth(bool huge, double seconds) {
-  const size_t bytes = size_t(64) << 20;
-  PageBuffer buf(bytes / sizeof(float));
+  const size_t bytes = size_t(64) << 20, floats = bytes / sizeof(float);
+  PageBuffer buf(floats);
   char* p = reinterpret_cast<char*>(buf.data());
   if (!huge) madvise(p, bytes, MADV_NOHUGEPAGE);
+  buf.commit(0, floats);
   std::memset(p, 1, bytes);
   const double resident = time_per_call([&] { std::memset(p, 1, bytes); }, seconds);
   const double refill = time_per_call(
       [&] {
-        madvise(p, bytes, MADV_DONTNEED);
+        buf.release(0, floats);
+        buf.commit(0, floats);
         std::memset(p, 1, bytes);
       },
       seconds);
