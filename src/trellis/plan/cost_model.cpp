@@ -257,7 +257,6 @@ struct StepSetting {
   double stream;          // weights, gradients, optimizer state
   const Link* dp_link;
   const Link* pp_link;
-  bool dp_inside_node;
   double tp_coll;  // one of a block's tensor-parallel all-reduces (or its SP pair)
 };
 
@@ -283,8 +282,7 @@ StepSetting step_setting(const CostInputs& in, const Machine& machine) {
       machine.attention_flops > 0 && !megatron ? machine.attention_flops : gemm_rate;
   // Mesh order: TP fastest, then DP, then PP; a group is inside a node when its span is.
   const Link& tp_link = (t <= R && R % t == 0) ? machine.intra : machine.inter;
-  const bool dp_inside_node = t * L.dp <= R;
-  const Link& dp_link = dp_inside_node ? machine.intra : machine.inter;
+  const Link& dp_link = t * L.dp <= R ? machine.intra : machine.inter;
   const Link& pp_link = t * L.dp * pp <= R ? machine.intra : machine.inter;
   // Each of a block's tensor-parallel all-reduces; sequence parallelism replaces one by an
   // all-gather and a reduce-scatter of the same activation, each at its own calibrated fit.
@@ -310,7 +308,6 @@ StepSetting step_setting(const CostInputs& in, const Machine& machine) {
           .stream = machine.memory_bandwidth,
           .dp_link = &dp_link,
           .pp_link = &pp_link,
-          .dp_inside_node = dp_inside_node,
           .tp_coll = tp_coll};
 }
 
@@ -491,6 +488,9 @@ void add_data_parallel_sync(StepCost& out, const StepSetting& x, double stage_fl
                         units * (dp - 1) * dp_link.step_seconds(collective, 4)
                   : 0.0;
   };
+  // ZeRO-2/3: one micro-batch's reduce-scatters and one gather of every unit.
+  const double scatter = L.zero >= 2 ? per_unit("reduce_scatter", grad_bytes) : 0;
+  const double gather = L.zero >= 2 ? per_unit("all_gather", param_bytes) : 0;
   switch (L.zero) {
     case 0:
       out.dp_comm_total_s = ring_all_reduce(grad_bytes, dp, dp_link);
@@ -500,12 +500,10 @@ void add_data_parallel_sync(StepCost& out, const StepSetting& x, double stage_fl
                             ring_half("all_gather", param_bytes, dp, dp_link);
       break;
     case 2:  // a reduce-scatter per unit per micro-batch, one gather after the update
-      out.dp_comm_total_s =
-          m * per_unit("reduce_scatter", grad_bytes) + per_unit("all_gather", param_bytes);
+      out.dp_comm_total_s = m * scatter + gather;
       break;
     default:  // and each block's parameters gathered before its forward and its backward
-      out.dp_comm_total_s =
-          m * (per_unit("reduce_scatter", grad_bytes) + 2 * per_unit("all_gather", param_bytes));
+      out.dp_comm_total_s = m * (scatter + 2 * gather);
   }
   // ZeRO-2/3 give pages back after each unit (its gradients every micro-batch; ZeRO-3 also the
   // blocks' parameters after forward and after backward); writing them again faults them in.
@@ -524,14 +522,22 @@ void add_data_parallel_sync(StepCost& out, const StepSetting& x, double stage_fl
         m * (refill(grad_bytes) + (L.zero == 3 ? 2 * refill(param_bytes) : 0));
   }
   out.dp_comm_s = out.dp_comm_total_s;
-  if (!x.megatron && L.zero == 0 && x.pp == 1 && dp > 1 && x.dp_inside_node) {
-    // The bucketed reducer starts as the last micro-batch's backward finishes blocks; the last
-    // bucket (about one block's share) is always exposed. Between nodes (TCP) nothing is
-    // hidden: a rank's one thread advances a non-blocking all-reduce only when it tests it
-    // between blocks (bench/RESULTS.md, the planner across nodes: dp2 at 1 Gbit/s).
+  if (!x.megatron && x.pp == 1 && dp > 1 && L.zero != 1) {
+    // Each rank's progress thread moves non-blocking collectives while it computes, inside a
+    // node and across nodes alike (bench/RESULTS.md, communication that progresses during
+    // compute). A pass's collectives start at block boundaries and hide behind the rest of the
+    // pass, all but the last unit's share: ZeRO-0's buckets behind the last micro-batch's
+    // backward; ZeRO-2's reduce-scatters behind each backward and its gathers, prefetched a
+    // block ahead, behind the next forward; ZeRO-3's gathers behind forward and backward too.
+    // ZeRO-1 reduces and gathers after backward: nothing to hide behind.
     const double blocks = double(x.mc.total_layers()) + 1;
-    out.dp_comm_s = std::max(out.dp_comm_total_s - first_chunk.bwd() * (blocks - 1) / blocks,
-                             out.dp_comm_total_s / blocks);
+    const auto exposed = [&](double comm, double pass) {
+      return std::max(comm - pass * (blocks - 1) / blocks, comm / blocks);
+    };
+    const double fwd = first_chunk.fwd(), bwd = first_chunk.bwd();
+    out.dp_comm_s = L.zero == 0   ? exposed(out.dp_comm_total_s, bwd)
+                    : L.zero == 2 ? m * exposed(scatter, bwd) + exposed(gather, fwd)
+                                  : m * (exposed(gather, fwd) + exposed(gather + scatter, bwd));
   }
   // AdamW reads weights, gradients and two moments and writes three of them: 28 bytes per owned
   // parameter at memory bandwidth.

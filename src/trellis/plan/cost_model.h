@@ -54,7 +54,8 @@ struct Layout {
 // Whose kernels and communication the model describes. Trellis: fp32 activations and
 // tensor-parallel/pipeline traffic, fp32 gradient sync, trellis's selective policy (attention and
 // the MLP's up projection) and full policy (reruns the forward's collectives except the MLP's),
-// the gradient all-reduce overlapped with backward for ZeRO-0 without a pipeline inside a node.
+// without a pipeline the data-parallel collectives of ZeRO-0/2/3 overlapped with the passes
+// (the progress thread), ZeRO-1's after backward.
 // Megatron: Megatron-LM as in Narayanan et al. 2021: fp16 activations and traffic, fp16 gradient
 // all-reduce after the step's backward (not overlapped), pipeline sends divided by t
 // (scatter/gather), full recompute reruns both of a block's collectives.
