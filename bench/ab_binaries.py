@@ -17,6 +17,8 @@ import statistics
 import subprocess
 import tempfile
 
+import ab_rounds
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = {"baby": ["--model", "baby", "--batch-size", 8, "--seq-len", 256],
            "gpt2": ["--model", "gpt2", "--batch-size", 4, "--seq-len", 64]}
@@ -52,11 +54,10 @@ def main():
         args = CONFIGS[name] + ["--steps", o.steps, "--threads", o.threads, "--save-every", 0]
         if name == "gpt2":
             args += ["--data", gpt2_data]
-        runs = {"a": [], "b": []}
-        for r in range(o.repeats):
-            for side in ("a", "b"):
-                out = os.path.join(tmp, f"{name}_{side}_{r}")
-                runs[side].append(ms_per_step(getattr(o, side), args, out))
+        runs, _ = ab_rounds.alternate(
+            o.repeats, ("a", "b"),
+            lambda side, r: ms_per_step(getattr(o, side), args,
+                                        os.path.join(tmp, f"{name}_{side}_{r}")))
         a, b = statistics.median(runs["a"]), statistics.median(runs["b"])
         print(f"| {name} | {a:.1f} | {b:.1f} | {a / b:.3f} | "
               f"A {', '.join(f'{x:.0f}' for x in runs['a'])}; "

@@ -24,6 +24,8 @@ import subprocess
 import sys
 import tempfile
 
+import ab_rounds
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = ["--model", "baby", "--batch-size", "8", "--seq-len", "256", "--threads", "1",
         "--val-every", "0", "--tensorboard", "false", "--quiet", "--seed", "1337",
@@ -31,11 +33,6 @@ BASE = ["--model", "baby", "--batch-size", "8", "--seq-len", "256", "--threads",
 CONFIGS = {"dp2": ["--dp", "2"], "zero2": ["--dp", "2", "--zero", "2"],
            "zero3": ["--dp", "2", "--zero", "3"], "tp2": ["--tp", "2"],
            "pp2": ["--pp", "2", "--micro-batch-size", "2", "--schedule", "1f1b"]}
-
-
-def load():
-    with open("/proc/loadavg") as f:
-        return f.read().split()[0]
 
 
 def run(trellis, extra, steps, progress, out, poll_us):
@@ -65,20 +62,14 @@ def main():
     a = ap.parse_args()
     trellis = os.path.abspath(a.trellis)
     names = a.configs.split(",")
-    res = {(n, on): [] for n in names for on in (False, True)}
-    loads = [load()]
     with tempfile.TemporaryDirectory(prefix="progress_ab_") as work:
-        for r in range(a.repeats):
-            for n in names:
-                for on in (False, True):
-                    out = os.path.join(work, f"{n}_{int(on)}_{r}")
-                    res[(n, on)].append(run(trellis, CONFIGS[n], a.steps, on, out, a.poll_us))
-                    print(f"  [load {load()}] {n} progress {'on' if on else 'off'}: "
-                          f"{res[(n, on)][-1][0]:.0f} ms/step, exposed {res[(n, on)][-1][1]:.0f} ms",
-                          file=sys.stderr, flush=True)
-                    loads.append(load())
-    print(f"\n{a.repeats} rounds × {a.steps} steps; 1-minute load "
-          f"{min(loads, key=float)}–{max(loads, key=float)}\n")
+        res, loads = ab_rounds.alternate(
+            a.repeats, [(n, on) for n in names for on in (False, True)],
+            lambda c, r: run(trellis, CONFIGS[c[0]], a.steps, c[1],
+                             os.path.join(work, f"{c[0]}_{int(c[1])}_{r}"), a.poll_us),
+            lambda c, r, x: f"{c[0]} progress {'on' if c[1] else 'off'}: {x[0]:.0f} ms/step, "
+                            f"exposed {x[1]:.0f} ms")
+    print(f"\n{a.repeats} rounds × {a.steps} steps; 1-minute load {ab_rounds.load_range(loads)}\n")
     print("| config (baby, 2 ranks, 1 thread each) | off: ms/step (runs) | on: ms/step (runs) "
           "| on/off step time | exposed ms off / on |")
     print("|---|---|---|---|---|")

@@ -53,13 +53,14 @@ def naive_bayes(train, val, k, alpha):
     return [predict(feats) for _, feats in val]
 
 
-def text_decoder(meta):
+def text_decoder(meta, directory):
     """Token ids -> text for byte and GPT-2 data (None for others)."""
     if meta.get("tokenizer") == "byte":
         return lambda ids: bytes(t for t in ids if t < 256).decode("utf-8", "replace")
     if meta.get("tokenizer") != "gpt2":
         return None
-    gpt2_dir = meta.get("tokenizer_dir") or ""
+    # A relative tokenizer_dir is relative to the data directory (as trellis reads it).
+    gpt2_dir = os.path.join(directory, meta.get("tokenizer_dir") or "")
     if not os.path.exists(os.path.join(gpt2_dir, "encoder.json")):
         gpt2_dir = os.path.join(os.path.dirname(__file__), "..", "tests", "data", "gpt2")
     with open(os.path.join(gpt2_dir, "encoder.json")) as f:
@@ -96,7 +97,7 @@ def classify(directory):
               "majority": {"accuracy": acc([majority] * len(val)),
                            "macro_f1": macro_f1(labels, [majority] * len(val), k)},
               "bag_of_words_nb": {"accuracy": acc(bow), "macro_f1": macro_f1(labels, bow, k)}}
-    decode = text_decoder(meta)
+    decode = text_decoder(meta, directory)
     if decode:
         chars = naive_bayes([(y, char_ngrams(decode(src))) for y, src, _ in train],
                             [(y, char_ngrams(decode(src))) for y, src, _ in val], k, 0.1)

@@ -20,14 +20,11 @@ import subprocess
 import sys
 import tempfile
 
+import ab_rounds
+
 BASE = ["--model", "baby", "--batch-size", "8", "--seq-len", "256", "--threads", "1",
         "--val-every", "0", "--tensorboard", "false", "--quiet", "--seed", "1337",
         "--precision", "fp32", "--dp", "2"]
-
-
-def load():
-    with open("/proc/loadavg") as f:
-        return f.read().split()[0]
 
 
 def run(binary, zero, steps, out):
@@ -70,20 +67,14 @@ def main():
     if stages[0] != 0:
         sys.exit("--stages must start with 0 (the ratios' base)")
     bins = [os.path.abspath(b) for b in a.binaries]
-    res = {(b, z): [] for b in bins for z in stages}
-    loads = [load()]
     with tempfile.TemporaryDirectory(prefix="zero_ab_") as work:
-        for r in range(a.rounds):
-            for z in stages:
-                for i, b in enumerate(bins):
-                    x = run(b, z, a.steps, os.path.join(work, f"{i}_{z}_{r}"))
-                    res[(b, z)].append(x)
-                    print(f"  [load {load()}] round {r + 1} {b} zero {z}: {x['ms']:.0f} ms/step, "
-                          f"exposed {x['exposed']:.0f} ms, faults {x['faults']}",
-                          file=sys.stderr, flush=True)
-                    loads.append(load())
+        res, loads = ab_rounds.alternate(
+            a.rounds, [(b, z) for z in stages for b in bins],
+            lambda c, r: run(*c, a.steps, tempfile.mkdtemp(prefix=f"{c[1]}_{r}_", dir=work)),
+            lambda c, r, x: f"round {r + 1} {c[0]} zero {c[1]}: {x['ms']:.0f} ms/step, "
+                            f"exposed {x['exposed']:.0f} ms, faults {x['faults']}")
     print(f"\n{a.rounds} rounds × {a.steps} steps (median of steps 3–{a.steps}); 1-minute load "
-          f"{min(loads, key=float)}–{max(loads, key=float)}\n")
+          f"{ab_rounds.load_range(loads)}\n")
     print("| binary | ZeRO | ms/step, median (runs) | / ZeRO-0 per round (median) | exposed ms "
           "| page faults per rank | alloc_peak_bytes | mem_bytes |")
     print("|---|---|---|---|---|---|---|---|")

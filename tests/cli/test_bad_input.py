@@ -1,7 +1,8 @@
 """Bad input: one line naming the problem on stderr, exit code 2, nothing half-written."""
+import json
 import os
 
-from trellis_test import (TMP, check, expect_error, fresh_dir, run, shard_header,
+from trellis_test import (SOURCE, TMP, check, expect_error, fresh_dir, run, shard_header,
                           write_text_corpus)
 
 
@@ -105,6 +106,23 @@ with open(os.path.join(broken, "vocab.bpe"), "w") as f:
     f.write("#version: 0.2\n")
 expect_error(["prepare", "--input", corpus, "--out", fresh_dir("p2"), "--tokenizer", "gpt2",
               "--tokenizer-dir", broken], "encoder.json")
+# A model vocabulary larger than the GPT-2 tokenizer's (a task directory whose meta.json claims
+# more ids) cannot have subword n-grams: there are no bytes to cut for the ids beyond it.
+wide = fresh_dir("wide_vocab")
+with open(os.path.join(wide, "labels.tsv"), "w") as f:
+    f.write("sentence\tlabel\n" + "".join(f"text {i}\t{i % 2}\n" for i in range(8)))
+run(["prepare", "--task", "classify", "--input", os.path.join(wide, "labels.tsv"),
+     "--out", os.path.join(wide, "data"), "--val-fraction", 0.25])
+with open(os.path.join(wide, "data", "meta.json")) as f:
+    meta = json.load(f)
+meta.update(tokenizer="gpt2", vocab_size=50300,
+            tokenizer_dir=os.path.join(SOURCE, "tests", "data", "gpt2"))
+with open(os.path.join(wide, "data", "meta.json"), "w") as f:
+    json.dump(meta, f)
+expect_error(["train", "--model", "encoder-tiny", "--steps", 1, "--batch-size", 2, "--quiet",
+              "--threads", 1, "--data", os.path.join(wide, "data"), "--subword-ngrams", 64,
+              "--out", fresh_dir("o_sw")],
+             "subword_ngrams", "vocabulary (50300)", "tokenizer's (50257)")
 
 # A checkpoint of another model is refused on resume, naming the differing config.json key (a
 # tied head would otherwise leave lm_head at zero), and config.json values trellis cannot

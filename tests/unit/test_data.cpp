@@ -23,6 +23,7 @@
 #include "trellis/data/sentencepiece.h"
 #include "trellis/data/shard.h"
 #include "trellis/data/tokenizer.h"
+#include "trellis/data/tokenizer_dir.h"
 
 namespace fs = std::filesystem;
 
@@ -461,6 +462,26 @@ TEST(Prepare, Gpt2InsertsEotBetweenDocuments) {
   EXPECT_EQ(c.vocab_size, 50257);
   EXPECT_TRUE(fs::path(c.tokenizer_dir).is_absolute());
   EXPECT_TRUE(fs::exists(fs::path(c.tokenizer_dir) / "encoder.json"));
+}
+
+// meta.json's tokenizer_dir: relative when the tokenizer lies in the data directory or beside it
+// (at most one level up, not the parent itself), absolute otherwise; read relative to the data
+// directory, an absolute one as it is.
+TEST(Prepare, TokenizerDirIsRelativeInOrBesideTheDataDirectory) {
+  EXPECT_EQ(recorded_tokenizer_dir("/d/data/lm/tok", "/d/data/lm"), "tok");
+  EXPECT_EQ(recorded_tokenizer_dir("/d/data/gpt2/", "/d/data/lm"), "../gpt2");
+  EXPECT_EQ(recorded_tokenizer_dir("/d/data/x/../gpt2", "/d/data/lm/"), "../gpt2");
+  EXPECT_EQ(recorded_tokenizer_dir("/d/data/lm", "/d/data/lm"), ".");
+  EXPECT_EQ(recorded_tokenizer_dir("/d/data", "/d/data/lm"), "/d/data");
+  EXPECT_EQ(recorded_tokenizer_dir("/d/other/gpt2", "/d/data/lm"), "/d/other/gpt2");
+  EXPECT_EQ(recorded_tokenizer_dir("", "/d/data/lm"), "");
+  EXPECT_EQ(resolved_tokenizer_dir("../gpt2", "/d/data/lm"), "/d/data/gpt2");
+  EXPECT_EQ(resolved_tokenizer_dir("/d/other/gpt2", "/d/data/lm"), "/d/other/gpt2");
+  EXPECT_EQ(resolved_tokenizer_dir("", "/d/data/lm"), "");
+  // Relative arguments are taken from the working directory, as prepare's are.
+  const std::string cwd = fs::current_path().lexically_normal().string();
+  EXPECT_EQ(recorded_tokenizer_dir("gpt2", "out"), "../gpt2");
+  EXPECT_EQ(resolved_tokenizer_dir("../gpt2", "out"), (fs::path(cwd) / "gpt2").string());
 }
 
 // Documents (issue 15): prepare records each file's start in the index beside its shard; streams

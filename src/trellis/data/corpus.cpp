@@ -8,6 +8,7 @@
 #include "trellis/core/error.h"
 #include "trellis/data/shard.h"
 #include "trellis/data/tokenizer.h"
+#include "trellis/data/tokenizer_dir.h"
 
 namespace trellis {
 
@@ -52,13 +53,10 @@ void read_meta(const std::string& dir, Corpus& c) {
                   "{}: unknown tokenizer '{}' (expected 'byte', 'gpt2' or 'sentencepiece')", path,
                   c.tokenizer);
   TRELLIS_REQUIRE(c.vocab_size > 0, "{}: vocab_size {} is not positive", path, c.vocab_size);
-  // prepare writes an absolute path; a hand-written relative one is taken relative to the data
-  // directory, the only base that does not depend on where trellis happens to be started.
   // A SentencePiece model is the directory's own tokenizer.model.
   if (c.tokenizer == "sentencepiece")
     c.tokenizer_dir = fs::absolute(dir).lexically_normal().string();
-  if (!c.tokenizer_dir.empty() && fs::path(c.tokenizer_dir).is_relative())
-    c.tokenizer_dir = (fs::absolute(dir) / c.tokenizer_dir).lexically_normal().string();
+  c.tokenizer_dir = resolved_tokenizer_dir(c.tokenizer_dir, dir);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 
 #include "trellis/core/atomic_file.h"
 #include "trellis/core/error.h"
+#include "trellis/data/tokenizer_dir.h"
 
 namespace trellis {
 
@@ -140,6 +141,7 @@ TaskMeta read_task_meta(const std::string& dir) {
   // A SentencePiece model is the directory's own tokenizer.model.
   if (m.tokenizer == "sentencepiece")
     m.tokenizer_dir = fs::absolute(dir).lexically_normal().string();
+  m.tokenizer_dir = resolved_tokenizer_dir(m.tokenizer_dir, dir);
   TRELLIS_REQUIRE(m.task == "classify" || m.task == "translate",
                   "{}: task '{}' is not classify or translate", path, m.task);
   TRELLIS_REQUIRE(m.task != "classify" || m.classes.size() >= 2,

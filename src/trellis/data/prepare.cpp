@@ -19,6 +19,7 @@
 #include "trellis/data/doc_index.h"
 #include "trellis/data/shard.h"
 #include "trellis/data/tokenizer.h"
+#include "trellis/data/tokenizer_dir.h"
 
 namespace trellis {
 
@@ -586,11 +587,11 @@ PrepareResult prepare_dataset(const PrepareOptions& opt) {
 
   nlohmann::json meta;
   meta["tokenizer"] = tok.kind();
-  // Absolute, so the data directory stays usable from any working directory.
-  // (SentencePiece's model is in the directory itself: none.)
-  meta["tokenizer_dir"] = opt.tokenizer_dir.empty() || toks.sentencepiece
-                              ? std::string()
-                              : fs::absolute(opt.tokenizer_dir).string();
+  // Relative to the data directory when the tokenizer lies in or beside it, else absolute: usable
+  // from any working directory, and after moving the two together. (SentencePiece's model is in
+  // the directory itself: none.)
+  meta["tokenizer_dir"] =
+      toks.sentencepiece ? std::string() : recorded_tokenizer_dir(opt.tokenizer_dir, opt.out_dir);
   meta["vocab_size"] = tok.vocab_size();
   meta["train_tokens"] = n_train;
   meta["val_tokens"] = n_val;

@@ -13,6 +13,7 @@
 #include "trellis/core/philox.h"
 #include "trellis/data/task_readers.h"
 #include "trellis/data/tokenizer.h"
+#include "trellis/data/tokenizer_dir.h"
 
 namespace trellis {
 
@@ -33,10 +34,9 @@ std::vector<uint32_t> encode(const Tokenizer& tok, const std::string& text) {
 // new id after its vocabulary (task_special_token).
 void set_token_meta(TaskMeta& m, const Tokenizer& tok, const TaskPrepareOptions& opt) {
   m.tokenizer = tok.kind();
-  // SentencePiece's model is in the directory itself.
-  m.tokenizer_dir = opt.tokenizer_dir.empty() || m.tokenizer == "sentencepiece"
-                        ? ""
-                        : fs::absolute(opt.tokenizer_dir).string();
+  // SentencePiece's model is in the directory itself; a GPT-2 one is recorded as prepare.cpp does.
+  m.tokenizer_dir =
+      m.tokenizer == "sentencepiece" ? "" : recorded_tokenizer_dir(opt.tokenizer_dir, opt.out_dir);
   const SpecialToken special = task_special_token(tok);
   m.special_token = special.id;
   m.vocab_size = special.vocab_size;

@@ -49,4 +49,15 @@ inline void store8_bf16_partial(uint16_t* p, f8 x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) p[i] = round_bf16(x[i]);
 }
 
+// 8 float lanes of either storage, so one kernel body serves fp32 and bf16 tensors: widened
+// exactly on load, rounded once on store (an fp32 store keeps the value).
+inline f8 load8_widened(const float* p) { return load8(p); }
+inline f8 load8_widened(const uint16_t* p) { return load8_bf16(p); }
+inline f8 load8_widened(const float* p, int64_t n) { return load8_partial(p, n); }
+inline f8 load8_widened(const uint16_t* p, int64_t n) { return load8_bf16_partial(p, n); }
+inline void store8_rounded(float* p, f8 x) { store8(p, x); }
+inline void store8_rounded(uint16_t* p, f8 x) { store8_bf16(p, x); }
+inline void store8_rounded(float* p, f8 x, int64_t n) { store8_partial(p, x, n); }
+inline void store8_rounded(uint16_t* p, f8 x, int64_t n) { store8_bf16_partial(p, x, n); }
+
 }  // namespace trellis::simd

@@ -48,84 +48,71 @@ void gelu_forward(float* out, const float* inp, int64_t n) {
   }
 }
 
-void gelu_bias_forward(float* out, float* inp, const float* bias, int64_t rows, int64_t C) {
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    float *x = inp + r * C, *y = out + r * C;
-    int64_t c = 0;
-    for (; c + 8 <= C; c += 8) {
-      const simd::f8 v = simd::load8(x + c) + simd::load8(bias + c);
-      simd::store8(x + c, v);
-      simd::store8(y + c, gelu_fwd8(v));
-    }
-    if (c < C) {
-      const int64_t n = C - c;
-      const simd::f8 v = simd::load8_partial(x + c, n) + simd::load8_partial(bias + c, n);
-      simd::store8_partial(x + c, v, n);
-      simd::store8_partial(y + c, gelu_fwd8(v), n);
-    }
-  }
-}
-
-void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < n; c += kChunk) {
-    const int64_t end = std::min(n, c + kChunk);
-    int64_t i = c;
-    for (; i + 8 <= end; i += 8)
-      simd::store8(dinp + i,
-                   simd::load8(dinp + i) + gelu_bwd8(simd::load8(inp + i), simd::load8(dout + i)));
-    if (i < end) {
-      const int64_t r = end - i;
-      simd::store8_partial(
-          dinp + i,
-          simd::load8_partial(dinp + i, r) +
-              gelu_bwd8(simd::load8_partial(inp + i, r), simd::load8_partial(dout + i, r)),
-          r);
-    }
-  }
-}
-
-void gelu_forward_bf16(uint16_t* out, uint16_t* up, const float* pre, const float* bias,
-                       int64_t rows, int64_t C) {
+namespace {
+// up[r, :] = pre[r, :] (+ bias, when not null) stored as T, out = GELU of the stored value, so a
+// bf16 kernel is the fp32 one on rounded values. (fp32: pre and up are the same rows.)
+template <class T>
+void gelu_bias_rows(T* out, T* up, const float* pre, const float* bias, int64_t rows, int64_t C) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     const float* x = pre + r * C;
-    uint16_t *u = up + r * C, *y = out + r * C;
+    T *u = up + r * C, *y = out + r * C;
     int64_t c = 0;
     for (; c + 8 <= C; c += 8) {
-      simd::store8_bf16(u + c, bias ? simd::load8(x + c) + simd::load8(bias + c) : simd::load8(x + c));
-      simd::store8_bf16(y + c, gelu_fwd8(simd::load8_bf16(u + c)));  // of the rounded value
+      simd::store8_rounded(u + c,
+                           bias ? simd::load8(x + c) + simd::load8(bias + c) : simd::load8(x + c));
+      simd::store8_rounded(y + c, gelu_fwd8(simd::load8_widened(u + c)));
     }
     if (c < C) {
       const int64_t n = C - c;
       const simd::f8 v = simd::load8_partial(x + c, n);
-      simd::store8_bf16_partial(u + c, bias ? v + simd::load8_partial(bias + c, n) : v, n);
-      simd::store8_bf16_partial(y + c, gelu_fwd8(simd::load8_bf16_partial(u + c, n)), n);
+      simd::store8_rounded(u + c, bias ? v + simd::load8_partial(bias + c, n) : v, n);
+      simd::store8_rounded(y + c, gelu_fwd8(simd::load8_widened(u + c, n)), n);
     }
   }
 }
 
-void gelu_backward_bf16(float* dinp, const uint16_t* inp, const float* dout, int64_t n) {
+// dinp += GELU'(inp) dout, inp stored as T.
+template <class T>
+void gelu_backward_lanes(float* dinp, const T* inp, const float* dout, int64_t n) {
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < n; c += kChunk) {
     const int64_t end = std::min(n, c + kChunk);
     int64_t i = c;
     for (; i + 8 <= end; i += 8)
       simd::store8(dinp + i, simd::load8(dinp + i) +
-                                 gelu_bwd8(simd::load8_bf16(inp + i), simd::load8(dout + i)));
+                                 gelu_bwd8(simd::load8_widened(inp + i), simd::load8(dout + i)));
     if (i < end) {
       const int64_t r = end - i;
       simd::store8_partial(
           dinp + i,
           simd::load8_partial(dinp + i, r) +
-              gelu_bwd8(simd::load8_bf16_partial(inp + i, r), simd::load8_partial(dout + i, r)),
+              gelu_bwd8(simd::load8_widened(inp + i, r), simd::load8_partial(dout + i, r)),
           r);
     }
   }
 }
+}  // namespace
+
+void gelu_bias_forward(float* out, float* inp, const float* bias, int64_t rows, int64_t C) {
+  gelu_bias_rows(out, inp, inp, bias, rows, C);
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
+  gelu_backward_lanes(dinp, inp, dout, n);
+}
+
+void gelu_forward_bf16(uint16_t* out, uint16_t* up, const float* pre, const float* bias,
+                       int64_t rows, int64_t C) {
+  gelu_bias_rows(out, up, pre, bias, rows, C);
+}
+
+void gelu_backward_bf16(float* dinp, const uint16_t* inp, const float* dout, int64_t n) {
+  gelu_backward_lanes(dinp, inp, dout, n);
+}
 
 // SwiGLU in double, 4 lanes at a time, for the same reason as GELU; element-wise, so deterministic.
+// A bf16 model's gate | up is kept in bf16: widened on load, the output rounded once on store.
 namespace {
 inline simd::d4 sigmoid4(simd::d4 g) {
   return simd::splat(1.0) / (simd::splat(1.0) + simd::exp(-g));
@@ -143,25 +130,39 @@ void swiglu_rows(int64_t rows, int64_t F, Fn f) {
 inline simd::d4 load(const float* p, int64_t n) {
   return n == 4 ? simd::load4(p) : simd::load_partial(p, n);
 }
+inline simd::d4 load(const uint16_t* p, int64_t n) {
+  float v[4];
+  for (int64_t i = 0; i < n; ++i) v[i] = simd::widen_bf16(p[i]);
+  return load(v, n);
+}
 inline void store(float* p, simd::d4 x, int64_t n) {
   if (n == 4)
     simd::store4(p, x);
   else
     simd::store_partial(p, x, n);
 }
-}  // namespace
+inline void store(uint16_t* p, simd::d4 x, int64_t n) {
+  float y[4];
+  store(y, x, n);
+  for (int64_t i = 0; i < n; ++i) p[i] = simd::round_bf16(y[i]);
+}
 
-void swiglu_forward(float* out, const float* gu, int64_t rows, int64_t F) {
+// out = silu(gate) * up over gu stored as T; before(r, j, n) runs first on each group (bf16:
+// rounds the group's gate and up into gu).
+template <class T, class Before>
+void swiglu_forward_lanes(T* out, const T* gu, int64_t rows, int64_t F, Before before) {
   swiglu_rows(rows, F, [&](int64_t r, int64_t j, int64_t n) {
-    const float* g = gu + r * 2 * F + j;
+    before(r, j, n);
+    const T* g = gu + r * 2 * F + j;
     const simd::d4 g4 = load(g, n), u4 = load(g + F, n);
     store(out + r * F + j, g4 * sigmoid4(g4) * u4, n);
   });
 }
 
-void swiglu_backward(float* dgu, const float* gu, const float* dout, int64_t rows, int64_t F) {
+template <class T>
+void swiglu_backward_lanes(float* dgu, const T* gu, const float* dout, int64_t rows, int64_t F) {
   swiglu_rows(rows, F, [&](int64_t r, int64_t j, int64_t n) {
-    const float* g = gu + r * 2 * F + j;
+    const T* g = gu + r * 2 * F + j;
     float* dg = dgu + r * 2 * F + j;
     const simd::d4 g4 = load(g, n), u4 = load(g + F, n), dy = load(dout + r * F + j, n);
     const simd::d4 sg = sigmoid4(g4);
@@ -171,37 +172,30 @@ void swiglu_backward(float* dgu, const float* gu, const float* dout, int64_t row
     store(dg + F, load(dg + F, n) + dy * g4 * sg, n);
   });
 }
+}  // namespace
 
-// bf16 SwiGLU: gate and up rounded from the GEMM's output into gu, then the fp32 kernel's
-// double lanes on the rounded values, its output rounded once.
+void swiglu_forward(float* out, const float* gu, int64_t rows, int64_t F) {
+  swiglu_forward_lanes(out, gu, rows, F, [](int64_t, int64_t, int64_t) {});
+}
+
+void swiglu_backward(float* dgu, const float* gu, const float* dout, int64_t rows, int64_t F) {
+  swiglu_backward_lanes(dgu, gu, dout, rows, F);
+}
+
+// bf16: gate and up rounded from the GEMM's output into gu, then the fp32 kernel's double lanes
+// on the rounded values, its output rounded once.
 void swiglu_forward_bf16(uint16_t* out, uint16_t* gu, const float* pre, int64_t rows, int64_t F) {
-  swiglu_rows(rows, F, [&](int64_t r, int64_t j, int64_t n) {
+  swiglu_forward_lanes(out, gu, rows, F, [&](int64_t r, int64_t j, int64_t n) {
     const float* g = pre + r * 2 * F + j;
     uint16_t* gr = gu + r * 2 * F + j;
-    float v[2][4], y[4];
-    for (int64_t i = 0; i < n; ++i) {
+    for (int64_t i = 0; i < n; ++i)
       gr[i] = simd::round_bf16(g[i]), gr[F + i] = simd::round_bf16(g[F + i]);
-      v[0][i] = simd::widen_bf16(gr[i]), v[1][i] = simd::widen_bf16(gr[F + i]);
-    }
-    const simd::d4 g4 = load(v[0], n), u4 = load(v[1], n);
-    store(y, g4 * sigmoid4(g4) * u4, n);
-    for (int64_t i = 0; i < n; ++i) out[r * F + j + i] = simd::round_bf16(y[i]);
   });
 }
 
 void swiglu_backward_bf16(float* dgu, const uint16_t* gu, const float* dout, int64_t rows,
                           int64_t F) {
-  swiglu_rows(rows, F, [&](int64_t r, int64_t j, int64_t n) {
-    const uint16_t* g = gu + r * 2 * F + j;
-    float* dg = dgu + r * 2 * F + j;
-    float v[2][4];
-    for (int64_t i = 0; i < n; ++i) v[0][i] = simd::widen_bf16(g[i]), v[1][i] = simd::widen_bf16(g[F + i]);
-    const simd::d4 g4 = load(v[0], n), u4 = load(v[1], n), dy = load(dout + r * F + j, n);
-    const simd::d4 sg = sigmoid4(g4);
-    const simd::d4 dsilu = sg * (simd::splat(1.0) + g4 * (simd::splat(1.0) - sg));
-    store(dg, load(dg, n) + dy * u4 * dsilu, n);
-    store(dg + F, load(dg + F, n) + dy * g4 * sg, n);
-  });
+  swiglu_backward_lanes(dgu, gu, dout, rows, F);
 }
 
 void accumulate(float* y, const float* x, int64_t n) {
