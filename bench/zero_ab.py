@@ -7,11 +7,17 @@ round's runs, the ratios to ZeRO-0 within each round and their medians, the page
 (perf stat, when perf is installed) and the memory counters.
 
   /usr/bin/python3 bench/zero_ab.py BIN [BIN ...] [--steps 8] [--rounds 3] [--stages 0,2,3]
+                                    [--cluster-rate 1gbit]
+
+--cluster-rate RATE runs the 2 ranks on 2 "nodes" of a network-namespace cluster instead
+(scripts/netns_cluster.sh, one rank per node, links shaped to RATE; run as root): the issue's
+goal holds "locally and on the cluster". Page faults are not counted there.
 
 Run it under `flock /work/measure.lock` on a shared machine and report `uptime` with it.
 """
 import argparse
 import json
+import contextlib
 import os
 import re
 import shutil
@@ -30,15 +36,37 @@ def load():
         return f.read().split()[0]
 
 
-def run(binary, zero, steps, out):
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
+                      "netns_cluster.sh")
+
+
+@contextlib.contextmanager
+def cluster_up(rate):
+    """A 2-node namespace cluster at `rate` for the block's runs (None: none), always torn down."""
+    if not rate:
+        yield None
+        return
+    name = f"zab{os.getpid() % 100000}"
+    subprocess.run([SCRIPT, "up", "2", "--name", name, "--slots", "1", "--rate", rate], check=True)
+    try:
+        yield name
+    finally:
+        subprocess.run([SCRIPT, "down", "--name", name], check=True)
+
+
+def run(binary, zero, steps, out, cluster=None):
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     perf = []
-    if shutil.which("perf"):
+    if shutil.which("perf") and not cluster:
         # One file per rank: perf expands no rank in -o, so each rank's shell names its own.
         perf = ["sh", "-c", 'exec perf stat -e page-faults -x, -o "$0.$OMPI_COMM_WORLD_RANK" "$@"',
                 os.path.join(out, "perf")]
-    cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "--mca", "mpi_yield_when_idle", "1",
-           "-np", "2", *perf, binary, "train", *BASE, "--zero", str(zero), "--steps", str(steps),
+    launcher = ["mpirun", "--oversubscribe", "--bind-to", "none", "--mca", "mpi_yield_when_idle",
+                "1", "-np", "2"]
+    if cluster:
+        launcher = [SCRIPT, "run", "--name", cluster, "--timeout", "600", "--", "-np", "2",
+                    "--map-by", "node"]
+    cmd = [*launcher, *perf, binary, "train", *BASE, "--zero", str(zero), "--steps", str(steps),
            "--out", out]
     os.makedirs(out, exist_ok=True)
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
@@ -65,6 +93,7 @@ def main():
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--stages", default="0,2,3")
+    ap.add_argument("--cluster-rate", help="2 namespace nodes, one rank each, links at this rate")
     a = ap.parse_args()
     stages = [int(z) for z in a.stages.split(",")]
     if stages[0] != 0:
@@ -72,17 +101,19 @@ def main():
     bins = [os.path.abspath(b) for b in a.binaries]
     res = {(b, z): [] for b in bins for z in stages}
     loads = [load()]
-    with tempfile.TemporaryDirectory(prefix="zero_ab_") as work:
+    with tempfile.TemporaryDirectory(prefix="zero_ab_") as work, \
+            cluster_up(a.cluster_rate) as cluster:
         for r in range(a.rounds):
             for z in stages:
                 for i, b in enumerate(bins):
-                    x = run(b, z, a.steps, os.path.join(work, f"{i}_{z}_{r}"))
+                    x = run(b, z, a.steps, os.path.join(work, f"{i}_{z}_{r}"), cluster)
                     res[(b, z)].append(x)
                     print(f"  [load {load()}] round {r + 1} {b} zero {z}: {x['ms']:.0f} ms/step, "
                           f"exposed {x['exposed']:.0f} ms, faults {x['faults']}",
                           file=sys.stderr, flush=True)
                     loads.append(load())
-    print(f"\n{a.rounds} rounds × {a.steps} steps (median of steps 3–{a.steps}); 1-minute load "
+    where = f"across 2 namespace nodes at {a.cluster_rate}" if a.cluster_rate else "one host"
+    print(f"\n{where}: {a.rounds} rounds × {a.steps} steps (median of steps 3–{a.steps}); 1-minute load "
           f"{min(loads, key=float)}–{max(loads, key=float)}\n")
     print("| binary | ZeRO | ms/step, median (runs) | / ZeRO-0 per round (median) | exposed ms "
           "| page faults per rank | alloc_peak_bytes | mem_bytes |")
