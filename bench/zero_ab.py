@@ -7,10 +7,16 @@ round's runs, the ratios to ZeRO-0 within each round and their medians, the page
 (perf stat, when perf is installed) and the memory counters.
 
   /usr/bin/python3 bench/zero_ab.py BIN [BIN ...] [--steps 8] [--rounds 3] [--stages 0,2,3]
+                                    [--cluster-rate 1gbit]
+
+--cluster-rate RATE runs the 2 ranks on 2 "nodes" of a network-namespace cluster instead
+(scripts/netns_cluster.sh, one rank per node, links shaped to RATE; run as root): the issue's
+goal holds "locally and on the cluster". Page faults are not counted there.
 
 Run it under `flock /work/measure.lock` on a shared machine and report `uptime` with it.
 """
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -27,15 +33,37 @@ BASE = ["--model", "baby", "--batch-size", "8", "--seq-len", "256", "--threads",
         "--precision", "fp32", "--dp", "2"]
 
 
-def run(binary, zero, steps, out):
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
+                      "netns_cluster.sh")
+
+
+@contextlib.contextmanager
+def cluster_up(rate):
+    """A 2-node namespace cluster at `rate` for the block's runs (None: none), always torn down."""
+    if not rate:
+        yield None
+        return
+    name = f"zab{os.getpid() % 100000}"
+    subprocess.run([SCRIPT, "up", "2", "--name", name, "--slots", "1", "--rate", rate], check=True)
+    try:
+        yield name
+    finally:
+        subprocess.run([SCRIPT, "down", "--name", name], check=True)
+
+
+def run(binary, zero, steps, out, cluster=None):
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     perf = []
-    if shutil.which("perf"):
+    if shutil.which("perf") and not cluster:
         # One file per rank: perf expands no rank in -o, so each rank's shell names its own.
         perf = ["sh", "-c", 'exec perf stat -e page-faults -x, -o "$0.$OMPI_COMM_WORLD_RANK" "$@"',
                 os.path.join(out, "perf")]
-    cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "--mca", "mpi_yield_when_idle", "1",
-           "-np", "2", *perf, binary, "train", *BASE, "--zero", str(zero), "--steps", str(steps),
+    launcher = ["mpirun", "--oversubscribe", "--bind-to", "none", "--mca", "mpi_yield_when_idle",
+                "1", "-np", "2"]
+    if cluster:
+        launcher = [SCRIPT, "run", "--name", cluster, "--timeout", "600", "--", "-np", "2",
+                    "--map-by", "node"]
+    cmd = [*launcher, *perf, binary, "train", *BASE, "--zero", str(zero), "--steps", str(steps),
            "--out", out]
     os.makedirs(out, exist_ok=True)
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
@@ -62,19 +90,23 @@ def main():
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--stages", default="0,2,3")
+    ap.add_argument("--cluster-rate", help="2 namespace nodes, one rank each, links at this rate")
     a = ap.parse_args()
     stages = [int(z) for z in a.stages.split(",")]
     if stages[0] != 0:
         sys.exit("--stages must start with 0 (the ratios' base)")
     bins = [os.path.abspath(b) for b in a.binaries]
-    with tempfile.TemporaryDirectory(prefix="zero_ab_") as work:
+    with tempfile.TemporaryDirectory(prefix="zero_ab_") as work, \
+            cluster_up(a.cluster_rate) as cluster:
         res, loads = ab_rounds.alternate(
             a.rounds, [(b, z) for z in stages for b in bins],
-            lambda c, r: run(*c, a.steps, tempfile.mkdtemp(prefix=f"{c[1]}_{r}_", dir=work)),
+            lambda c, r: run(*c, a.steps, tempfile.mkdtemp(prefix=f"{c[1]}_{r}_", dir=work),
+                             cluster),
             lambda c, r, x: f"round {r + 1} {c[0]} zero {c[1]}: {x['ms']:.0f} ms/step, "
                             f"exposed {x['exposed']:.0f} ms, faults {x['faults']}")
-    print(f"\n{a.rounds} rounds × {a.steps} steps (median of steps 3–{a.steps}); 1-minute load "
-          f"{ab_rounds.load_range(loads)}\n")
+    where = f"across 2 namespace nodes at {a.cluster_rate}" if a.cluster_rate else "one host"
+    print(f"\n{where}: {a.rounds} rounds × {a.steps} steps (median of steps 3–{a.steps}); "
+          f"1-minute load {ab_rounds.load_range(loads)}\n")
     print("| binary | ZeRO | ms/step, median (runs) | / ZeRO-0 per round (median) | exposed ms "
           "| page faults per rank | alloc_peak_bytes | mem_bytes |")
     print("|---|---|---|---|---|---|---|---|")

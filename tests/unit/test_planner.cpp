@@ -338,7 +338,7 @@ TEST(PlannerCalibration, ShapesAndPageRefillsChangeTheRanking) {
   in.layout.accum = 1;
   const double mb8 = predict_step(in, m).step_s;
   EXPECT_GT(mb1, mb8 * 1.02) << "eight GEMMs of 1024 rows cost more than one of 8192";
-  double step[4];
+  double step[4], refill[4];
   for (int zero = 0; zero <= 3; ++zero) {
     in.layout.zero = zero;
     m.page_refill_bandwidth = 0;
@@ -347,10 +347,15 @@ TEST(PlannerCalibration, ShapesAndPageRefillsChangeTheRanking) {
     m.page_refill_bandwidth = 1e9;
     const StepCost c = predict_step(in, m);
     step[zero] = c.step_s;
+    refill[zero] = c.page_refill_s;
     EXPECT_EQ(c.page_refill_s > 0, zero >= 2) << "ZeRO-" << zero;
     EXPECT_NEAR(c.step_s - free_pages.step_s, c.page_refill_s, 1e-12);
   }
-  EXPECT_GT(step[3], step[2]);  // ZeRO-3 also refills parameters, twice per micro-batch
+  EXPECT_GT(step[3], step[2]);  // ZeRO-3 also refills parameters
+  // ZeRO-3's parameter pages: each micro-batch gives back all 12 blocks but the one the next
+  // pass starts with, after the forward and after the backward: 22 of the 13 units' worth
+  // (the root stays), against the gradients' one refill of the whole buffer (equal bytes).
+  EXPECT_NEAR((refill[3] - refill[2]) / refill[2], 22.0 / 13.0, 1e-9);
 }
 
 // A calibrated backward fit prices the input- and weight-gradient GEMMs: one as fast as two

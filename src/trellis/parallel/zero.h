@@ -13,10 +13,12 @@
 //                        micro-batch), added to this rank's compact shard and their pages
 //                        returned; after the update the root unit is all-gathered, and each
 //                        block in the next forward, one block ahead (its gather moves while
-//                        the block before it computes) (zero_sharded_gradients.cpp);
+//                        the block before it computes; the first block's starts right after
+//                        the update) (zero_sharded_gradients.cpp);
 //   ZeRO-3 (FSDP):       as ZeRO-2, and a block's parameters are resident only while it runs:
 //                        all-gathered before its forward and again before its backward (the
-//                        next block prefetched meanwhile), released after. The root unit
+//                        next block prefetched meanwhile), released after, but a pass's last
+//                        block stays for the next pass, which starts with it. The root unit
 //                        (embeddings, final norm, head, which the first and last computations
 //                        share) stays gathered, like FSDP's root module
 //                        (zero_sharded_parameters.cpp).

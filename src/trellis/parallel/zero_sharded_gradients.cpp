@@ -206,24 +206,32 @@ double ShardedGradientsSync::reduce_gradients() {
   return hook_comm_s_;
 }
 
-double ShardedGradientsSync::gather_parameters() {
-  // The root now (the embeddings run before any block hook); each block's gather waits for the
-  // next forward, which runs it one block ahead, overlapped with the block before it.
-  const auto t0 = Clock::now();
+void ShardedGradientsSync::gather_root() {
   for (size_t u = 0; u < units_.size(); ++u) {
     if (units_[u].layer < 0)
       gather_unit(int(u));
     else
       gathered_[u] = 0;
   }
+}
+
+double ShardedGradientsSync::gather_parameters() {
+  // The root now (the embeddings run before any block hook); each block's gather waits for the
+  // next forward, which runs it one block ahead, overlapped with the block before it. Nothing
+  // runs ahead of the first block, so its gather starts here and moves while the next step
+  // begins (its batch, the embeddings); the first block's forward waits for it.
+  const auto t0 = Clock::now();
+  gather_root();
+  prefetch(unit_of(0));
   return seconds_since(t0);
 }
 
 void ShardedGradientsSync::adopt_params(bool whole_buffer) {
+  // No gather left in flight: the trainer then checksums the whole buffer.
   if (whole_buffer)
     take_owned(params_.data(), owned_params_.data());
   else
-    gather_parameters();
+    gather_root();
 }
 
 int64_t ShardedGradientsSync::resident_bytes() const {

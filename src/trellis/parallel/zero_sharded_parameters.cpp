@@ -1,6 +1,7 @@
 // ZeRO-3 (FSDP): ZeRO-2, and a block's parameters resident only while it runs: gathered before
 // its forward and again before its backward (the next block prefetched meanwhile), released
-// after. The root unit stays gathered.
+// after, except a pass's last block, which the next pass starts with (held_). The root unit
+// stays gathered.
 #include <algorithm>
 
 #include "trellis/core/clock.h"
@@ -22,37 +23,63 @@ void ShardedParametersSync::release_params(int u) {
   gathered_[size_t(u)] = 0;
 }
 
+void ShardedParametersSync::hold_or_release(int u, bool hold) {
+  if (hold)
+    held_ = u;
+  else
+    release_params(u);
+}
+
+void ShardedParametersSync::drop_held_except(int u) {
+  // A forward without a backward (evaluation) leaves its last block held, and the next forward
+  // starts with the first: the held block goes before the prefetch, so two blocks stay the most.
+  if (held_ >= 0 && held_ != u) release_params(held_);
+  held_ = -1;
+}
+
 void ShardedParametersSync::before_forward(int layer) {
+  drop_held_except(unit_of(layer));
   ensure_gathered(unit_of(layer));
   prefetch(unit_of(layer + 1));
 }
 
-void ShardedParametersSync::after_forward(int layer) { release_params(unit_of(layer)); }
+// The last block's backward comes next (after the head's): its parameters stay, where releasing
+// them would leave a gather that nothing overlaps.
+void ShardedParametersSync::after_forward(int layer) {
+  hold_or_release(unit_of(layer), unit_of(layer + 1) < 0);
+}
 
 void ShardedParametersSync::before_backward(int layer) {
   ShardedGradientsSync::before_backward(layer);
   if (layer < 0) return;
+  drop_held_except(unit_of(layer));
   ensure_gathered(unit_of(layer));
   prefetch(unit_of(layer - 1));
 }
 
+// Likewise the first block, which the next micro-batch's forward starts with; after the last
+// micro-batch its pages stay for the gather after the update (gather_parameters).
 void ShardedParametersSync::after_backward(int layer) {
-  if (layer >= 0) release_params(unit_of(layer));
+  if (layer >= 0) hold_or_release(unit_of(layer), unit_of(layer - 1) < 0);
   ShardedGradientsSync::after_backward(layer);
 }
 
 double ShardedParametersSync::gather_parameters() {
+  // The root now; the first block's updated parameters start moving into the pages it kept,
+  // as under ZeRO-2 (any other held block is out of date: released).
   const auto t0 = Clock::now();
-  for (size_t u = 0; u < units_.size(); ++u)
-    if (units_[u].layer < 0) gather_unit(int(u));
+  drop_held_except(unit_of(0));
+  gather_root();
+  prefetch(unit_of(0));
   return seconds_since(t0);
 }
 
 void ShardedParametersSync::adopt_params(bool whole_buffer) {
   if (whole_buffer) take_owned(params_.data(), owned_params_.data());
+  held_ = -1;
   for (size_t u = 0; u < units_.size(); ++u)
     if (units_[u].layer >= 0) release_params(int(u));
-  if (!whole_buffer) gather_parameters();
+  if (!whole_buffer) gather_root();
 }
 
 }  // namespace trellis

@@ -103,6 +103,8 @@ class ShardedGradientsSync : public DataParallelSync, public BlockHooks {
   void ensure_gathered(int u);
   // Starts unit u's gather (u < 0: none), after finishing the one prefetched before it.
   void prefetch(int u);
+  // Gathers the root units now; every block's parameters are out of date until gathered again.
+  void gather_root();
 
   std::vector<Unit> units_;
   std::vector<float> owned_params_, owned_grads_;
@@ -128,6 +130,9 @@ class ShardedGradientsSync : public DataParallelSync, public BlockHooks {
 };
 
 // ZeRO-3: ZeRO-2, and each block's parameters gathered around its forward and its backward.
+// A pass's last block stays gathered into the pass that starts with it (the last block from its
+// forward into its backward, the first from its backward into the next forward), as FSDP keeps
+// the last block it ran: that gather would be the one nothing was prefetched before.
 class ShardedParametersSync final : public ShardedGradientsSync {
  public:
   ShardedParametersSync(Communicator& dp, const ParamLayout& layout);
@@ -143,6 +148,12 @@ class ShardedParametersSync final : public ShardedGradientsSync {
 
  private:
   void release_params(int u);
+  // Keeps unit u gathered past its pass (held_), or releases it.
+  void hold_or_release(int u, bool hold);
+  // Releases the held unit unless it is u, the one about to run.
+  void drop_held_except(int u);
+
+  int held_ = -1;  // a block kept gathered for the pass that starts with it; -1: none
 };
 
 }  // namespace trellis

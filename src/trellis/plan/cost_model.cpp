@@ -469,6 +469,13 @@ double largest_stage_floats(const StepSetting& x, const std::vector<std::vector<
   return stage_floats;
 }
 
+// ZeRO-3's all-gathers of one unit (a block or the root) in a step of m micro-batches over
+// `units` units (the root and units - 1 blocks): the root and the first block once after the
+// update, then each micro-batch every block before its forward and its backward but the last
+// block's backward (kept from its forward) and the first block's forward (kept from the backward
+// before, or gathered after the update).
+double zero3_unit_gathers(double units, double m) { return 2 + m * std::max(0.0, 2 * (units - 2)); }
+
 // Data-parallel gradient sync of the largest stage (ZeRO's collectives and page refills), what
 // of it backward hides, and the optimizer step.
 void add_data_parallel_sync(StepCost& out, const StepSetting& x, double stage_floats,
@@ -503,7 +510,7 @@ void add_data_parallel_sync(StepCost& out, const StepSetting& x, double stage_fl
       out.dp_comm_total_s = m * scatter + gather;
       break;
     default:  // and each block's parameters gathered before its forward and its backward
-      out.dp_comm_total_s = m * (scatter + 2 * gather);
+      out.dp_comm_total_s = m * scatter + zero3_unit_gathers(units, m) / units * gather;
   }
   // ZeRO-2/3 give pages back after each unit (its gradients every micro-batch; ZeRO-3 also the
   // blocks' parameters after forward and after backward); writing them again faults them in.
@@ -518,8 +525,11 @@ void add_data_parallel_sync(StepCost& out, const StepSetting& x, double stage_fl
       const double edges = std::min(bytes, units * double(2 << 20));
       return edges / machine.page_refill_bandwidth + (bytes - edges) / huge_bw;
     };
-    out.page_refill_s =
-        m * (refill(grad_bytes) + (L.zero == 3 ? 2 * refill(param_bytes) : 0));
+    // ZeRO-3 keeps each pass's last block for the next pass, so a micro-batch releases all
+    // blocks but one after its forward and all but one after its backward.
+    const double released_blocks = std::max(0.0, 2 * (units - 2));
+    out.page_refill_s = m * (refill(grad_bytes) +
+                             (L.zero == 3 ? released_blocks / units * refill(param_bytes) : 0));
   }
   out.dp_comm_s = out.dp_comm_total_s;
   if (!x.megatron && x.pp == 1 && dp > 1 && L.zero != 1) {
@@ -535,9 +545,13 @@ void add_data_parallel_sync(StepCost& out, const StepSetting& x, double stage_fl
       return std::max(comm - pass * (blocks - 1) / blocks, comm / blocks);
     };
     const double fwd = first_chunk.fwd(), bwd = first_chunk.bwd();
+    // ZeRO-3: the root's and the first block's gathers after the update are waited for as the
+    // step starts; each pass gathers the other blocks but one (zero3_unit_gathers).
+    const double pass_gathers = std::max(0.0, units - 2) / units * gather;
     out.dp_comm_s = L.zero == 0   ? exposed(out.dp_comm_total_s, bwd)
                     : L.zero == 2 ? m * exposed(scatter, bwd) + exposed(gather, fwd)
-                                  : m * (exposed(gather, fwd) + exposed(gather + scatter, bwd));
+                                  : 2 / units * gather + m * (exposed(pass_gathers, fwd) +
+                                                              exposed(pass_gathers + scatter, bwd));
   }
   // AdamW reads weights, gradients and two moments and writes three of them: 28 bytes per owned
   // parameter at memory bandwidth.
