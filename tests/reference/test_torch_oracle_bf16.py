@@ -85,9 +85,8 @@ Cases (init --seed 11, --threads 2):
   d. encoder-tiny classifier (mean pooling, classifier.weight/bias), 8 padded examples of
      `trellis prepare --task classify` (reference/torch_tasks.py builds the batch).
 
-On a CPU without AVX512-BF16 trellis runs --precision bf16 in fp32 and says so; the cases are
-then skipped (SKIP lines), unless trellis_test.cpu_has_bf16() (/proc/cpuinfo) says the CPU has it
-and TRELLIS_ISA is unset, which fails (trellis fell back without a reason).
+On a CPU without AVX512-BF16 trellis emulates the bf16 matrix products (fp32 GEMMs of the rounded
+operands, products exact in fp32): the same checks hold there.
 
 Usage: test_torch_oracle_bf16.py [a b c d]  (default: all cases)
 
@@ -113,7 +112,7 @@ from reference import torch_llama, torch_tasks  # noqa: E402
 from reference.test_torch_oracle import GPT2, LLAMA, fail, rel, whole_zero_grad  # noqa: E402
 from reference.test_torch_oracle_tasks import ENC_MEAN  # noqa: E402
 from reference.torch_ref import load_safetensors, read_tokens, windows  # noqa: E402
-from trellis_test import cpu_has_bf16, write_classify_tsv  # noqa: E402
+from trellis_test import write_classify_tsv  # noqa: E402
 
 LOSS_TOL = 1e-2    # check 1: the issue's loss bound
 EFFECT_MIN = 1e-4  # check 2: bf16 must move the gradients by more than this (relative)
@@ -231,13 +230,8 @@ class TrellisGemms(TorchFunctionMode):
 # ---------------------------------------------------------------------------
 
 
-class Skip(Exception):
-    """trellis ran --precision bf16 in fp32 on a CPU that cannot do bf16."""
-
-
 def trellis_grad(case, ckpt, data, args, precision):
-    """(loss, {name: gradient}, path) of `trellis grad` in `precision`; raises Skip when trellis
-    says it fell back to fp32 on a CPU without AVX512-BF16 (fails the case if the CPU has it)."""
+    """(loss, {name: gradient}, path) of `trellis grad` in `precision`."""
     path = os.path.join(oracle.TMP, f"{case.split()[0]}_{precision}.safetensors")
     cmd = [oracle.BIN, "grad", "--checkpoint", ckpt, "--data", data, *map(str, args), "--out",
            path, "--threads", oracle.THREADS, "--precision", precision]
@@ -245,11 +239,6 @@ def trellis_grad(case, ckpt, data, args, precision):
     if p.returncode != 0:
         raise RuntimeError(f"command failed ({p.returncode}): {' '.join(cmd)}\n"
                            f"stdout: {p.stdout}\nstderr: {p.stderr}")
-    if precision == "bf16" and "running in fp32" in p.stderr:
-        if cpu_has_bf16() and not os.environ.get("TRELLIS_ISA"):
-            raise RuntimeError(f"trellis ran bf16 in fp32 on a CPU with AVX512-BF16: "
-                               f"{p.stderr.strip()}")
-        raise Skip(p.stderr.strip())
     loss = float(json.loads(p.stdout.strip().splitlines()[-1])["loss"])
     return loss, load_safetensors(path), path
 
@@ -303,11 +292,7 @@ def init_checkpoint(case, fam, data):
 def check_bf16(case, fam, ckpt, data, grad_args, inputs, lookups, desc):
     """Checks 0-5 of the module comment for one batch. inputs: fam.loss's arguments after
     (params, cfg); lookups: the 2-D parameters no GEMM reads (embedding tables only looked up)."""
-    try:
-        t16_loss, t16, _ = trellis_grad(case, ckpt, data, grad_args, "bf16")
-    except Skip as why:
-        print(f"SKIP {case}: {why}", flush=True)
-        return
+    t16_loss, t16, _ = trellis_grad(case, ckpt, data, grad_args, "bf16")
     t32_loss, t32, t32_path = trellis_grad(case, ckpt, data, grad_args, "fp32")
 
     # 0. precondition: the same weights and batch on both sides

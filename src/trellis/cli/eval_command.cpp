@@ -67,7 +67,7 @@ void add_eval_options(CLI::App* sub, EvalArgs& a) {
 }
 
 // The GEMM precision of a.precision on this CPU (a bf16 request on a CPU without AVX512-BF16
-// says so and runs fp32).
+// says that its matrix products are emulated).
 DType compute_precision(const EvalArgs& a) {
   const Precision p = choose_precision(a.precision);
   static bool noticed = false;

@@ -17,8 +17,9 @@ Isa cpu_isa();
 const char* isa_name(Isa isa);
 
 // The GEMM precision a run asked for ("fp32", "bf16", or "auto" = bf16 where the CPU has
-// AVX512-BF16) and what it gets: bf16 on a CPU without it falls back to fp32, with `notice`
-// saying so in one line (empty otherwise). Anything else is an input error.
+// AVX512-BF16) and what it gets: bf16 on a CPU without it runs bf16 with emulated matrix products
+// (slower than fp32), with `notice` saying so in one line (empty otherwise). Anything else is an
+// input error.
 struct Precision {
   DType compute = DType::F32;
   std::string notice;

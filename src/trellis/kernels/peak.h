@@ -6,8 +6,12 @@ namespace trellis {
 enum class DType : unsigned char;
 
 // FLOP/s (x 1e9) one core reaches with independent fused multiply-adds of `dtype` at the widest
-// vector width it has (fp32: AVX-512 or AVX2 FMA; bf16: AVX512-BF16 dot products, 0 when the CPU
-// has none). Runs on the calling thread for about `seconds`.
+// vector width it has (fp32: AVX-512 or AVX2 FMA; bf16: AVX512-BF16 dot products, or the fp32 FMA
+// rate where the CPU has none, since bf16 GEMMs then run as fp32 FMAs). Runs on the calling thread
+// for about `seconds`.
 double measure_peak_gflops_per_core(DType dtype, double seconds = 0.05);
+
+// What that probe measured, for the MFU line: "measured bf16 dot-product peak", ….
+const char* peak_name(DType dtype);
 
 }  // namespace trellis

@@ -256,7 +256,8 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       make_key("threads", "OpenMP threads per rank (0 = cores / ranks on this node)", &c.threads),
       make_key("precision",
                "GEMM precision: fp32; bf16 (operands rounded to bf16, fp32 accumulation, weights, "
-               "optimizer and everything else fp32; needs AVX512-BF16, else fp32 with a notice); "
+               "optimizer and everything else fp32; without AVX512-BF16 the products are emulated, slower "
+               "than fp32, with a notice); "
                "auto = bf16 where the CPU has it",
                &c.precision),
       make_key("optimizer", "adamw or sgd", &o.name),

@@ -241,7 +241,7 @@ void Trainer::set_up_rank() {
     c->set_timeout(cfg_.comm_timeout);
   threads_ = cfg_.threads > 0 ? cfg_.threads : default_threads_per_rank();
   omp_set_num_threads(threads_);
-  // Every rank computes in the same precision: bf16 only if all of them have it.
+  // Every rank computes in the same precision: under `auto`, bf16 only if all of them have it.
   const Precision precision = choose_precision(cfg_.precision);
   double fp32_somewhere = precision.compute == DType::F32 ? 1.0 : 0.0;
   world_.all_reduce_max(&fp32_somewhere, 1);
@@ -249,11 +249,6 @@ void Trainer::set_up_rank() {
   shape_.compute = compute_;
   if (lead_ && !precision.notice.empty())
     fmt::print(stderr, "trellis: {}\n", precision.notice);
-  else if (lead_ && precision.compute == DType::BF16 && compute_ == DType::F32 &&
-           cfg_.precision == "bf16")
-    fmt::print(stderr,
-               "trellis: precision bf16 needs AVX512-BF16 on every rank, and another "
-               "rank's CPU lacks it: running in fp32\n");
 }
 
 void Trainer::build_layout_and_strategies() {
@@ -870,9 +865,7 @@ int Trainer::run() {
       "GFLOP/s/core ({}){} | checkpoint {} | metrics {}/metrics.jsonl{}\n",
       trained, trained * G_ * T_, format_duration(seconds_since(run_start_)), mean_tps,
       100.0 * mean_tps / double(G_ * T_) * step_flops_ / peak_flops_, peak_per_core_,
-      cfg_.peak_gflops_per_core > 0 ? "peak_gflops_per_core"
-      : compute_ == DType::BF16     ? "measured bf16 dot-product peak"
-                                    : "measured fp32 FMA peak",
+      cfg_.peak_gflops_per_core > 0 ? "peak_gflops_per_core" : peak_name(compute_),
       std::isfinite(best_val) ? fmt::format(" | best val loss {:.4f}", best_val) : "",
       last_checkpoint.empty() ? "(none)" : last_checkpoint, cfg_.out,
       cfg_.tensorboard ? fmt::format(" | tensorboard --logdir {}/tb", cfg_.out) : "");

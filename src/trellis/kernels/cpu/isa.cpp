@@ -59,9 +59,12 @@ Precision choose_precision(const std::string& requested) {
   const bool has_bf16 = cpu_isa() >= Isa::Avx512Bf16;
   if (requested == "fp32" || (requested == "auto" && !has_bf16)) return {DType::F32, ""};
   if (has_bf16) return {DType::BF16, ""};
-  return {DType::F32, fmt::format("precision bf16 needs AVX512-BF16, which this CPU ({}) lacks: "
-                                  "running in fp32",
-                                  isa_name(cpu_isa()))};
+  // As PyTorch's autocast: bf16 means bf16's numerics and memory on any CPU, the speed only where
+  // the hardware has it.
+  return {DType::BF16,
+          fmt::format("precision bf16 on a CPU without AVX512-BF16 ({}): bf16 storage with emulated "
+                      "matrix products, which saves memory but runs slower than fp32",
+                      isa_name(cpu_isa()))};
 }
 
 const char* precision_name(DType compute) { return compute == DType::BF16 ? "bf16" : "fp32"; }

@@ -79,12 +79,16 @@ __attribute__((target("avx512f,avx512bf16"))) void dot_bf16(int64_t n) {
 
 double measure_peak_gflops_per_core(DType dtype, double seconds) {
   const Isa isa = cpu_isa();  // honours TRELLIS_ISA
-  if (dtype == DType::BF16) {
-    if (isa < Isa::Avx512Bf16) return 0.0;
+  if (dtype == DType::BF16 && isa >= Isa::Avx512Bf16)
     return rate(dot_bf16, kChains512 * 16 * 4, seconds) / 1e9;
-  }
   if (isa >= Isa::Avx512) return rate(fma_avx512, kChains512 * 16 * 2, seconds) / 1e9;
   return rate(fma_avx2, kChains * 8 * 2, seconds) / 1e9;
+}
+
+const char* peak_name(DType dtype) {
+  if (dtype != DType::BF16) return "measured fp32 FMA peak";
+  return cpu_isa() >= Isa::Avx512Bf16 ? "measured bf16 dot-product peak"
+                                      : "measured fp32 FMA peak, bf16 GEMMs emulated";
 }
 
 }  // namespace trellis
