@@ -9,6 +9,7 @@
 #include "trellis/kernels/ops.h"
 #include "trellis/model/params.h"
 #include "trellis/optim/optimizer.h"
+#include "trellis/train/time_budget.h"
 
 namespace trellis {
 namespace {
@@ -108,6 +109,30 @@ TEST(Optimizer, DefaultWarmupIsATenthOfTheRun) {
   c.warmup_steps = 0;  // no warmup: the first step already runs at the full rate
   c.lr_schedule = "constant";
   EXPECT_FLOAT_EQ(learning_rate(c, 1, 200), 1.0f);
+}
+
+}  // namespace
+}  // namespace trellis
+
+namespace trellis {
+namespace {
+
+// time_budget's arithmetic: each step costs its time plus its share of the periodic evaluations,
+// and the final evaluation is kept back; the result lies in [done, max_steps].
+TEST(TimeBudget, LastStepThatFits) {
+  BudgetClock c;
+  c.budget_s = 100.0, c.elapsed_s = 10.0, c.step_s = 1.0;
+  EXPECT_EQ(budget_last_step(c, 20, 1000), 110);  // 90 s left: 90 more steps
+  EXPECT_EQ(budget_last_step(c, 20, 50), 50);      // all fit: the configured steps
+  c.val_s = 10.0, c.val_every = 10;                // 2 s a step, 10 s kept for the last evaluation
+  EXPECT_EQ(budget_last_step(c, 20, 1000), 60);
+  c.val_every = 0;                                 // only the last evaluation
+  EXPECT_EQ(budget_last_step(c, 20, 1000), 100);
+  c.elapsed_s = 95.0;                              // already over: end now
+  EXPECT_EQ(budget_last_step(c, 20, 1000), 20);
+  c.elapsed_s = 10.0, c.step_s = 0.0;              // an untimed step cannot be fitted
+  EXPECT_EQ(budget_last_step(c, 20, 1000), 20);
+  EXPECT_EQ(budget_last_step(c, 1000, 1000), 1000);
 }
 
 }  // namespace

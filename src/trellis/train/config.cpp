@@ -237,6 +237,12 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
                "keep_best)",
                &c.out),
       make_key("steps", "number of optimizer steps", &c.steps),
+      make_key("time_budget",
+               "minutes the whole run may take: after its first 22 steps trellis times them and "
+               "ends the run at the last step that fits (steps/epochs stay the most it trains), "
+               "so the learning-rate schedule ends there too; evaluation counted, checkpoints not; "
+               "0 = off",
+               &c.time_budget),
       make_key("epochs",
                "task data: passes over the training examples; > 0 sets steps to ceil(epochs x "
                "examples / batch_size) (a --steps on the command line wins over a file's epochs)",

@@ -46,6 +46,7 @@
 #include "trellis/train/fault.h"
 #include "trellis/train/metrics.h"
 #include "trellis/train/run_data.h"
+#include "trellis/train/time_budget.h"
 #include "trellis/train/trace.h"
 #include "trellis/train/validate_run.h"
 
@@ -159,6 +160,7 @@ class Trainer {
   // What this rank writes into a checkpoint: its owned ranges (ZeRO), or its 1/dp of a replica.
   OwnedArrays owned_state();
   void log_step(int64_t step, const StepStats& st);
+  void fit_time_budget(int64_t step, double step_seconds);
 
   TrainConfig cfg_;
   Communicator& world_;
@@ -197,6 +199,10 @@ class Trainer {
   int64_t start_step_ = 0;
   std::string resumed_from_;
   int64_t val_items_ = 0;
+  // time_budget: the last step the budget allows, once decided (0 = not yet); the timed steps.
+  int64_t budget_steps_ = 0;
+  double budget_timed_s_ = 0.0;
+  int64_t budget_timed_ = 0;
   double step_flops_ = 0.0, peak_flops_ = 0.0, peak_per_core_ = 0.0;
   int64_t mem_bytes_ = 0;
   Clock::time_point run_start_, loop_start_;
@@ -230,6 +236,8 @@ void Trainer::check_other_keys() const {
   TRELLIS_REQUIRE(!task_ || !cfg_.document_mask,
                   "document_mask applies to language-model token shards, not to task data");
   TRELLIS_REQUIRE(cfg_.val_batches >= 0, "val_batches must be >= 0");
+  TRELLIS_REQUIRE(cfg_.time_budget >= 0.0 && std::isfinite(cfg_.time_budget),
+                  "time_budget must be >= 0 minutes (got {})", cfg_.time_budget);
   TRELLIS_REQUIRE(cfg_.peak_gflops_per_core >= 0.0, "peak_gflops_per_core must be >= 0 (got {})",
                   cfg_.peak_gflops_per_core);
 }
@@ -430,6 +438,9 @@ void Trainer::load_or_init() {
     reader.read(*layout_, optimizer_->owned(), name, buf->data());
   start_step_ = state.at("step").get<int64_t>();
   resumed_best_ = state.value("best", nlohmann::json());
+  // The steps the budget allowed when the run began: a resumed run ends where it would have.
+  budget_steps_ = state.value("budget_steps", int64_t(0));
+  if (cfg_.time_budget > 0.0 && budget_steps_ > 0) cfg_.steps = std::min(cfg_.steps, budget_steps_);
 }
 
 // Every DP replica must start from identical weights (they are generated, never broadcast).
@@ -715,6 +726,7 @@ std::string Trainer::save(int64_t step, const std::string& name) {
                                   {"seed", cfg_.seed}}},
                                 {"rng", {{"kind", "philox4x32-10"}, {"seed", cfg_.seed}}},
                                 {"best", best_.state()},
+                                {"budget_steps", budget_steps_},
                                 {"config", conf}};
   std::vector<std::pair<std::string, std::string>> files;
   if (lead_)
@@ -803,6 +815,34 @@ void Trainer::log_step(int64_t step, const StepStats& st) {
   }
 }
 
+// time_budget: after the first timed steps, the run's last step becomes the last that fits the
+// budget (train/time_budget.h). Every rank decides alike: the slowest rank's step time counts.
+void Trainer::fit_time_budget(int64_t step, double step_seconds) {
+  if (step <= start_step_ + kBudgetWarmSteps) return;
+  budget_timed_s_ += step_seconds;
+  if (++budget_timed_ < kBudgetTimedSteps && step < cfg_.steps) return;
+  BudgetClock c;
+  c.budget_s = cfg_.time_budget * 60.0;
+  c.elapsed_s = seconds_since(kProcessStart);
+  c.step_s = budget_timed_s_ / double(budget_timed_);
+  // Tests only: a fixed step time and no time spent, so the decision is reproducible.
+  if (const char* s = std::getenv("TRELLIS_TEST_STEP_SECONDS"); s && *s) {
+    c.step_s = std::strtod(s, nullptr);
+    c.elapsed_s = 0.0;
+  }
+  world_.all_reduce_max(&c.step_s, 1);
+  // An evaluation is a forward pass (about a third of a training step's work) over the split.
+  c.val_s = double(val_items_) / double(G_) * c.step_s / 3.0;
+  c.val_every = cfg_.val_every;
+  const int64_t most = cfg_.steps;
+  budget_steps_ = std::max(step, budget_last_step(c, step, most));
+  cfg_.steps = budget_steps_;
+  if (lead_ && !cfg_.quiet)
+    fmt::print("trellis: time_budget {:g} min: {} of {} steps fit at {:.0f} ms a step{}\n",
+               cfg_.time_budget, budget_steps_, most, c.step_s * 1e3,
+               c.val_s > 0 ? fmt::format(" and {:.1f} s an evaluation", c.val_s) : "");
+}
+
 int Trainer::run() {
   double best_val = INFINITY, tokens_per_s_sum = 0.0;
   int64_t timed_steps = 0;
@@ -831,6 +871,7 @@ int Trainer::run() {
       ++timed_steps;
     }
     log_step(step, st);
+    if (cfg_.time_budget > 0.0 && budget_steps_ == 0) fit_time_budget(step, st.seconds);
     bool stopping = step == cfg_.stop_at;
     const bool last = step == cfg_.steps;
     if (val_items_ > 0 && ((cfg_.val_every > 0 && step % cfg_.val_every == 0) || last)) {
