@@ -6,8 +6,9 @@ none, recompute redraws the first pass's masks, and bf16 runs it too.
     validation losses of the run without dropout, while its training losses differ (the masks are
     drawn in training forwards only, also on Contexts the validation reuses);
   - recompute selective and full: bitwise the run without recompute;
-  - precision bf16 (emulated matrix products where the CPU lacks AVX512-BF16): trains with dropout, its
-    losses differ from the run without, and selective recompute is bitwise equal to none there.
+  - precision bf16 (emulated matrix products where the CPU lacks AVX512-BF16): trains with
+    dropout, its losses differ from the run without, and selective recompute is bitwise equal to
+    none there.
 The multi-rank layouts are tests/parallel/test_dropout_layouts.py's."""
 import math
 import os
