@@ -270,7 +270,8 @@ def main():
     ap.add_argument("--mlm-lr", type=float, default=2e-3)
     ap.add_argument("--mlm-aux", type=float, default=0)
     ap.add_argument("--dense", dest="sparse", action="store_false",
-                    help="dense AdamW on the embedding tables too (as trellis; slow here)")
+                    help="dense AdamW on the n-gram table too (as trellis; slow here). The token "
+                         "embedding is always dense AdamW: it is also the masked-LM head")
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
