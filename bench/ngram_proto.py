@@ -18,6 +18,15 @@ n-grams are of UTF-8 characters (a continuation byte belongs to the character be
 [--nmin, --nmax], hashed with 32-bit FNV-1a (fastText's hash) into --buckets rows. --layers 0 is
 the fastText-like degenerate (embeddings + n-grams, mean pooled, linear).
 
+--mlm-epochs E first pre-trains the same encoder with BERT's masked-LM objective on the training
+split's own texts (labels unused; task-adaptive pre-training): whole words are chosen with
+probability --mlm-prob, their tokens replaced by a [MASK] row (80%), random tokens (10%) or kept
+(10%); a chosen word's n-gram bags are emptied unless kept (they would give the word away); the
+loss is the cross-entropy over the chosen positions only, with the output head tied to the token
+embedding (no bias). Its own 10% warmup and cosine schedule at --mlm-lr; then the classification
+recipe from those weights with fresh optimizer state. --mlm-aux W keeps W x the masked-LM loss
+(on a separately masked copy of each batch) during fine-tuning.
+
 Usage: ngram_proto.py DATA_DIR [--features none|token|word] [--layers 2] [--epochs 3] ...
 Prints per-epoch validation accuracy and a JSON line at the end.
 """
@@ -101,7 +110,8 @@ class Encoder(nn.Module):
     def __init__(self, V, T, C, H, L, K, buckets, p, sparse):
         super().__init__()
         self.H, self.p = H, p
-        self.wte = nn.Embedding(V, C, sparse=sparse)
+        self.V = V
+        self.wte = nn.Embedding(V + 1, C)  # row V is [MASK]; dense: it is also the MLM head
         self.wpe = nn.Embedding(T, C)
         self.ngrams = nn.EmbeddingBag(buckets, C, mode="mean", sparse=sparse) if buckets else None
         self.blocks = nn.ModuleList()
@@ -121,6 +131,15 @@ class Encoder(nn.Module):
                 nn.init.zeros_(w)
 
     def forward(self, tokens, lengths, bag_ids, bag_offsets):
+        h, real = self.encode(tokens, lengths, bag_ids, bag_offsets)
+        pooled = (h * real[:, :, None]).sum(1) / lengths[:, None]
+        return self.head(F.dropout(pooled, self.p, self.training))
+
+    def mlm_logits(self, h, where):
+        """Vocabulary logits (the tied token embedding, [MASK] row excluded) at positions where."""
+        return h[where] @ self.wte.weight[:self.V].t()
+
+    def encode(self, tokens, lengths, bag_ids, bag_offsets):
         B, T = tokens.shape
         C = self.wte.embedding_dim
         x = self.wte(tokens) + self.wpe(torch.arange(T))[None]
@@ -140,9 +159,7 @@ class Encoder(nn.Module):
             x = x + F.dropout(blk["proj"](y), self.p, self.training)
             h = blk["fc2"](F.gelu(blk["fc1"](blk["ln2"](x)), approximate="tanh"))
             x = x + F.dropout(h, self.p, self.training)
-        h = self.ln_f(x)
-        pooled = (h * real[:, :, None]).sum(1) / lengths[:, None]
-        return self.head(F.dropout(pooled, self.p, self.training))
+        return self.ln_f(x), real
 
 
 def clip(params, max_norm):
@@ -169,12 +186,12 @@ def make_batch(rows, S, T_max):
     lengths = np.zeros(B, dtype=np.int64)
     counts = np.zeros((B, T), dtype=np.int64)
     ids = []
-    for b, (_, toks, grams) in enumerate(rows):
+    for b, (_, toks, grams, _) in enumerate(rows):
         toks = toks[:T - 2]
         tokens[b, 1:1 + len(toks)] = toks
         lengths[b] = len(toks) + 2
     # bags in row-major (b, t) order; specials and padding have empty bags
-    for b, (_, toks, grams) in enumerate(rows):
+    for b, (_, toks, grams, _) in enumerate(rows):
         n = min(len(toks), T - 2)
         for t in range(n):
             counts[b, 1 + t] = len(grams[t]) if grams else 0
@@ -184,6 +201,49 @@ def make_batch(rows, S, T_max):
     return (torch.from_numpy(tokens), torch.from_numpy(lengths).float(),
             torch.tensor(ids, dtype=torch.int64), torch.from_numpy(offsets),
             torch.tensor([r[0] for r in rows]), torch.from_numpy(lengths))
+
+
+def word_ids(tokens, tok_bytes):
+    """Per token, the index of its word (a word starts at a token whose text starts with a space)."""
+    out, w = [], -1
+    for i, t in enumerate(tokens):
+        if i == 0 or tok_bytes[t].startswith(b" "):
+            w += 1
+        out.append(w)
+    return out
+
+
+def mask_rows(rows, V, prob, rng):
+    """BERT's corruption by whole words: rows -> (corrupted rows, [B,T] targets, -100 = no loss).
+    Positions are those of make_batch ([S] at 0, the text from 1)."""
+    out, targets = [], []
+    for (y, toks, grams, words) in rows:
+        n_words = words[-1] + 1 if words else 0
+        chosen = rng.random(n_words) < prob
+        how = rng.random(n_words)  # < 0.8 mask, < 0.9 random, else keep
+        toks2, grams2, tgt = list(toks), list(grams) if grams else None, {}
+        for i, w in enumerate(words):
+            if not chosen[w]:
+                continue
+            tgt[1 + i] = toks[i]
+            if how[w] < 0.8:
+                toks2[i] = V
+            elif how[w] < 0.9:
+                toks2[i] = int(rng.integers(V))
+            if how[w] < 0.9 and grams2 is not None:
+                grams2[i] = []
+        out.append((y, toks2, grams2, words))
+        targets.append(tgt)
+    return out, targets
+
+
+def target_tensor(targets, T):
+    t = torch.full((len(targets), T), -100, dtype=torch.int64)
+    for b, tgt in enumerate(targets):
+        for pos, tok in tgt.items():
+            if pos < T - 1:  # make_batch cuts the text at T - 2 tokens
+                t[b, pos] = tok
+    return t
 
 
 def main():
@@ -205,8 +265,13 @@ def main():
     ap.add_argument("--dropout", type=float, default=0.1)
     ap.add_argument("--smoothing", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--mlm-epochs", type=float, default=0)
+    ap.add_argument("--mlm-prob", type=float, default=0.15)
+    ap.add_argument("--mlm-lr", type=float, default=2e-3)
+    ap.add_argument("--mlm-aux", type=float, default=0)
     ap.add_argument("--dense", dest="sparse", action="store_false",
-                    help="dense AdamW on the embedding tables too (as trellis; slow here)")
+                    help="dense AdamW on the n-gram table too (as trellis; slow here). The token "
+                         "embedding is always dense AdamW: it is also the masked-LM head")
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
@@ -222,7 +287,7 @@ def main():
         for y, src, _ in read_examples(os.path.join(args.data, name)):
             grams = (example_ngrams(src, tok_bytes, args.features, args, cache)
                      if args.features != "none" else None)
-            rows.append((y, src, grams))
+            rows.append((y, src, grams, word_ids(src, tok_bytes)))
         return rows
 
     t0 = time.time()
@@ -231,25 +296,31 @@ def main():
     buckets = args.buckets if args.features != "none" else 0
     model = Encoder(meta["vocab_size"], T_max, args.width, args.heads, args.layers, K, buckets,
                     args.dropout, args.sparse)
-    tables = [p for n, p in model.named_parameters()
-              if args.sparse and n.startswith(("wte.", "ngrams."))]
-    dense = [(n, p) for n, p in model.named_parameters() if all(p is not t for t in tables)]
-    decay = [p for n, p in dense if p.dim() == 2]
-    no_decay = [p for n, p in dense if p.dim() != 2]
-    opts = [torch.optim.AdamW([{"params": decay, "weight_decay": args.wd},
-                               {"params": no_decay, "weight_decay": 0.0}], lr=args.lr,
-                              betas=(0.9, 0.999), eps=1e-8)]
-    if tables:  # lazy Adam: only the rows a batch touched move (no weight decay on them)
-        opts.append(torch.optim.SparseAdam(tables, lr=args.lr, betas=(0.9, 0.999), eps=1e-8))
-    per_epoch = len(train) // args.batch
-    steps = int(round(args.epochs * per_epoch))
-    warmup = max(1, steps // 10)
+    V = meta["vocab_size"]
 
-    def lr_at(step):  # 1-based
-        if step <= warmup:
-            return args.lr * step / warmup
-        prog = (step - warmup) / max(1, steps - warmup)
-        return args.min_lr + 0.5 * (args.lr - args.min_lr) * (1 + math.cos(math.pi * prog))
+    def optimizers(lr):
+        tables = [p for n, p in model.named_parameters() if args.sparse and n.startswith("ngrams.")]
+        dense = [(n, p) for n, p in model.named_parameters() if all(p is not t for t in tables)]
+        decay = [p for n, p in dense if p.dim() == 2]
+        no_decay = [p for n, p in dense if p.dim() != 2]
+        opts = [torch.optim.AdamW([{"params": decay, "weight_decay": args.wd},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=lr,
+                                  betas=(0.9, 0.999), eps=1e-8)]
+        if tables:  # lazy Adam: only the rows a batch touched move (no weight decay on them)
+            opts.append(torch.optim.SparseAdam(tables, lr=lr, betas=(0.9, 0.999), eps=1e-8))
+        return opts
+
+    per_epoch = len(train) // args.batch
+
+    def schedule(steps, peak):
+        warmup = max(1, steps // 10)
+
+        def lr_at(step):  # 1-based
+            if step <= warmup:
+                return peak * step / warmup
+            prog = (step - warmup) / max(1, steps - warmup)
+            return args.min_lr + 0.5 * (peak - args.min_lr) * (1 + math.cos(math.pi * prog))
+        return lr_at
 
     def evaluate():
         model.eval()
@@ -262,29 +333,61 @@ def main():
         return right / len(val)
 
     rng = np.random.default_rng(args.seed)
-    order, pos, accs = rng.permutation(len(train)), 0, []
-    for step in range(1, steps + 1):
-        if pos + args.batch > len(train):
-            order, pos = rng.permutation(len(train)), 0
-        rows = [train[i] for i in order[pos:pos + args.batch]]
-        pos += args.batch
+    mask_rng = np.random.default_rng(args.seed + 1000)
+
+    def mlm_loss(rows):
+        masked, targets = mask_rows(rows, V, args.mlm_prob, mask_rng)
+        tok, ln, ids, off, _, _ = make_batch(masked, S, T_max)
+        tgt = target_tensor(targets, tok.shape[1])
+        where = tgt >= 0
+        h, _ = model.encode(tok, ln, ids, off)
+        return F.cross_entropy(model.mlm_logits(h, where), tgt[where])
+
+    def run_phase(steps, peak, loss_fn, report):
+        opts, lr_at = optimizers(peak), schedule(steps, peak)
+        order, pos = rng.permutation(len(train)), 0
+        for step in range(1, steps + 1):
+            if pos + args.batch > len(train):
+                order, pos = rng.permutation(len(train)), 0
+            rows = [train[i] for i in order[pos:pos + args.batch]]
+            pos += args.batch
+            for opt in opts:
+                for g in opt.param_groups:
+                    g["lr"] = lr_at(step)
+                opt.zero_grad(set_to_none=True)
+            loss = loss_fn(rows)
+            loss.backward()
+            clip(model.parameters(), 1.0)
+            for opt in opts:
+                opt.step()
+            if step % per_epoch == 0 or step == steps:
+                report(step, loss)
+
+    mlm_log, accs = [], []
+    mlm_steps = int(round(args.mlm_epochs * per_epoch))
+    if mlm_steps:
+        def mlm_report(step, loss):
+            mlm_log.append(round(loss.item(), 3))
+            print(f"mlm step {step} loss {loss.item():.3f} ({time.time() - t0:.0f} s)", flush=True)
+        run_phase(mlm_steps, args.mlm_lr, mlm_loss, mlm_report)
+
+    def cls_loss(rows):
         tok, ln, ids, off, y, _ = make_batch(rows, S, T_max)
-        for opt in opts:
-            for g in opt.param_groups:
-                g["lr"] = lr_at(step)
-            opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(tok, ln, ids, off), y, label_smoothing=args.smoothing)
-        loss.backward()
-        clip(model.parameters(), 1.0)
-        for opt in opts:
-            opt.step()
-        if step % per_epoch == 0 or step == steps:
-            accs.append(round(evaluate(), 4))
-            print(f"step {step} loss {loss.item():.3f} val_acc {accs[-1]} "
-                  f"({time.time() - t0:.0f} s)", flush=True)
+        if args.mlm_aux:
+            loss = loss + args.mlm_aux * mlm_loss(rows)
+        return loss
+
+    def cls_report(step, loss):
+        accs.append(round(evaluate(), 4))
+        print(f"step {step} loss {loss.item():.3f} val_acc {accs[-1]} "
+              f"({time.time() - t0:.0f} s)", flush=True)
+    run_phase(int(round(args.epochs * per_epoch)), args.lr, cls_loss, cls_report)
     print(json.dumps({"data": args.data, "features": args.features, "layers": args.layers,
                       "buckets": buckets, "n": [args.nmin, args.nmax], "lower": args.lower,
-                      "seed": args.seed, "sparse": args.sparse, "acc_per_epoch": accs, "seconds": round(time.time() - t0)}))
+                      "seed": args.seed, "sparse": args.sparse,
+                      "mlm_epochs": args.mlm_epochs, "mlm_prob": args.mlm_prob,
+                      "mlm_lr": args.mlm_lr, "mlm_aux": args.mlm_aux, "mlm_loss": mlm_log, "acc_per_epoch": accs, "seconds": round(time.time() - t0)}))
 
 
 if __name__ == "__main__":
