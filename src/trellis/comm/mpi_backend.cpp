@@ -343,6 +343,35 @@ class MpiCommunicator final : public Communicator {
     return w;
   }
 
+  std::unique_ptr<Work> all_gather16_async(const uint16_t* send, uint16_t* recv,
+                                           size_t count) override {
+    auto w = start({"all_gather", 0, count, "16-bit elements"});
+    if (count == 0) return w;
+    const size_t total = count * static_cast<size_t>(size_);
+    uint16_t* mine = recv + static_cast<size_t>(rank_) * count;
+    if (send != mine) {
+      TRELLIS_CHECK(!overlaps(send, count * 2, recv, total * 2),
+                    "16-bit all-gather: the input overlaps the output away from its own block");
+      std::memcpy(mine, send, count * sizeof(uint16_t));
+    }
+    if (count <= g_max_chunk) {
+      MPI_Request r;
+      launch(*w,
+             MPI_Iallgather(MPI_IN_PLACE, static_cast<int>(count), MPI_UINT16_T, recv,
+                            static_cast<int>(count), MPI_UINT16_T, comm_, &r),
+             "MPI_Iallgather", r);
+    } else {
+      for (int root = 0; root < size_; ++root) {
+        uint16_t* block = recv + static_cast<size_t>(root) * count;
+        for_chunks(count, [&](size_t off, int len) {
+          MPI_Request r;
+          launch(*w, MPI_Ibcast(block + off, len, MPI_UINT16_T, root, comm_, &r), "MPI_Ibcast", r);
+        });
+      }
+    }
+    return w;
+  }
+
   std::unique_ptr<Work> broadcast_async(float* buf, size_t n, int root) override {
     TRELLIS_CHECK(root >= 0 && root < size_, "broadcast root {} on communicator {} of size {}",
                   root, name_, size_);
