@@ -48,9 +48,14 @@ TEST(PlannerPublished, ZeroPaperFigure1ModelStates) {
 // and moments in the shards and bf16 working weights on every rank; gradients stay fp32, so the
 // published reference is Megatron's distributed-optimizer accounting, 2 + 4 + 12/d bytes per
 // parameter at ZeRO-1 (the paper's 31.4 GB needs 2-byte gradients), and 2 + 4 + 4 + 8 in a
-// replica (ZeRO-0). ZeRO-2/3 hold more than the paper's 2 + 14/d and 16/d: the gradients of the
-// root and two blocks resident at once, and the fp32 token embedding the lookup reads
-// (docs/memory.md, "Mixed precision").
+// replica (ZeRO-0). trellis's ZeRO-1 holds 6.8% more, all of it named: the fp32 token and
+// position embeddings every rank keeps for the lookup (1.9%), the reduce-scatter's output and
+// ring scratch (2.0%) and the fp32-read tensors' packed gather in flight after the update
+// (2.9%); so the band is 7%. ZeRO-2/3 hold more than the paper's 2 + 14/d and 16/d: also the
+// gradients of the root and two blocks resident at once (docs/memory.md, "Mixed precision").
+// Against the fp32 state (fp32 weights on every rank, as --precision fp32 keeps, and bf16 runs
+// kept before, plus their bf16 copies), ZeRO-1 saves 4 - 2 bytes per parameter of weights less
+// the extras above: more than 1.5 (measured 1.64).
 TEST(PlannerPublished, ZeroPaperFigure1FromTheMemoryModel) {
   RunShape run;
   run.model.arch = "gpt2";
@@ -65,11 +70,17 @@ TEST(PlannerPublished, ZeroPaperFigure1FromTheMemoryModel) {
   run.compute = DType::BF16;
   const double n = double(ParamLayout(run.model).count());
   EXPECT_NEAR(n / 1e9, 7.46, 0.01);
+  auto model_states = [&](DType compute) {
+    run.compute = compute;
+    const RankMemory m = predict_rank_memory(run, 0, 0, 0);
+    run.compute = DType::BF16;
+    return double(m.params + m.grads + m.optimizer + m.shards + m.weight_copies) / 1e9;
+  };
   double gb[4];
   for (int zero = 0; zero <= 3; ++zero) {
     run.zero = zero;
     const RankMemory m = predict_rank_memory(run, 0, 0, 0);
-    gb[zero] = double(m.params + m.grads + m.optimizer + m.shards + m.weight_copies) / 1e9;
+    gb[zero] = model_states(DType::BF16);
     std::printf(
         "ZeRO-%d: model states %.2f GB (params %.2f, grads %.2f, optimizer %.2f, shards "
         "%.2f, bf16 copies %.2f)\n",
@@ -77,8 +88,10 @@ TEST(PlannerPublished, ZeroPaperFigure1FromTheMemoryModel) {
         m.weight_copies / 1e9);
   }
   EXPECT_NEAR(gb[0], n * 18 / 1e9, 0.03 * n * 18 / 1e9) << "a replica: 2 + 4 + 4 + 8";
-  EXPECT_NEAR(gb[1], n * (6 + 12.0 / 64) / 1e9, 0.03 * n * (6 + 12.0 / 64) / 1e9)
+  EXPECT_NEAR(gb[1], n * (6 + 12.0 / 64) / 1e9, 0.07 * n * (6 + 12.0 / 64) / 1e9)
       << "Megatron's distributed optimizer: 2 + 4 + 12/d";
+  run.zero = 1;
+  EXPECT_LT(gb[1], model_states(DType::F32) - 1.5 * n / 1e9) << "fp32 state at ZeRO-1";
   EXPECT_LT(gb[2], gb[1]);
   EXPECT_LT(gb[3], gb[2]);
 }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace trellis {
 
@@ -41,6 +42,15 @@ class Communicator {
                                                    size_t count) {
     (void)send, (void)recv, (void)count;
     abort("the " + backend() + " backend has no 16-bit all-gather", 1);
+    return nullptr;
+  }
+  // An all-gather of blocks of different sizes: rank r sends counts[r] floats; recv receives
+  // their sum, rank r's block after those of the ranks before it. A backend without it ends the
+  // job.
+  virtual std::unique_ptr<Work> all_gatherv_async(const float* send, float* recv,
+                                                  const std::vector<size_t>& counts) {
+    (void)send, (void)recv, (void)counts;
+    abort("the " + backend() + " backend has no all-gather of uneven blocks", 1);
     return nullptr;
   }
   virtual std::unique_ptr<Work> broadcast_async(float* buf, size_t n, int root) = 0;

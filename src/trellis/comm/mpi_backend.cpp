@@ -372,6 +372,36 @@ class MpiCommunicator final : public Communicator {
     return w;
   }
 
+  std::unique_ptr<Work> all_gatherv_async(const float* send, float* recv,
+                                          const std::vector<size_t>& counts) override {
+    TRELLIS_CHECK(counts.size() == static_cast<size_t>(size_), "all_gatherv: {} counts for {} ranks",
+                  counts.size(), size_);
+    size_t total = 0;
+    for (size_t c : counts) total += c;
+    auto w = start({"all_gatherv", 0, total});
+    if (total == 0) return w;
+    TRELLIS_CHECK(total <= g_max_chunk, "all_gatherv of {} floats: more than one request holds",
+                  total);
+    TRELLIS_CHECK(!overlaps(send, counts[size_t(rank_)] * sizeof(float), recv,
+                            total * sizeof(float)),
+                  "all_gatherv: the input overlaps the output");
+    // The counts and displacements must live until the request completes: the work owns them.
+    auto arrays = std::make_shared<std::vector<int>>(2 * counts.size());
+    int displ = 0;
+    for (size_t r = 0; r < counts.size(); ++r) {
+      (*arrays)[r] = static_cast<int>(counts[r]);
+      (*arrays)[counts.size() + r] = displ;
+      displ += static_cast<int>(counts[r]);
+    }
+    w->on_complete = [arrays] {};
+    MPI_Request r;
+    launch(*w,
+           MPI_Iallgatherv(send, static_cast<int>(counts[size_t(rank_)]), MPI_FLOAT, recv,
+                           arrays->data(), arrays->data() + counts.size(), MPI_FLOAT, comm_, &r),
+           "MPI_Iallgatherv", r);
+    return w;
+  }
+
   std::unique_ptr<Work> broadcast_async(float* buf, size_t n, int root) override {
     TRELLIS_CHECK(root >= 0 && root < size_, "broadcast root {} on communicator {} of size {}",
                   root, name_, size_);

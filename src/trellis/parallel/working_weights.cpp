@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <numeric>
 
 #include "trellis/core/error.h"
 #include "trellis/kernels/ops.h"
@@ -46,10 +47,10 @@ WorkingWeights::WorkingWeights(Communicator& dp, size_t padded, std::vector<Flat
       regions_(std::move(regions)),
       bits_((padded + 1) / 2) {
   for (const Region& r : regions_) {
-    size_t most = 0;
+    std::vector<size_t> counts;
     for (int rank = 0; rank < dp_size_; ++rank)
-      most = std::max(most, total_size(fp32_of(fp32_, r, dp_size_, rank)));
-    packed_max_.push_back(most);
+      counts.push_back(total_size(fp32_of(fp32_, r, dp_size_, rank)));
+    counts_.push_back(std::move(counts));
   }
 }
 
@@ -75,18 +76,19 @@ std::unique_ptr<WorkingWeights::Gather> WorkingWeights::start(size_t i, const fl
     if (size_t(dp_rank_) < r.rest) ops::to_bf16(g->rest_in.data(), owned + r.chunk, 1);
     g->tail = dp_.all_gather16_async(g->rest_in.data(), g->rest_out.data(), 1);
   }
-  // The fp32-read elements, packed (each rank's count padded to the largest).
-  const size_t m = packed_max_[i];
-  if (m > 0) {
-    g->f32_in.assign(m, 0.0f);
-    g->f32_out.assign(m * size_t(dp_size_), 0.0f);
+  // The fp32-read elements, packed.
+  const std::vector<size_t>& counts = counts_[i];
+  const size_t total = std::accumulate(counts.begin(), counts.end(), size_t(0));
+  if (total > 0) {
+    g->f32_in.assign(counts[size_t(dp_rank_)], 0.0f);
+    g->f32_out.assign(total, 0.0f);
     const size_t lo = r.begin + r.chunk * size_t(dp_rank_);
     float* at = g->f32_in.data();
     for (const FlatRange& f : fp32_of(fp32_, r, dp_size_, dp_rank_)) {
       const size_t compact = f.begin < lo + r.chunk ? f.begin - lo : r.chunk;
       at = std::copy_n(owned + compact, f.size(), at);
     }
-    g->f32 = dp_.all_gather_async(g->f32_in.data(), g->f32_out.data(), m);
+    g->f32 = dp_.all_gatherv_async(g->f32_in.data(), g->f32_out.data(), counts);
   }
   return g;
 }
@@ -100,9 +102,8 @@ void WorkingWeights::finish(Gather& g, float* params) {
   }
   if (g.f32) {
     g.f32->wait();
-    const size_t m = packed_max_[g.region];
+    const float* from = g.f32_out.data();
     for (int rank = 0; rank < dp_size_; ++rank) {
-      const float* from = g.f32_out.data() + size_t(rank) * m;
       for (const FlatRange& f : fp32_of(fp32_, r, dp_size_, rank)) {
         std::copy_n(from, f.size(), params + f.begin);
         from += f.size();
@@ -161,10 +162,13 @@ int64_t WorkingWeights::bits_bytes(size_t begin, size_t end, bool slack) {
 }
 
 int64_t WorkingWeights::gather_floats(const std::vector<FlatRange>& fp32, const Region& r, int dp) {
-  size_t most = 0;
-  for (int rank = 0; rank < dp; ++rank)
-    most = std::max(most, total_size(fp32_of(fp32, r, dp, rank)));
-  return int64_t(most) * (1 + dp);
+  size_t most = 0, total = 0;
+  for (int rank = 0; rank < dp; ++rank) {
+    const size_t n = total_size(fp32_of(fp32, r, dp, rank));
+    most = std::max(most, n);
+    total += n;
+  }
+  return int64_t(most + total);
 }
 
 }  // namespace trellis

@@ -6,7 +6,7 @@
 // embeddings: model/fp32_read_ranges) in the fp32 buffer, whose other pages are returned. After
 // the update a region's working weights are rounded from the masters of each shard and
 // all-gathered as bf16 bits (half the bytes of an fp32 gather), and its fp32-read elements
-// gathered in fp32, packed. ZeRO-0 keeps whole fp32 replicas and the model's own bf16 copies
+// gathered in fp32, packed (an all-gather of uneven blocks: each rank's fp32-read elements). ZeRO-0 keeps whole fp32 replicas and the model's own bf16 copies
 // (model/modules.h WeightCopies) instead.
 #include <cstddef>
 #include <cstdint>
@@ -61,8 +61,8 @@ class WorkingWeights {
   // end where the range starts or ends inside one, as a region's pages do).
   static int64_t fp32_page_bytes(const std::vector<FlatRange>& fp32, size_t begin, size_t end);
   static int64_t bits_bytes(size_t begin, size_t end, bool slack);
-  // Floats one gather of the region holds in flight for its fp32-read elements (its packed input
-  // and output).
+  // Floats one gather of the region holds in flight for its fp32-read elements (the largest
+  // rank's packed input, and the packed output of all).
   static int64_t gather_floats(const std::vector<FlatRange>& fp32, const Region& r, int dp);
 
  private:
@@ -74,7 +74,7 @@ class WorkingWeights {
   const int dp_size_, dp_rank_;
   std::vector<FlatRange> fp32_;
   std::vector<Region> regions_;
-  std::vector<size_t> packed_max_;  // per region: the most fp32-read elements a rank holds
+  std::vector<std::vector<size_t>> counts_;  // per region and rank: fp32-read elements held
   PageBuffer bits_;                 // ceil(padded / 2) floats = padded bf16 elements
 };
 

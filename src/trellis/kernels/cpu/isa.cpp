@@ -56,7 +56,12 @@ const char* isa_name(Isa isa) {
 Precision choose_precision(const std::string& requested) {
   TRELLIS_REQUIRE(requested == "fp32" || requested == "bf16" || requested == "auto",
                   "precision '{}' is not one of fp32, bf16, auto", requested);
-  const bool has_bf16 = cpu_isa() >= Isa::Avx512Bf16;
+  // Tests only: TRELLIS_TEST_EMULATED_BF16=1 lets a CPU without AVX512-BF16 run bf16 through the
+  // emulated GEMM (an fp32 GEMM of the rounded operands, kernels/cpu/bf16.cpp), so that the
+  // mixed-precision tests run their layouts on any machine.
+  const char* emulate = std::getenv("TRELLIS_TEST_EMULATED_BF16");
+  const bool has_bf16 =
+      cpu_isa() >= Isa::Avx512Bf16 || (emulate && std::string(emulate) == "1");
   if (requested == "fp32" || (requested == "auto" && !has_bf16)) return {DType::F32, ""};
   if (has_bf16) return {DType::BF16, ""};
   return {DType::F32, fmt::format("precision bf16 needs AVX512-BF16, which this CPU ({}) lacks: "
