@@ -308,7 +308,13 @@ class MixedPrecisionState : public testing::TestWithParam<Case> {};
 
 TEST_P(MixedPrecisionState, MastersInTheShardBf16WorkingWeightsFp32OnlyWhereRead) {
   const auto [stage, dp] = GetParam();
-  const ParamLayout layout = tiny_layout();
+  // A vocabulary whose embedding spans several ranks' chunks and is gathered in place
+  // (WorkingWeights::kDirect), beside norms and biases gathered packed.
+  ModelConfig cfg = model_preset("tiny");
+  cfg.vocab_size = 512;
+  cfg.validate();
+  const ParamLayout layout(cfg);
+  ASSERT_GE(size_t(cfg.vocab_size * cfg.n_embd), 2 * WorkingWeights::kDirect);
   std::vector<MixedRun> runs(static_cast<size_t>(dp));
   fake::ThreadGroup group(dp);
   group.run([&](Communicator& c) { runs[size_t(c.rank())] = train_mixed(c, stage, layout); });

@@ -47,10 +47,40 @@ WorkingWeights::WorkingWeights(Communicator& dp, size_t padded, std::vector<Flat
       regions_(std::move(regions)),
       bits_((padded + 1) / 2) {
   for (const Region& r : regions_) {
+    std::vector<FlatRange> direct, packed;
+    split(fp32_, r, dp_size_, direct, packed);
+    std::vector<Direct> d;
+    for (const FlatRange& f : direct) {
+      Direct x{f, {}};
+      for (int rank = 0; rank < dp_size_; ++rank) {
+        const size_t lo = r.begin + r.chunk * size_t(rank);
+        const size_t a = std::max(f.begin, lo), b = std::min(f.end, lo + r.chunk);
+        x.counts.push_back(b > a ? b - a : 0);
+      }
+      d.push_back(std::move(x));
+    }
     std::vector<size_t> counts;
     for (int rank = 0; rank < dp_size_; ++rank)
-      counts.push_back(total_size(fp32_of(fp32_, r, dp_size_, rank)));
+      counts.push_back(total_size(fp32_of(packed, r, dp_size_, rank)));
+    direct_.push_back(std::move(d));
+    packed_.push_back(std::move(packed));
     counts_.push_back(std::move(counts));
+  }
+}
+
+void WorkingWeights::split(const std::vector<FlatRange>& fp32, const Region& r, int dp,
+                           std::vector<FlatRange>& direct, std::vector<FlatRange>& packed) {
+  const size_t main_end = r.begin + r.chunk * size_t(dp), end = main_end + r.rest;
+  std::vector<FlatRange> in;
+  clip(fp32, r.begin, end, in);
+  for (const FlatRange& f : in) {
+    const FlatRange main{f.begin, std::min(f.end, main_end)};
+    if (main.begin < main.end && main.size() >= kDirect) {
+      direct.push_back(main);
+      if (main.end < f.end) packed.push_back({main.end, f.end});
+    } else {
+      packed.push_back(f);
+    }
   }
 }
 
@@ -76,15 +106,20 @@ std::unique_ptr<WorkingWeights::Gather> WorkingWeights::start(size_t i, const fl
     if (size_t(dp_rank_) < r.rest) ops::to_bf16(g->rest_in.data(), owned + r.chunk, 1);
     g->tail = dp_.all_gather16_async(g->rest_in.data(), g->rest_out.data(), 1);
   }
-  // The fp32-read elements, packed.
+  // Large fp32-read tensors straight into their place, from this rank's masters of them.
+  const size_t lo = r.begin + r.chunk * size_t(dp_rank_);
+  for (const Direct& d : direct_[i]) {
+    const size_t at = std::min(std::max(d.range.begin, lo) - lo, r.chunk);
+    g->direct.push_back(dp_.all_gatherv_async(owned + at, params.data() + d.range.begin, d.counts));
+  }
+  // The other fp32-read elements, packed.
   const std::vector<size_t>& counts = counts_[i];
   const size_t total = std::accumulate(counts.begin(), counts.end(), size_t(0));
   if (total > 0) {
     g->f32_in.assign(counts[size_t(dp_rank_)], 0.0f);
     g->f32_out.assign(total, 0.0f);
-    const size_t lo = r.begin + r.chunk * size_t(dp_rank_);
     float* at = g->f32_in.data();
-    for (const FlatRange& f : fp32_of(fp32_, r, dp_size_, dp_rank_)) {
+    for (const FlatRange& f : fp32_of(packed_[i], r, dp_size_, dp_rank_)) {
       const size_t compact = f.begin < lo + r.chunk ? f.begin - lo : r.chunk;
       at = std::copy_n(owned + compact, f.size(), at);
     }
@@ -100,11 +135,12 @@ void WorkingWeights::finish(Gather& g, float* params) {
     g.tail->wait();
     std::copy_n(g.rest_out.data(), r.rest, bits() + r.begin + r.chunk * size_t(dp_size_));
   }
+  for (const std::unique_ptr<Work>& w : g.direct) w->wait();
   if (g.f32) {
     g.f32->wait();
     const float* from = g.f32_out.data();
     for (int rank = 0; rank < dp_size_; ++rank) {
-      for (const FlatRange& f : fp32_of(fp32_, r, dp_size_, rank)) {
+      for (const FlatRange& f : fp32_of(packed_[g.region], r, dp_size_, rank)) {
         std::copy_n(from, f.size(), params + f.begin);
         from += f.size();
       }
@@ -162,9 +198,11 @@ int64_t WorkingWeights::bits_bytes(size_t begin, size_t end, bool slack) {
 }
 
 int64_t WorkingWeights::gather_floats(const std::vector<FlatRange>& fp32, const Region& r, int dp) {
+  std::vector<FlatRange> direct, packed;
+  split(fp32, r, dp, direct, packed);
   size_t most = 0, total = 0;
   for (int rank = 0; rank < dp; ++rank) {
-    const size_t n = total_size(fp32_of(fp32, r, dp, rank));
+    const size_t n = total_size(fp32_of(packed, r, dp, rank));
     most = std::max(most, n);
     total += n;
   }

@@ -6,8 +6,11 @@
 // embeddings: model/fp32_read_ranges) in the fp32 buffer, whose other pages are returned. After
 // the update a region's working weights are rounded from the masters of each shard and
 // all-gathered as bf16 bits (half the bytes of an fp32 gather), and its fp32-read elements
-// gathered in fp32, packed (an all-gather of uneven blocks: each rank's fp32-read elements). ZeRO-0 keeps whole fp32 replicas and the model's own bf16 copies
-// (model/modules.h WeightCopies) instead.
+// gathered in fp32: a large fp32-read tensor's part in the ranks' chunks straight into its place
+// (an all-gather of uneven blocks: the chunks are consecutive, so its pieces are too), the rest
+// (norms, biases, the rest elements) packed, so that nothing the size of an embedding is staged.
+// ZeRO-0 keeps whole fp32 replicas and the model's own bf16 copies (model/modules.h WeightCopies)
+// instead.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -31,6 +34,9 @@ class WorkingWeights {
   WorkingWeights(Communicator& dp, size_t padded, std::vector<FlatRange> fp32,
                  std::vector<Region> regions);
 
+  // fp32-read elements of a region's chunks that are gathered in place rather than packed.
+  static constexpr size_t kDirect = 4096;
+
   uint16_t* bits() { return reinterpret_cast<uint16_t*>(bits_.data()); }
   const std::vector<FlatRange>& fp32_ranges() const { return fp32_; }
 
@@ -38,6 +44,7 @@ class WorkingWeights {
   struct Gather {
     size_t region = 0;
     std::unique_ptr<Work> main, tail, f32;
+    std::vector<std::unique_ptr<Work>> direct;
     std::vector<uint16_t> rest_in, rest_out;
     std::vector<float> f32_in, f32_out;
   };
@@ -69,12 +76,22 @@ class WorkingWeights {
   // The fp32-read ranges (layout offsets) among the elements rank `rank` holds of region r.
   static std::vector<FlatRange> fp32_of(const std::vector<FlatRange>& fp32, const Region& r, int dp,
                                         int rank);
+  // Region r's fp32-read ranges split: the parts inside its chunks of at least kDirect elements,
+  // gathered in place, and the rest, gathered packed.
+  static void split(const std::vector<FlatRange>& fp32, const Region& r, int dp,
+                    std::vector<FlatRange>& direct, std::vector<FlatRange>& packed);
 
   Communicator& dp_;
   const int dp_size_, dp_rank_;
   std::vector<FlatRange> fp32_;
   std::vector<Region> regions_;
-  std::vector<std::vector<size_t>> counts_;  // per region and rank: fp32-read elements held
+  struct Direct {
+    FlatRange range;
+    std::vector<size_t> counts;  // per rank: its elements
+  };
+  std::vector<std::vector<Direct>> direct_;     // per region
+  std::vector<std::vector<FlatRange>> packed_;  // per region: the packed fp32-read ranges
+  std::vector<std::vector<size_t>> counts_;     // per region and rank: packed elements held
   PageBuffer bits_;                 // ceil(padded / 2) floats = padded bf16 elements
 };
 
