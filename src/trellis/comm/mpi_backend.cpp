@@ -380,11 +380,23 @@ class MpiCommunicator final : public Communicator {
     for (size_t c : counts) total += c;
     auto w = start({"all_gatherv", 0, total});
     if (total == 0) return w;
-    TRELLIS_CHECK(total <= g_max_chunk, "all_gatherv of {} floats: more than one request holds",
-                  total);
     TRELLIS_CHECK(!overlaps(send, counts[size_t(rank_)] * sizeof(float), recv,
                             total * sizeof(float)),
                   "all_gatherv: the input overlaps the output");
+    if (total > g_max_chunk) {
+      // The blocks do not fit one request: every rank broadcasts its block piece by piece.
+      size_t at = 0;
+      for (int root = 0; root < size_; ++root) {
+        float* block = recv + at;
+        if (root == rank_) std::memcpy(block, send, counts[size_t(root)] * sizeof(float));
+        for_chunks(counts[size_t(root)], [&](size_t off, int len) {
+          MPI_Request r;
+          launch(*w, MPI_Ibcast(block + off, len, MPI_FLOAT, root, comm_, &r), "MPI_Ibcast", r);
+        });
+        at += counts[size_t(root)];
+      }
+      return w;
+    }
     // The counts and displacements must live until the request completes: the work owns them.
     auto arrays = std::make_shared<std::vector<int>>(2 * counts.size());
     int displ = 0;
