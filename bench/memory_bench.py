@@ -6,6 +6,7 @@ the losses, so a run that only fits is also seen to train.
 
 usage: python3 bench/memory_bench.py TRELLIS_BIN DATA_DIR OUT [--model gpt2-medium] [--dp 2]
   [--zero 0,1,2,3] [--recompute none,selective,full] [--seq-len 512] [--batch-size 2] [--steps 2]
+  [--precision fp32|bf16]
 Prints a Markdown table; run it under `flock /tmp/bench.lock` on a quiet machine."""
 import argparse
 import json
@@ -24,20 +25,22 @@ p.add_argument("--recompute", default="none,selective,full")
 p.add_argument("--seq-len", type=int, default=512)
 p.add_argument("--batch-size", type=int, default=2)
 p.add_argument("--steps", type=int, default=2)
+p.add_argument("--precision", default="fp32")
 a = p.parse_args()
 
 env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
 common = ["train", "--model", a.model, "--data", a.data, "--seq-len", str(a.seq_len),
           "--batch-size", str(a.batch_size), "--steps", str(a.steps), "--val-every", "0",
           "--val-batches", "0", "--threads", "1", "--quiet", "--tensorboard", "false",
-          "--precision", "fp32", "--dp", str(a.dp)]
+          "--precision", a.precision, "--dp", str(a.dp)]
 mib = 1 << 20
 print(f"load average before: {os.getloadavg()}")
-print(f"{a.model}, dp {a.dp}, batch {a.batch_size} x {a.seq_len} tokens, {a.steps} steps, fp32, "
+print(f"{a.model}, dp {a.dp}, batch {a.batch_size} x {a.seq_len} tokens, {a.steps} steps, "
+      f"{a.precision}, "
       "MiB of the largest rank\n")
-print("| zero | recompute | params | grads | optimizer | shards | activations | workspace "
-      "| predicted | measured | error | peak RSS | losses | step s |")
-print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+print("| zero | recompute | params | grads | optimizer | shards | bf16 copies | activations "
+      "| workspace | predicted | measured | error | peak RSS | losses | step s |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
 for zero in a.zero.split(","):
     for policy in a.recompute.split(","):
         layout = ["--zero", zero, "--recompute", policy]
@@ -53,8 +56,9 @@ for zero in a.zero.split(","):
         measured = max(r["alloc_peak_bytes_max"] for r in rows)
         rss = max(r["peak_rss_bytes_max"] for r in rows)
         step_s = sorted(r["step_ms"] for r in rows)[len(rows) // 2] / 1000
-        cells = [top[k] / mib for k in ("params", "grads", "optimizer", "shards", "activations",
-                                        "workspace", "total")]
+        cells = [top.get(k, 0) / mib for k in ("params", "grads", "optimizer", "shards",
+                                               "weight_copies", "activations", "workspace",
+                                               "total")]
         losses = " → ".join(f"{r['loss']:.3f}" for r in (rows[0], rows[-1]))
         print(f"| {zero} | {policy} | " + " | ".join(f"{c:,.0f}" for c in cells) +
               f" | {measured / mib:,.0f} | {100 * (measured / top['total'] - 1):+.1f}% "

@@ -31,7 +31,7 @@ trellis_layer(optim PUBLIC model PRIVATE core)
 trellis_layer(data PUBLIC core PRIVATE model)
 trellis_layer(io PUBLIC model PRIVATE core data)
 trellis_layer(eval PRIVATE core)
-trellis_layer(parallel PUBLIC core comm tensor_parallel model)
+trellis_layer(parallel PUBLIC core comm tensor_parallel model PRIVATE kernels)
 trellis_layer(plan PUBLIC core model parallel PRIVATE kernels comm tensor_parallel optim)
 trellis_layer(train PUBLIC comm model optim data io parallel
                     PRIVATE core kernels tensor_parallel eval plan)

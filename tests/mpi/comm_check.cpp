@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -122,6 +123,33 @@ void check_reduce_scatter_all_gather(Communicator& c) {
     c.all_gather_async(inplace.data() + r * count, inplace.data(), count)->wait();
     expect_equal(inplace, all_want, fmt::format("in-place all_gather of {} floats", count));
   }
+}
+
+// 16-bit all-gathers (bf16 working weights), from a separate input and in place, and all-gathers
+// of uneven blocks (mixed precision's fp32-read elements), one rank's block empty.
+void check_all_gather16_and_v(Communicator& c) {
+  const int p = c.size(), r = c.rank();
+  for (size_t count : {size_t{0}, size_t{1}, size_t{1001}, size_t{250007}}) {
+    std::vector<uint16_t> mine(count), all(count * p, 0xFFFF), want(count * p);
+    for (size_t i = 0; i < count; ++i) mine[i] = uint16_t(r * 4099 + i * 7);
+    for (int b = 0; b < p; ++b)
+      for (size_t i = 0; i < count; ++i) want[b * count + i] = uint16_t(b * 4099 + i * 7);
+    c.all_gather16_async(mine.data(), all.data(), count)->wait();
+    expect(all == want, fmt::format("all_gather16 of {} elements a rank", count));
+    std::vector<uint16_t> inplace(count * p, 0xFFFF);
+    std::copy(mine.begin(), mine.end(), inplace.begin() + r * count);
+    c.all_gather16_async(inplace.data() + r * count, inplace.data(), count)->wait();
+    expect(inplace == want, fmt::format("in-place all_gather16 of {} elements", count));
+  }
+  std::vector<size_t> counts;
+  for (int b = 0; b < p; ++b) counts.push_back(b == 1 ? 0 : size_t(1000 * b + 3));
+  std::vector<float> mine(counts[size_t(r)]), want;
+  for (size_t i = 0; i < mine.size(); ++i) mine[i] = float(r * 100000 + int(i));
+  for (int b = 0; b < p; ++b)
+    for (size_t i = 0; i < counts[size_t(b)]; ++i) want.push_back(float(b * 100000 + int(i)));
+  std::vector<float> all(want.size(), -1.0f);
+  c.all_gatherv_async(mine.data(), all.data(), counts)->wait();
+  expect_equal(all, want, "all_gatherv of uneven blocks");
 }
 
 // Several reduce-scatters in flight, of different sizes, completed in reverse order: each must
@@ -407,6 +435,7 @@ int main(int argc, char** argv) {
     const int p = world->size();
     check_all_reduce(*world);
     check_reduce_scatter_all_gather(*world);
+    check_all_gather16_and_v(*world);
     check_overlapping_reduce_scatters(*world);
     check_broadcast(*world);
     check_ring(*world);

@@ -13,7 +13,7 @@ from trellis_test import check, fresh_dir, metrics, mpirun, run
 # A 10.8M-parameter model on the built-in corpus: model state and activations dominate.
 common = ["train", "--model", "baby", "--batch-size", 8, "--seq-len", 128, "--steps", 2,
           "--threads", 1, "--quiet", "--tensorboard", "false", "--val-every", 0,
-          "--val-batches", 1, "--precision", "fp32"]
+          "--val-batches", 1]
 layouts = {
     "single": [],
     "dp2_zero1": ["--dp", 2, "--zero", 1],
@@ -27,12 +27,20 @@ layouts = {
     "pp2_dp2_zero1_gpipe": ["--pp", 2, "--dp", 2, "--zero", 1, "--micro-batch-size", 2,
                             "--schedule", "gpipe"],
 }
+# Mixed precision (bf16 under ZeRO-1/2/3: fp32 masters only in the shard, bf16 working weights,
+# parallel/working_weights.h).
+# Without AVX512-BF16 the emulated bf16 GEMM runs them.
+os.environ.pop("TRELLIS_ISA", None)
+for zero in (0, 1, 2, 3):
+    layouts[f"bf16_dp2_zero{zero}"] = ["--dp", 2, "--zero", zero, "--precision", "bf16"]
 peaks = {}
 for name, args in layouts.items():
     world = 1
     for flag in ("--dp", "--tp", "--pp"):
         if flag in args:
             world *= args[args.index(flag) + 1]
+    if "--precision" not in args:
+        args = args + ["--precision", "fp32"]
     out, _ = run(common + args + ["--dry-run", "--json"])
     ranks = json.loads(out)
     check(len(ranks) == world and all(r["total"] > 0 for r in ranks),
@@ -55,3 +63,11 @@ for name, args in layouts.items():
 z1, z2, z3 = (peaks[f"dp4_zero{z}_micro1"] for z in (1, 2, 3))
 check(z3 < z2 < z1, f"allocator high-water mark falls with the stage: zero1 {z1}, zero2 {z2}, "
       f"zero3 {z3} bytes")
+
+# Mixed precision shards the fp32 masters too: at dp2 each bf16 ZeRO stage's peak lies below
+# the one before, and bf16 ZeRO-1's below fp32 ZeRO-1's (the same run, fp32 weights replicated
+# there).
+b = [peaks[f"bf16_dp2_zero{z}"] for z in (0, 1, 2, 3)]
+check(b[3] < b[2] < b[1] < b[0], f"bf16 dp2: the high-water mark falls with the stage: {b}")
+check(b[1] < peaks["dp2_zero1"],
+      f"bf16 dp2 ZeRO-1 peak {b[1]} below fp32 dp2 ZeRO-1's {peaks['dp2_zero1']}")

@@ -140,6 +140,63 @@ class ThreadGroup {
     bool done_ = false;
   };
 
+  class Narrowed final : public Work {
+   public:
+    Narrowed(std::unique_ptr<Work> w, std::unique_ptr<std::vector<float>> staging, uint16_t* out)
+        : w_(std::move(w)), staging_(std::move(staging)), out_(out) {}
+    void wait() override {
+      w_->wait();
+      narrow();
+    }
+    bool test() override {
+      if (!w_->test()) return false;
+      narrow();
+      return true;
+    }
+
+   private:
+    void narrow() {
+      if (done_) return;
+      for (size_t i = 0; i < staging_->size(); ++i) out_[i] = uint16_t((*staging_)[i]);
+      done_ = true;
+    }
+    std::unique_ptr<Work> w_;
+    std::unique_ptr<std::vector<float>> staging_;
+    uint16_t* out_;
+    bool done_ = false;
+  };
+
+  class Compacted final : public Work {
+   public:
+    Compacted(std::unique_ptr<Work> w, std::unique_ptr<std::vector<float>> staging, float* out,
+              std::vector<size_t> counts)
+        : w_(std::move(w)), staging_(std::move(staging)), out_(out), counts_(std::move(counts)) {}
+    void wait() override {
+      w_->wait();
+      compact();
+    }
+    bool test() override {
+      if (!w_->test()) return false;
+      compact();
+      return true;
+    }
+
+   private:
+    void compact() {
+      if (done_) return;
+      const size_t most = staging_->size() / counts_.size();
+      float* out = out_;
+      for (size_t r = 0; r < counts_.size(); ++r)
+        out = std::copy_n(staging_->begin() + ptrdiff_t(r * most), counts_[r], out);
+      done_ = true;
+    }
+    std::unique_ptr<Work> w_;
+    std::unique_ptr<std::vector<float>> staging_;
+    float* out_;
+    std::vector<size_t> counts_;
+    bool done_ = false;
+  };
+
   class Rank final : public FakeCommunicator {
    public:
     Rank(ThreadGroup& g, int rank) : FakeCommunicator(rank, g.size_), g_(g) {}
@@ -153,6 +210,25 @@ class ThreadGroup {
     }
     std::unique_ptr<Work> all_gather_async(const float* send, float* recv, size_t count) override {
       return issue(Kind::AllGather, count, send, count, recv);
+    }
+    // 16-bit elements travel as floats (exact: integers below 2^24) through a staging buffer
+    // that waiting narrows into recv.
+    std::unique_ptr<Work> all_gather16_async(const uint16_t* send, uint16_t* recv,
+                                             size_t count) override {
+      const std::vector<float> in(send, send + count);
+      auto staging = std::make_unique<std::vector<float>>(count * size_t(size()));
+      std::unique_ptr<Work> w = issue(Kind::AllGather, count, in.data(), count, staging->data());
+      return std::make_unique<Narrowed>(std::move(w), std::move(staging), recv);
+    }
+    // Blocks padded to the largest, compacted on waiting.
+    std::unique_ptr<Work> all_gatherv_async(const float* send, float* recv,
+                                            const std::vector<size_t>& counts) override {
+      const size_t most = *std::max_element(counts.begin(), counts.end());
+      std::vector<float> in(most, 0.0f);
+      std::copy_n(send, counts[size_t(rank())], in.begin());
+      auto staging = std::make_unique<std::vector<float>>(most * counts.size());
+      std::unique_ptr<Work> w = issue(Kind::AllGather, most, in.data(), most, staging->data());
+      return std::make_unique<Compacted>(std::move(w), std::move(staging), recv, counts);
     }
     std::unique_ptr<Work> broadcast_async(float* buf, size_t n, int root) override {
       return issue(Kind::Broadcast, n, buf, n, buf, root);

@@ -5,6 +5,7 @@
 // parameters only while the block computes, or until the next pass, which starts with it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -15,7 +16,9 @@
 #include "fake_communicator.h"
 #include "trellis/core/error.h"
 #include "trellis/model/block_hooks.h"
+#include "trellis/kernels/ops.h"
 #include "trellis/model/config.h"
+#include "trellis/model/model_chunk.h"
 #include "trellis/model/params.h"
 #include "trellis/optim/optimizer.h"
 #include "trellis/parallel/zero.h"
@@ -239,6 +242,113 @@ INSTANTIATE_TEST_SUITE_P(DataParallelSync, EveryStrategy,
                                                              {ZeroStage::ShardedGradients, 4},
                                                              {ZeroStage::ShardedParameters, 2},
                                                              {ZeroStage::ShardedParameters, 3},
+                                                             {ZeroStage::ShardedParameters, 4}}),
+                         case_name);
+
+// Mixed-precision state (bf16 under ZeRO-1/2/3, parallel/working_weights.h): each rank's fp32
+// masters take one rank's AdamW steps bit for bit, and what the model sees after every update is
+// those parameters rounded to bf16 (the working weights, every element) plus the exact fp32
+// values of the tensors kernels read in fp32; the other tensors' fp32 values are gone (released:
+// they read as zero).
+struct MixedRun {
+  std::vector<FlatRange> owned;
+  std::vector<std::vector<float>> masters;    // per step, compact
+  std::vector<std::vector<uint16_t>> bits;    // per step, as the model sees them
+  std::vector<std::vector<float>> fp32_read;  // per step, the fp32-read ranges concatenated
+  size_t fp32_left = 0;  // after adopt_params: nonzero fp32 values outside the fp32-read ranges
+};
+
+MixedRun train_mixed(Communicator& comm, ZeroStage stage, const ParamLayout& layout) {
+  const int n_layer = layout.config().n_layer;
+  const std::vector<ZeroUnit> units = zero_units(layout);
+  const std::vector<FlatRange> fp32 = fp32_read_ranges(layout);
+  MixedRun run;
+  auto sync = make_data_parallel_sync(comm, stage, layout, kBucketBytes, true);
+  init_params(layout, kSeed, sync->params());
+  sync->adopt_params(true);
+  size_t at = 0;
+  for (const FlatRange& f : fp32) {
+    for (; at < f.begin; ++at) run.fp32_left += sync->params()[at] != 0.0f;
+    at = f.end;
+  }
+  for (; at < layout.size(); ++at) run.fp32_left += sync->params()[at] != 0.0f;
+  Optimizer opt(OptimConfig{}, layout, sync->owned());
+  run.owned = sync->owned();
+  for (int step = 1; step <= kSteps; ++step) {
+    sync->begin_step();
+    for (int m = 0; m < kMicroBatches; ++m) {
+      forward_pass(*sync, n_layer, {});
+      backward_pass(*sync, units, n_layer, m + 1 == kMicroBatches,
+                    [&](size_t i) { return grad_of(step, comm.rank(), m, i); });
+    }
+    sync->reduce_gradients();
+    opt.step_compact(sync->owned_params(), sync->owned_grads(), kLr, step);
+    sync->gather_parameters();
+    const float* mp = sync->owned_params();
+    run.masters.emplace_back(mp, mp + total_size(run.owned));
+    // The root as it is, each block between its forward hooks (ZeRO-3 gathers it there).
+    std::vector<uint16_t> bits(layout.size(), 0);
+    std::vector<float> f32(layout.size(), 0.0f);
+    auto copy = [&](const ZeroUnit& u) {
+      std::copy(sync->working_bits() + u.begin, sync->working_bits() + u.end,
+                bits.begin() + ptrdiff_t(u.begin));
+      std::copy(sync->params() + u.begin, sync->params() + u.end,
+                f32.begin() + ptrdiff_t(u.begin));
+    };
+    for (const ZeroUnit& u : units)
+      if (u.layer < 0) copy(u);
+    forward_pass(*sync, n_layer, [&](int l) { copy(block_unit(units, l)); });
+    run.bits.push_back(bits);
+    run.fp32_read.push_back(gather_ranges(f32, fp32));
+  }
+  return run;
+}
+
+class MixedPrecisionState : public testing::TestWithParam<Case> {};
+
+TEST_P(MixedPrecisionState, MastersInTheShardBf16WorkingWeightsFp32OnlyWhereRead) {
+  const auto [stage, dp] = GetParam();
+  // A vocabulary whose embedding spans several ranks' chunks and is gathered in place
+  // (WorkingWeights::kDirect), beside norms and biases gathered packed.
+  ModelConfig cfg = model_preset("tiny");
+  cfg.vocab_size = 512;
+  cfg.validate();
+  const ParamLayout layout(cfg);
+  ASSERT_GE(size_t(cfg.vocab_size * cfg.n_embd), 2 * WorkingWeights::kDirect);
+  std::vector<MixedRun> runs(static_cast<size_t>(dp));
+  fake::ThreadGroup group(dp);
+  group.run([&](Communicator& c) { runs[size_t(c.rank())] = train_mixed(c, stage, layout); });
+  const Reference ref = reference(layout, dp);
+  const std::vector<FlatRange> fp32 = fp32_read_ranges(layout);
+  ASSERT_GT(total_size(fp32), 0u);
+  ASSERT_LT(total_size(fp32), layout.size() / 2) << "most parameters are multiplied weights";
+  for (int r = 0; r < dp; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    const MixedRun& run = runs[size_t(r)];
+    EXPECT_EQ(run.fp32_left, 0u) << "the multiplied weights' fp32 values released";
+    for (int s = 0; s < kSteps; ++s) {
+      SCOPED_TRACE("step " + std::to_string(s + 1));
+      const std::vector<float>& want = ref.params[size_t(s)];
+      EXPECT_EQ(first_difference(run.masters[size_t(s)], gather_ranges(want, run.owned)), -1)
+          << "masters differ from one rank's step";
+      std::vector<uint16_t> rounded(want.size());
+      ops::to_bf16(rounded.data(), want.data(), int64_t(want.size()));
+      const auto& bits = run.bits[size_t(s)];
+      const auto diff = std::mismatch(bits.begin(), bits.end(), rounded.begin());
+      EXPECT_TRUE(diff.first == bits.end())
+          << "working weight " << (diff.first - bits.begin()) << " is not the master rounded";
+      EXPECT_EQ(first_difference(run.fp32_read[size_t(s)], gather_ranges(want, fp32)), -1)
+          << "an fp32-read tensor differs from one rank's step";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(DataParallelSync, MixedPrecisionState,
+                         testing::ValuesIn(std::vector<Case>{{ZeroStage::ShardedOptimizer, 2},
+                                                             {ZeroStage::ShardedOptimizer, 3},
+                                                             {ZeroStage::ShardedGradients, 2},
+                                                             {ZeroStage::ShardedGradients, 3},
+                                                             {ZeroStage::ShardedParameters, 2},
                                                              {ZeroStage::ShardedParameters, 4}}),
                          case_name);
 

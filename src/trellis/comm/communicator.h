@@ -3,8 +3,10 @@
 // bounded by a timeout; a timeout or a failure on any rank ends the whole job with a message that
 // names the rank and the operation (DESIGN invariant 5).
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace trellis {
 
@@ -34,6 +36,23 @@ class Communicator {
                                                      size_t count) = 0;
   // send holds count floats; recv receives size()*count floats, block r from rank r.
   virtual std::unique_ptr<Work> all_gather_async(const float* send, float* recv, size_t count) = 0;
+  // The same over 16-bit elements (bf16 bits), moved as they are: a mixed-precision run gathers
+  // its bf16 working weights at half the bytes of fp32. A backend without it ends the job.
+  virtual std::unique_ptr<Work> all_gather16_async(const uint16_t* send, uint16_t* recv,
+                                                   size_t count) {
+    (void)send, (void)recv, (void)count;
+    abort("the " + backend() + " backend has no 16-bit all-gather", 1);
+    return nullptr;
+  }
+  // An all-gather of blocks of different sizes: rank r sends counts[r] floats; recv receives
+  // their sum, rank r's block after those of the ranks before it. A backend without it ends the
+  // job.
+  virtual std::unique_ptr<Work> all_gatherv_async(const float* send, float* recv,
+                                                  const std::vector<size_t>& counts) {
+    (void)send, (void)recv, (void)counts;
+    abort("the " + backend() + " backend has no all-gather of uneven blocks", 1);
+    return nullptr;
+  }
   virtual std::unique_ptr<Work> broadcast_async(float* buf, size_t n, int root) = 0;
   virtual std::unique_ptr<Work> send_async(const float* buf, size_t n, int dst, int tag) = 0;
   virtual std::unique_ptr<Work> recv_async(float* buf, size_t n, int src, int tag) = 0;

@@ -53,6 +53,16 @@ class LocalCommunicator final : public Communicator {
     copy_floats(recv, send, count);
     return done();
   }
+  std::unique_ptr<Work> all_gather16_async(const uint16_t* send, uint16_t* recv,
+                                           size_t count) override {
+    if (count > 0 && recv != send) std::memmove(recv, send, count * sizeof(uint16_t));
+    return done();
+  }
+  std::unique_ptr<Work> all_gatherv_async(const float* send, float* recv,
+                                          const std::vector<size_t>& counts) override {
+    copy_floats(recv, send, counts.at(0));
+    return done();
+  }
   std::unique_ptr<Work> broadcast_async(float*, size_t n, int root) override {
     TRELLIS_CHECK(root == 0, "broadcast of {} floats from root {} on a communicator of size 1", n,
                   root);

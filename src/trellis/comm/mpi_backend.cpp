@@ -343,6 +343,77 @@ class MpiCommunicator final : public Communicator {
     return w;
   }
 
+  std::unique_ptr<Work> all_gather16_async(const uint16_t* send, uint16_t* recv,
+                                           size_t count) override {
+    auto w = start({"all_gather", 0, count, "16-bit elements"});
+    if (count == 0) return w;
+    const size_t total = count * static_cast<size_t>(size_);
+    uint16_t* mine = recv + static_cast<size_t>(rank_) * count;
+    if (send != mine) {
+      TRELLIS_CHECK(!overlaps(send, count * 2, recv, total * 2),
+                    "16-bit all-gather: the input overlaps the output away from its own block");
+      std::memcpy(mine, send, count * sizeof(uint16_t));
+    }
+    if (count <= g_max_chunk) {
+      MPI_Request r;
+      launch(*w,
+             MPI_Iallgather(MPI_IN_PLACE, static_cast<int>(count), MPI_UINT16_T, recv,
+                            static_cast<int>(count), MPI_UINT16_T, comm_, &r),
+             "MPI_Iallgather", r);
+    } else {
+      for (int root = 0; root < size_; ++root) {
+        uint16_t* block = recv + static_cast<size_t>(root) * count;
+        for_chunks(count, [&](size_t off, int len) {
+          MPI_Request r;
+          launch(*w, MPI_Ibcast(block + off, len, MPI_UINT16_T, root, comm_, &r), "MPI_Ibcast", r);
+        });
+      }
+    }
+    return w;
+  }
+
+  std::unique_ptr<Work> all_gatherv_async(const float* send, float* recv,
+                                          const std::vector<size_t>& counts) override {
+    TRELLIS_CHECK(counts.size() == static_cast<size_t>(size_), "all_gatherv: {} counts for {} ranks",
+                  counts.size(), size_);
+    size_t total = 0;
+    for (size_t c : counts) total += c;
+    auto w = start({"all_gatherv", 0, total});
+    if (total == 0) return w;
+    TRELLIS_CHECK(!overlaps(send, counts[size_t(rank_)] * sizeof(float), recv,
+                            total * sizeof(float)),
+                  "all_gatherv: the input overlaps the output");
+    if (total > g_max_chunk) {
+      // The blocks do not fit one request: every rank broadcasts its block piece by piece.
+      size_t at = 0;
+      for (int root = 0; root < size_; ++root) {
+        float* block = recv + at;
+        if (root == rank_) std::memcpy(block, send, counts[size_t(root)] * sizeof(float));
+        for_chunks(counts[size_t(root)], [&](size_t off, int len) {
+          MPI_Request r;
+          launch(*w, MPI_Ibcast(block + off, len, MPI_FLOAT, root, comm_, &r), "MPI_Ibcast", r);
+        });
+        at += counts[size_t(root)];
+      }
+      return w;
+    }
+    // The counts and displacements must live until the request completes: the work owns them.
+    auto arrays = std::make_shared<std::vector<int>>(2 * counts.size());
+    int displ = 0;
+    for (size_t r = 0; r < counts.size(); ++r) {
+      (*arrays)[r] = static_cast<int>(counts[r]);
+      (*arrays)[counts.size() + r] = displ;
+      displ += static_cast<int>(counts[r]);
+    }
+    w->on_complete = [arrays] {};
+    MPI_Request r;
+    launch(*w,
+           MPI_Iallgatherv(send, static_cast<int>(counts[size_t(rank_)]), MPI_FLOAT, recv,
+                           arrays->data(), arrays->data() + counts.size(), MPI_FLOAT, comm_, &r),
+           "MPI_Iallgatherv", r);
+    return w;
+  }
+
   std::unique_ptr<Work> broadcast_async(float* buf, size_t n, int root) override {
     TRELLIS_CHECK(root >= 0 && root < size_, "broadcast root {} on communicator {} of size {}",
                   root, name_, size_);

@@ -599,8 +599,15 @@ void ModelChunk::set_weight_copies(WeightCopyPolicy policy) {
   copies_.set_enabled(policy != WeightCopyPolicy::Off);
 }
 
+void ModelChunk::use_working_weights(const float* params, const uint16_t* bits) {
+  TRELLIS_CHECK(bf16_, "bf16 working weights given to an fp32 model");
+  copies_.use_working(params, bits);
+}
+
 int64_t ModelChunk::weight_copy_bytes() const {
-  return bf16_ && copies_.enabled() ? copies_.elements() * int64_t(sizeof(uint16_t)) : 0;
+  return bf16_ && copies_.enabled() && !copies_.working()
+             ? copies_.elements() * int64_t(sizeof(uint16_t))
+             : 0;
 }
 
 void ModelChunk::blocks_forward(Context& ctx) {
@@ -1022,6 +1029,36 @@ int64_t weight_copy_bytes(const ParamLayout& layout, const StageSpec& chunk) {
 
 ModelChunk::WeightCopyPolicy training_weight_copies(int zero) {
   return zero >= 3 ? ModelChunk::WeightCopyPolicy::Off : ModelChunk::WeightCopyPolicy::UntilChanged;
+}
+
+bool multiplied_only(const ParamSpec& s) {
+  if (s.bias) return false;
+  // clang-format off
+  switch (s.slot) {
+    case Slot::Qkv: case Slot::Q: case Slot::K: case Slot::V: case Slot::AttnOut:
+    case Slot::CrossQ: case Slot::CrossK: case Slot::CrossV: case Slot::CrossOut:
+    case Slot::MlpUp: case Slot::Gate: case Slot::Up: case Slot::MlpDown:
+    case Slot::FeatureEmbed: case Slot::Classifier: case Slot::Head:
+      return true;
+    default:
+      return false;
+  }
+  // clang-format on
+}
+
+std::vector<FlatRange> fp32_read_ranges(const ParamLayout& layout) {
+  std::vector<FlatRange> r;
+  for (const ParamSpec& s : layout.specs())
+    if (!multiplied_only(s) && s.numel() > 0) r.push_back({s.offset, s.offset + s.numel()});
+  std::sort(r.begin(), r.end(),
+            [](const FlatRange& a, const FlatRange& b) { return a.begin < b.begin; });
+  std::vector<FlatRange> merged;
+  for (const FlatRange& x : r)
+    if (!merged.empty() && x.begin <= merged.back().end)
+      merged.back().end = std::max(merged.back().end, x.end);
+    else
+      merged.push_back(x);
+  return merged;
 }
 
 double flops_per_token(const ModelConfig& cfg, int64_t n_params, int64_t T) {

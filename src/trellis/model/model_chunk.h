@@ -187,6 +187,11 @@ class ModelChunk {
   enum class WeightCopyPolicy : uint8_t { PerPass, UntilChanged, Off };
   void set_weight_copies(WeightCopyPolicy policy);
   void weights_changed() { copies_.changed(); }
+  // A mixed-precision run's bf16 working weights (parallel/working_weights.h): bits laid out as
+  // the fp32 buffer `params` this chunk was built over, which the caller keeps current. The
+  // GEMMs read them instead of copies of their own (the fp32 values of the weights they
+  // multiply may then be absent); replaces any WeightCopyPolicy. A bf16 chunk only.
+  void use_working_weights(const float* params, const uint16_t* bits);
   // Bytes of the bf16 weight copies held once made (0 for fp32 or with Off);
   // weight_copy_bytes (model/activation_memory.h) predicts them.
   int64_t weight_copy_bytes() const;
@@ -339,6 +344,13 @@ int64_t weight_copy_bytes(const ParamLayout& layout, const StageSpec& chunk);
 // The policy a bf16 training run gives its chunks: UntilChanged, or Off under ZeRO-3 (whose
 // ranks hold a block's weights only while it runs).
 ModelChunk::WeightCopyPolicy training_weight_copies(int zero);
+// Whether a bf16 model reads tensor s only as a bf16 GEMM operand: a linear layer's or an untied
+// head's weight (not a bias). The rest (norms, biases, embeddings, a tied head's token embedding,
+// which its lookup reads) the kernels read in fp32.
+bool multiplied_only(const ParamSpec& s);
+// The ranges of the layout's buffer that a bf16 model reads in fp32 (every tensor but the
+// multiplied_only ones), sorted and merged: what a mixed-precision run keeps replicated in fp32.
+std::vector<FlatRange> fp32_read_ranges(const ParamLayout& layout);
 
 // Training FLOPs per token (forward + backward): 6 * params + attention's 12 * L * C * T.
 double flops_per_token(const ModelConfig& cfg, int64_t n_params, int64_t T);

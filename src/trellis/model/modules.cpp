@@ -13,6 +13,7 @@ int WeightCopies::add(const float* w, int64_t n) {
 
 const uint16_t* WeightCopies::get(const Backend& k, int h) {
   if (!enabled_) return nullptr;
+  if (base16_) return base16_ + (copies_[size_t(h)].w - base32_);
   if (bits_.empty()) bits_.resize(size_t(elements_));
   Copy& c = copies_[size_t(h)];
   if (c.generation != generation_) {
@@ -20,6 +21,13 @@ const uint16_t* WeightCopies::get(const Backend& k, int h) {
     c.generation = generation_;
   }
   return bits_.data() + c.offset;
+}
+
+void WeightCopies::use_working(const float* base32, const uint16_t* base16) {
+  base32_ = base32;
+  base16_ = base16;
+  enabled_ = true;
+  std::vector<uint16_t>().swap(bits_);
 }
 
 void WeightCopies::set_enabled(bool enabled) {

@@ -27,6 +27,12 @@ class WeightCopies {
   // runs); frees them.
   void set_enabled(bool enabled);
   bool enabled() const { return enabled_; }
+  // The bits come from outside, laid out as the fp32 buffer base32 that the registered weights
+  // point into: a mixed-precision run's bf16 working weights, which its data-parallel sync keeps
+  // current (parallel/working_weights.h). get then returns base16 + (w - base32) and rounds
+  // nothing; no copies are held here.
+  void use_working(const float* base32, const uint16_t* base16);
+  bool working() const { return base16_ != nullptr; }
   int64_t elements() const { return elements_; }
   // x[0, n) rounded to bf16 in scratch that the next call reuses (a layer's output gradient,
   // read by both its backward GEMMs).
@@ -41,6 +47,8 @@ class WeightCopies {
   std::vector<Copy> copies_;
   std::vector<uint16_t> bits_, scratch_;
   int64_t elements_ = 0;
+  const float* base32_ = nullptr;
+  const uint16_t* base16_ = nullptr;
   uint64_t generation_ = 1;
   bool enabled_ = true;
 };

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "trellis/core/error.h"
+#include "trellis/model/model_chunk.h"
 #include "trellis/parallel/zero_strategies.h"
 
 namespace trellis {
@@ -19,31 +20,33 @@ ZeroStage zero_stage(int zero) {
 
 std::unique_ptr<DataParallelSync> make_data_parallel_sync(Communicator& dp, ZeroStage stage,
                                                           const ParamLayout& layout,
-                                                          size_t bucket_bytes) {
+                                                          size_t bucket_bytes, bool mixed) {
+  TRELLIS_CHECK(!mixed || mixed_precision_state(stage, true), "mixed-precision state under ZeRO-0");
   switch (stage) {
     case ZeroStage::Replicated:
       return std::make_unique<ReplicatedSync>(dp, layout, bucket_bytes);
     case ZeroStage::ShardedOptimizer:
-      return std::make_unique<ShardedOptimizerSync>(dp, layout);
+      return std::make_unique<ShardedOptimizerSync>(dp, layout, mixed);
     case ZeroStage::ShardedGradients:
-      return std::make_unique<ShardedGradientsSync>(dp, layout);
+      return std::make_unique<ShardedGradientsSync>(dp, layout, mixed);
     case ZeroStage::ShardedParameters:
-      return std::make_unique<ShardedParametersSync>(dp, layout);
+      return std::make_unique<ShardedParametersSync>(dp, layout, mixed);
   }
   TRELLIS_CHECK(false, "unknown ZeRO stage {}", int(stage));
   return nullptr;
 }
 
-ZeroFootprint zero_footprint(const ParamLayout& layout, int dp, int dp_rank, ZeroStage stage) {
+ZeroFootprint zero_footprint(const ParamLayout& layout, int dp, int dp_rank, ZeroStage stage,
+                             bool mixed) {
   switch (stage) {
     case ZeroStage::Replicated:
       return ReplicatedSync::footprint(layout, dp);
     case ZeroStage::ShardedOptimizer:
-      return ShardedOptimizerSync::footprint(layout, dp, dp_rank);
+      return ShardedOptimizerSync::footprint(layout, dp, dp_rank, mixed);
     case ZeroStage::ShardedGradients:
-      return ShardedGradientsSync::footprint(layout, dp, dp_rank);
+      return ShardedGradientsSync::footprint(layout, dp, dp_rank, mixed);
     case ZeroStage::ShardedParameters:
-      return ShardedParametersSync::footprint(layout, dp, dp_rank);
+      return ShardedParametersSync::footprint(layout, dp, dp_rank, mixed);
   }
   TRELLIS_CHECK(false, "unknown ZeRO stage {}", int(stage));
   return {};
@@ -59,6 +62,16 @@ DataParallelSync::DataParallelSync(Communicator& dp, const ParamLayout& layout)
 
 DataParallelSync::~DataParallelSync() = default;
 
+bool mixed_precision_state(ZeroStage stage, bool bf16) {
+  return bf16 && stage != ZeroStage::Replicated;
+}
+
+void DataParallelSync::make_working(const ParamLayout& layout,
+                                    std::vector<WorkingWeights::Region> regions) {
+  working_ = std::make_unique<WorkingWeights>(dp_, params_.size(), fp32_read_ranges(layout),
+                                              std::move(regions));
+}
+
 void DataParallelSync::take_owned(const float* whole, float* compact) const {
   for (const FlatRange& r : owned_) {
     std::copy(whole + r.begin, whole + r.end, compact);
@@ -67,7 +80,8 @@ void DataParallelSync::take_owned(const float* whole, float* compact) const {
 }
 
 int64_t DataParallelSync::resident_bytes() const {
-  return params_.committed_bytes() + grads_.committed_bytes();
+  return params_.committed_bytes() + grads_.committed_bytes() +
+         (working_ ? working_->resident_bytes() : 0);
 }
 
 ShardRange shard_range(size_t n, int dp, int rank) {

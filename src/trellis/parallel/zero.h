@@ -33,6 +33,7 @@
 #include "trellis/core/memory.h"
 #include "trellis/model/block_hooks.h"
 #include "trellis/model/params.h"
+#include "trellis/parallel/working_weights.h"
 
 namespace trellis {
 
@@ -64,7 +65,14 @@ struct ZeroFootprint {
   int64_t params = 0, grads = 0, shards = 0;
   int64_t owned = 0;  // elements
 };
-ZeroFootprint zero_footprint(const ParamLayout& layout, int dp, int dp_rank, ZeroStage stage);
+// mixed: a bf16 run's mixed-precision state (mixed_precision_state).
+ZeroFootprint zero_footprint(const ParamLayout& layout, int dp, int dp_rank, ZeroStage stage,
+                             bool mixed = false);
+
+// Whether a run keeps mixed-precision state (parallel/working_weights.h): in bf16 under ZeRO-1/2/3,
+// fp32 master weights only in this rank's shard and bf16 working weights on every rank. ZeRO-0's
+// replicas keep whole fp32 weights and the model's own bf16 copies.
+bool mixed_precision_state(ZeroStage stage, bool bf16);
 
 class DataParallelSync {
  public:
@@ -85,6 +93,9 @@ class DataParallelSync {
   virtual bool owned_apart() const { return false; }
   virtual float* owned_params() { return params_.data() + owned_[0].begin; }
   virtual float* owned_grads() { return grads_.data() + owned_[0].begin; }
+  // Mixed precision: the bf16 working weights, laid out as params() (whose fp32 values then
+  // exist for the fp32-read tensors only); null otherwise.
+  const uint16_t* working_bits() { return working_ ? working_->bits() : nullptr; }
 
   // Whether backward should report finished gradients (ready_from) to overlap communication.
   virtual bool overlaps() const { return false; }
@@ -114,18 +125,21 @@ class DataParallelSync {
  protected:
   // Maps the flat buffers (padded as ShardRange pads them), committing none of their pages.
   DataParallelSync(Communicator& dp, const ParamLayout& layout);
+  // Mixed precision: the working weights over these regions.
+  void make_working(const ParamLayout& layout, std::vector<WorkingWeights::Region> regions);
 
   Communicator& dp_;
   const int dp_size_, dp_rank_;
   const size_t n_;  // floats of the layout's buffer
   PageBuffer params_, grads_;
   std::vector<FlatRange> owned_;
+  std::unique_ptr<WorkingWeights> working_;  // mixed precision only
 };
 
 // The strategy of `stage` over this rank's layout; bucket_bytes: the replicated all-reduce's
-// bucket size.
+// bucket size; mixed: mixed_precision_state.
 std::unique_ptr<DataParallelSync> make_data_parallel_sync(Communicator& dp, ZeroStage stage,
                                                           const ParamLayout& layout,
-                                                          size_t bucket_bytes);
+                                                          size_t bucket_bytes, bool mixed = false);
 
 }  // namespace trellis

@@ -5,13 +5,19 @@
 #include <algorithm>
 
 #include "trellis/core/clock.h"
+#include "trellis/model/model_chunk.h"
 #include "trellis/parallel/zero_strategies.h"
 
 namespace trellis {
 
-ShardedGradientsSync::ShardedGradientsSync(Communicator& dp, const ParamLayout& layout)
+ShardedGradientsSync::ShardedGradientsSync(Communicator& dp, const ParamLayout& layout, bool mixed)
     : DataParallelSync(dp, layout) {
   build_units(layout);
+  if (mixed) {
+    std::vector<WorkingWeights::Region> regions;
+    for (const Unit& u : units_) regions.push_back({u.begin, u.chunk, rest(u)});
+    make_working(layout, std::move(regions));
+  }
   gathered_.assign(units_.size(), 1);
   params_.commit(0, n_);  // until adopt_params: initialisation writes the whole model
 }
@@ -40,7 +46,8 @@ void ShardedGradientsSync::build_units(const ParamLayout& layout) {
   owned_grads_.assign(at, 0.0f);
 }
 
-ZeroFootprint ShardedGradientsSync::footprint(const ParamLayout& layout, int dp, int dp_rank) {
+ZeroFootprint ShardedGradientsSync::footprint(const ParamLayout& layout, int dp, int dp_rank,
+                                              bool mixed) {
   ZeroFootprint f;
   const size_t n = layout.size();
   const int64_t page = int64_t(sysconf(_SC_PAGESIZE));
@@ -64,6 +71,20 @@ ZeroFootprint ShardedGradientsSync::footprint(const ParamLayout& layout, int dp,
   f.shards =
       2 * f.owned * int64_t(sizeof(float)) +
       2 * ((1 + ring_scratch_blocks(dp)) * (largest_chunk + 1) + dp) * int64_t(sizeof(float));
+  if (mixed) {
+    // fp32 only where the kernels read it, bf16 bits of every unit; two units' packed gathers of
+    // fp32-read elements in flight (the one waited for, the next prefetched).
+    const std::vector<FlatRange> fp32 = fp32_read_ranges(layout);
+    f.params = WorkingWeights::fp32_page_bytes(fp32, 0, n) + page_bytes((n + 1) / 2);
+    int64_t gather = 0;
+    for (const ZeroUnit& u : zero_units(layout)) {
+      const size_t chunk = (u.end - u.begin) / size_t(dp);
+      gather =
+          std::max(gather, WorkingWeights::gather_floats(
+                               fp32, {u.begin, chunk, u.end - u.begin - chunk * size_t(dp)}, dp));
+    }
+    f.shards += 2 * gather * int64_t(sizeof(float));
+  }
   return f;
 }
 
@@ -84,6 +105,10 @@ std::unique_ptr<ShardedGradientsSync::Gather> ShardedGradientsSync::start_gather
   const Unit& unit = units_[size_t(u)];
   auto g = std::make_unique<Gather>();
   g->unit = u;
+  if (working_) {
+    g->working = working_->start(size_t(u), owned_params_.data() + unit.owned_at, params_);
+    return g;
+  }
   params_.commit(unit.begin, unit.end);
   if (unit.chunk > 0)
     g->main = dp_.all_gather_async(owned_params_.data() + unit.owned_at,
@@ -99,6 +124,7 @@ std::unique_ptr<ShardedGradientsSync::Gather> ShardedGradientsSync::start_gather
 
 void ShardedGradientsSync::finish_gather(Gather& g) {
   const Unit& unit = units_[size_t(g.unit)];
+  if (g.working) working_->finish(*g.working, params_.data());
   if (g.main) g.main->wait();
   if (g.tail) {
     g.tail->wait();
@@ -228,10 +254,15 @@ double ShardedGradientsSync::gather_parameters() {
 
 void ShardedGradientsSync::adopt_params(bool whole_buffer) {
   // No gather left in flight: the trainer then checksums the whole buffer.
-  if (whole_buffer)
-    take_owned(params_.data(), owned_params_.data());
-  else
-    gather_root();
+  if (whole_buffer) take_owned(params_.data(), owned_params_.data());
+  if (working_) {
+    // Every rank holds the whole initial model: its bits are rounded here, as gathers would
+    // bring them; then only the fp32-read tensors keep fp32 pages.
+    if (whole_buffer)
+      for (size_t u = 0; u < units_.size(); ++u) working_->round_whole(u, params_.data());
+    working_->release_multiplied(params_);
+  }
+  if (!whole_buffer) gather_root();
 }
 
 int64_t ShardedGradientsSync::resident_bytes() const {

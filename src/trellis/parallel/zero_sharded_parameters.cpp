@@ -2,24 +2,50 @@
 // its forward and again before its backward (the next block prefetched meanwhile), released
 // after, except a pass's last block, which the next pass starts with (held_). The root unit
 // stays gathered.
+#include <unistd.h>
+
 #include <algorithm>
 
 #include "trellis/core/clock.h"
+#include "trellis/model/model_chunk.h"
 #include "trellis/parallel/zero_strategies.h"
 
 namespace trellis {
 
-ShardedParametersSync::ShardedParametersSync(Communicator& dp, const ParamLayout& layout)
-    : ShardedGradientsSync(dp, layout) {}
+ShardedParametersSync::ShardedParametersSync(Communicator& dp, const ParamLayout& layout,
+                                             bool mixed)
+    : ShardedGradientsSync(dp, layout, mixed) {}
 
-ZeroFootprint ShardedParametersSync::footprint(const ParamLayout& layout, int dp, int dp_rank) {
-  ZeroFootprint f = ShardedGradientsSync::footprint(layout, dp, dp_rank);
-  f.params = f.grads;  // as the gradients: the root and two blocks
+ZeroFootprint ShardedParametersSync::footprint(const ParamLayout& layout, int dp, int dp_rank,
+                                               bool mixed) {
+  ZeroFootprint f = ShardedGradientsSync::footprint(layout, dp, dp_rank, mixed);
+  if (!mixed) {
+    f.params = f.grads;  // as the gradients: the root and two blocks
+    return f;
+  }
+  // The root and two blocks, each as its fp32-read tensors' pages and its bf16 bits.
+  const std::vector<FlatRange> fp32 = fp32_read_ranges(layout);
+  const int64_t page = int64_t(sysconf(_SC_PAGESIZE));
+  int64_t root = 0, block = 0;
+  for (const ZeroUnit& u : zero_units(layout)) {
+    const int64_t bytes = WorkingWeights::fp32_page_bytes(fp32, u.begin, u.end) +
+                          WorkingWeights::bits_bytes(u.begin, u.end, true);
+    if (u.layer < 0)
+      root += bytes;
+    else
+      block = std::max(block, bytes);
+  }
+  f.params = std::min(WorkingWeights::fp32_page_bytes(fp32, 0, layout.size()) +
+                          int64_t(layout.size() * sizeof(uint16_t)) + 2 * page,
+                      root + 2 * block);
   return f;
 }
 
 void ShardedParametersSync::release_params(int u) {
-  params_.release(units_[size_t(u)].begin, units_[size_t(u)].end);
+  if (working_)
+    working_->release(size_t(u), params_);
+  else
+    params_.release(units_[size_t(u)].begin, units_[size_t(u)].end);
   gathered_[size_t(u)] = 0;
 }
 
@@ -79,6 +105,13 @@ void ShardedParametersSync::adopt_params(bool whole_buffer) {
   held_ = -1;
   for (size_t u = 0; u < units_.size(); ++u)
     if (units_[u].layer >= 0) release_params(int(u));
+  if (working_) {
+    // The root's bits from the initial model every rank holds, as ZeRO-2 (working_weights.h).
+    if (whole_buffer)
+      for (size_t u = 0; u < units_.size(); ++u)
+        if (units_[u].layer < 0) working_->round_whole(u, params_.data());
+    working_->release_multiplied(params_);
+  }
   if (!whole_buffer) gather_root();
 }
 

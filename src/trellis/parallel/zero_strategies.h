@@ -36,28 +36,35 @@ class ReplicatedSync final : public DataParallelSync {
 };
 
 // ZeRO-1: whole buffers on every rank; the optimizer state and update of one shard_range each.
+// Mixed precision: the fp32 masters of the shard apart (owned_params), bf16 working weights whole.
 class ShardedOptimizerSync final : public DataParallelSync {
  public:
-  ShardedOptimizerSync(Communicator& dp, const ParamLayout& layout);
-  static ZeroFootprint footprint(const ParamLayout& layout, int dp, int dp_rank);
+  ShardedOptimizerSync(Communicator& dp, const ParamLayout& layout, bool mixed);
+  static ZeroFootprint footprint(const ParamLayout& layout, int dp, int dp_rank, bool mixed);
 
   bool sharded() const override { return true; }
+  bool owned_apart() const override { return working_ != nullptr; }
+  float* owned_params() override {
+    return working_ ? masters_.data() : DataParallelSync::owned_params();
+  }
   void begin_step() override;
   double reduce_gradients() override;
   double gather_parameters() override;
+  void adopt_params(bool whole_buffer) override;
   int64_t resident_bytes() const override;
 
  private:
   ShardRange shard_;
   std::vector<float> staging_;  // one shard: the reduce-scatter's output, the all-gather's input
+  std::vector<float> masters_;  // mixed: the shard's fp32 master weights (shard_.shard floats)
 };
 
 // ZeRO-2: gradients reduce-scattered per unit as backward finishes it, into compact shards.
 // ZeRO-3 adds the parameters' residency on top (ShardedParametersSync).
 class ShardedGradientsSync : public DataParallelSync, public BlockHooks {
  public:
-  ShardedGradientsSync(Communicator& dp, const ParamLayout& layout);
-  static ZeroFootprint footprint(const ParamLayout& layout, int dp, int dp_rank);
+  ShardedGradientsSync(Communicator& dp, const ParamLayout& layout, bool mixed);
+  static ZeroFootprint footprint(const ParamLayout& layout, int dp, int dp_rank, bool mixed);
 
   bool sharded() const override { return true; }
   bool owned_apart() const override { return true; }
@@ -95,6 +102,7 @@ class ShardedGradientsSync : public DataParallelSync, public BlockHooks {
     int unit = -1;
     std::unique_ptr<Work> main, tail;
     std::vector<float> rest_in, rest_out;
+    std::unique_ptr<WorkingWeights::Gather> working;  // mixed precision: instead of the above
   };
   std::unique_ptr<Gather> start_gather(int u);
   void finish_gather(Gather& g);
@@ -135,8 +143,8 @@ class ShardedGradientsSync : public DataParallelSync, public BlockHooks {
 // the last block it ran: that gather would be the one nothing was prefetched before.
 class ShardedParametersSync final : public ShardedGradientsSync {
  public:
-  ShardedParametersSync(Communicator& dp, const ParamLayout& layout);
-  static ZeroFootprint footprint(const ParamLayout& layout, int dp, int dp_rank);
+  ShardedParametersSync(Communicator& dp, const ParamLayout& layout, bool mixed);
+  static ZeroFootprint footprint(const ParamLayout& layout, int dp, int dp_rank, bool mixed);
 
   double gather_parameters() override;
   void adopt_params(bool whole_buffer) override;

@@ -484,7 +484,10 @@ void add_data_parallel_sync(StepCost& out, const StepSetting& x, double stage_fl
   const Layout& L = x.L;
   const Link& dp_link = *x.dp_link;
   const double grad_bytes = stage_floats * (x.megatron ? 2 : 4);
-  const double param_bytes = stage_floats * (x.megatron ? 2 : 4);
+  // bf16 under ZeRO-1/2/3 gathers bf16 working weights (parallel/working_weights.h; the packed
+  // fp32 gather of the norms, biases and embeddings beside it is left out).
+  const bool bf16_gather = x.in.precision == "bf16" && L.zero >= 1;
+  const double param_bytes = stage_floats * (x.megatron || bf16_gather ? 2 : 4);
   const int dp = L.dp;
   const double m = double(L.accum);
   // ZeRO-2/3 reduce (and gather) per unit, a block or the root: each unit's collective pays

@@ -41,7 +41,8 @@ RankMemory rank_memory(const RunShape& run, const StageSpec& stage,
                        int pp_rank, int dp_rank, int tp_rank) {
   const ModelConfig& mc = run.model;
   const ParamLayout layout(mc, run.tp, tp_rank, &stage);
-  const ZeroFootprint z = zero_footprint(layout, run.dp, dp_rank, zero_stage(run.zero));
+  const bool mixed = mixed_precision_state(zero_stage(run.zero), run.compute == DType::BF16);
+  const ZeroFootprint z = zero_footprint(layout, run.dp, dp_rank, zero_stage(run.zero), mixed);
   RankMemory m;
   m.rank = (pp_rank * run.dp + dp_rank) * run.tp + tp_rank;
   m.dp_rank = dp_rank;
@@ -58,7 +59,8 @@ RankMemory rank_memory(const RunShape& run, const StageSpec& stage,
     m.activations += contexts[size_t(v)] * a.context;
     m.workspace += a.workspace;
     m.contexts += contexts[size_t(v)];
-    if (run.compute == DType::BF16 &&
+    // Mixed-precision state keeps no copies: the working weights are counted in params.
+    if (run.compute == DType::BF16 && !mixed &&
         training_weight_copies(run.zero) != ModelChunk::WeightCopyPolicy::Off)
       m.weight_copies += weight_copy_bytes(layout, chunks[size_t(v)]);
   }

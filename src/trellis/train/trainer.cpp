@@ -264,8 +264,10 @@ void Trainer::build_layout_and_strategies() {
   // This rank's tensor-parallel slices of its pipeline stage.
   layout_ = std::make_unique<ParamLayout>(mc_, mesh_.tp(), mesh_.tp_rank(), &stage_);
   n_ = layout_->size();
-  dp_sync_ = make_data_parallel_sync(mesh_.dp_comm(), zero_stage(shape_.zero), *layout_,
-                                     size_t(cfg_.bucket_mb * 1024 * 1024));
+  const ZeroStage stage = zero_stage(shape_.zero);
+  dp_sync_ = make_data_parallel_sync(mesh_.dp_comm(), stage, *layout_,
+                                     size_t(cfg_.bucket_mb * 1024 * 1024),
+                                     mixed_precision_state(stage, compute_ == DType::BF16));
   optimizer_ = std::make_unique<Optimizer>(cfg_.optim, *layout_, dp_sync_->owned());
   check_memory_plan();
 }
@@ -294,8 +296,12 @@ void Trainer::build_chunks() {
     if (BlockHooks* hooks = dp_sync_->hooks()) models_.back()->add_block_hooks(*hooks);
     models_.back()->set_label_smoothing(float(cfg_.label_smoothing));
     models_.back()->set_subword_ngrams(subword_.get());
-    // The trainer says when the weights change (weights_changed), so bf16 copies last a step.
-    models_.back()->set_weight_copies(training_weight_copies(shape_.zero));
+    // Mixed-precision state: the GEMMs read the bf16 working weights the sync gathers. Else the
+    // trainer says when the weights change (weights_changed), so bf16 copies last a step.
+    if (const uint16_t* bits = dp_sync_->working_bits())
+      models_.back()->use_working_weights(dp_sync_->params(), bits);
+    else
+      models_.back()->set_weight_copies(training_weight_copies(shape_.zero));
     chunk_models.push_back(models_.back().get());
   }
   pipe_ = std::make_unique<Pipeline>(mesh_.pp_comm(), chunk_models, shape_.micro_batch, T_,
