@@ -822,7 +822,7 @@ void Trainer::log_step(int64_t step, const StepStats& st) {
 }
 
 // time_budget: after the first timed steps, the run's last step becomes the last that fits the
-// budget (train/time_budget.h). Every rank decides alike: the slowest rank's step time counts.
+// budget (train/time_budget.h), decided alike on every rank.
 void Trainer::fit_time_budget(int64_t step, double step_seconds) {
   if (step <= start_step_ + kBudgetWarmSteps) return;
   budget_timed_s_ += step_seconds;
@@ -836,7 +836,10 @@ void Trainer::fit_time_budget(int64_t step, double step_seconds) {
     c.step_s = std::strtod(s, nullptr);
     c.elapsed_s = 0.0;
   }
-  world_.all_reduce_max(&c.step_s, 1);
+  // Every rank must reach the same decision: the slowest step and the latest clock count.
+  double clock[2] = {c.step_s, c.elapsed_s};
+  world_.all_reduce_max(clock, 2);
+  c.step_s = clock[0], c.elapsed_s = clock[1];
   // An evaluation is a forward pass (about a third of a training step's work) over the split.
   c.val_s = double(val_items_) / double(G_) * c.step_s / 3.0;
   c.val_every = cfg_.val_every;
