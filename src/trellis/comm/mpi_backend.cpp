@@ -317,29 +317,13 @@ class MpiCommunicator final : public Communicator {
     auto w = start({"all_gather", 0, count});
     if (count == 0) return w;
     const size_t total = count * static_cast<size_t>(size_);
-    float* mine = recv + static_cast<size_t>(rank_) * count;
-    const bool in_place = send == mine;  // ZeRO: each rank updated its own slice of recv
-    if (!in_place && overlaps(send, count * sizeof(float), recv, total * sizeof(float))) {
+    const float* mine = recv + static_cast<size_t>(rank_) * count;
+    // In place (ZeRO: each rank updated its own slice of recv), or staged when overlapping.
+    if (send != mine && overlaps(send, count * sizeof(float), recv, total * sizeof(float))) {
       w->staging.assign(send, send + count);
       send = w->staging.data();
     }
-    if (count <= g_max_chunk) {
-      MPI_Request r;
-      launch(*w,
-             MPI_Iallgather(in_place ? MPI_IN_PLACE : send, static_cast<int>(count), MPI_FLOAT,
-                            recv, static_cast<int>(count), MPI_FLOAT, comm_, &r),
-             "MPI_Iallgather", r);
-    } else {
-      // A block does not fit one request: every rank broadcasts its block piece by piece.
-      if (!in_place) std::memcpy(mine, send, count * sizeof(float));
-      for (int root = 0; root < size_; ++root) {
-        float* block = recv + static_cast<size_t>(root) * count;
-        for_chunks(count, [&](size_t off, int len) {
-          MPI_Request r;
-          launch(*w, MPI_Ibcast(block + off, len, MPI_FLOAT, root, comm_, &r), "MPI_Ibcast", r);
-        });
-      }
-    }
+    launch_all_gather(*w, send, recv, count, MPI_FLOAT);
     return w;
   }
 
@@ -348,28 +332,36 @@ class MpiCommunicator final : public Communicator {
     auto w = start({"all_gather", 0, count, "16-bit elements"});
     if (count == 0) return w;
     const size_t total = count * static_cast<size_t>(size_);
-    uint16_t* mine = recv + static_cast<size_t>(rank_) * count;
-    if (send != mine) {
-      TRELLIS_CHECK(!overlaps(send, count * 2, recv, total * 2),
-                    "16-bit all-gather: the input overlaps the output away from its own block");
-      std::memcpy(mine, send, count * sizeof(uint16_t));
-    }
+    const uint16_t* mine = recv + static_cast<size_t>(rank_) * count;
+    TRELLIS_CHECK(send == mine || !overlaps(send, count * 2, recv, total * 2),
+                  "16-bit all-gather: the input overlaps the output away from its own block");
+    launch_all_gather(*w, send, recv, count, MPI_UINT16_T);
+    return w;
+  }
+
+  // The all-gather of count elements of `type` from each rank into recv; send is this rank's
+  // block of recv (in place) or does not overlap recv.
+  template <class T>
+  void launch_all_gather(MpiWork& w, const T* send, T* recv, size_t count, MPI_Datatype type) {
+    T* mine = recv + static_cast<size_t>(rank_) * count;
+    const bool in_place = send == mine;
     if (count <= g_max_chunk) {
       MPI_Request r;
-      launch(*w,
-             MPI_Iallgather(MPI_IN_PLACE, static_cast<int>(count), MPI_UINT16_T, recv,
-                            static_cast<int>(count), MPI_UINT16_T, comm_, &r),
+      launch(w,
+             MPI_Iallgather(in_place ? MPI_IN_PLACE : send, static_cast<int>(count), type, recv,
+                            static_cast<int>(count), type, comm_, &r),
              "MPI_Iallgather", r);
-    } else {
-      for (int root = 0; root < size_; ++root) {
-        uint16_t* block = recv + static_cast<size_t>(root) * count;
-        for_chunks(count, [&](size_t off, int len) {
-          MPI_Request r;
-          launch(*w, MPI_Ibcast(block + off, len, MPI_UINT16_T, root, comm_, &r), "MPI_Ibcast", r);
-        });
-      }
+      return;
     }
-    return w;
+    // A block does not fit one request: every rank broadcasts its block piece by piece.
+    if (!in_place) std::memcpy(mine, send, count * sizeof(T));
+    for (int root = 0; root < size_; ++root) {
+      T* block = recv + static_cast<size_t>(root) * count;
+      for_chunks(count, [&](size_t off, int len) {
+        MPI_Request r;
+        launch(w, MPI_Ibcast(block + off, len, type, root, comm_, &r), "MPI_Ibcast", r);
+      });
+    }
   }
 
   std::unique_ptr<Work> all_gatherv_async(const float* send, float* recv,
