@@ -47,7 +47,7 @@ for model, args in models.items():
     # given mpirun here).
     bf16 = args + ["--precision", "bf16", "--dp", 2]
     ref = LayoutCheck.__new__(LayoutCheck)
-    ref.args, ref.n_embd, ref.steps, ref.tol = bf16, 32, STEPS, TOL
+    ref.args, ref.n_embd, ref.steps, ref.tol, ref.param_step = bf16, 32, STEPS, TOL, STEPS
     ref_out = fresh_dir(f"{model}_zero0")
     mpirun(2, bf16 + ["--zero", 0, "--out", ref_out])
     ref.base = ref._result(ref_out)

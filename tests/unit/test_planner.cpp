@@ -409,7 +409,14 @@ TEST(PlannerCalibration, ShapesAndPageRefillsChangeTheRanking) {
   EXPECT_GT(step[3], step[2]);  // ZeRO-3 also refills parameters
   // ZeRO-3's parameter pages: each micro-batch gives back all 12 blocks but the one the next
   // pass starts with, after the forward and after the backward: 22 of the 13 units' worth
-  // (the root stays), against the gradients' one refill of the whole buffer (equal bytes).
+  // (the root stays), against the gradients' one refill of the whole buffer — in bf16 the
+  // parameters are the 2-byte working weights against 4-byte gradients, in fp32 equal bytes.
+  EXPECT_NEAR((refill[3] - refill[2]) / refill[2], 11.0 / 13.0, 1e-9);
+  in.precision = "fp32";
+  for (int zero : {2, 3}) {
+    in.layout.zero = zero;
+    refill[zero] = predict_step(in, m).page_refill_s;
+  }
   EXPECT_NEAR((refill[3] - refill[2]) / refill[2], 22.0 / 13.0, 1e-9);
 }
 
