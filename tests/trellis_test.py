@@ -477,3 +477,21 @@ def prepare_task_dirs():
     run(["prepare", "--task", "classify", "--input", cls_tsv, "--out", cls_dir, "--val-fraction", 0.2])
     run(["prepare", "--task", "translate", "--input", mt_tsv, "--out", mt_dir, "--val-fraction", 0.2])
     return cls_dir, mt_dir
+
+
+def bf16_layout_models(steps, logging):
+    """The models the bf16 layout tests train (test_bf16_layouts, test_bf16_zero): GPT-2 and LLaMA
+    (GQA), 4 blocks, on a fresh 800-line corpus; `logging` the arguments that say how much they
+    print. Returns {name: train arguments}."""
+    corpus = fresh_dir("corpus")
+    write_text_corpus(os.path.join(corpus, "text.txt"), n_lines=800)
+    data = os.path.join(TMP, "data")
+    run(["prepare", "--input", corpus, "--out", data])
+    common = ["--data", data, "--steps", steps, "--batch-size", 8, "--micro-batch-size", 2,
+              "--seq-len", 32, "--lr", 3e-3, "--warmup-steps", 4, "--val-every", 10,
+              "--threads", 1, "--tensorboard", "false"] + logging
+    return {
+        "gpt2": ["train", "--model", "tiny", "--n-layer", 4, "--n-head", 4] + common,
+        "llama": ["train", "--model", "llama-tiny", "--n-layer", 4, "--n-head", 4,
+                  "--n-kv-head", 2] + common,
+    }

@@ -38,8 +38,7 @@ operands): the same rounding, so the same checks hold. TRELLIS_ISA is cleared.""
 import os
 import re
 
-from trellis_test import (LayoutCheck, TMP, check, compare_params, fresh_dir, run,
-                          write_text_corpus)
+from trellis_test import LayoutCheck, TMP, bf16_layout_models, check, compare_params
 
 os.environ.pop("TRELLIS_ISA", None)
 
@@ -47,19 +46,8 @@ TOL = 5e-3  # per LayoutCheck quantity (see above)
 GAP_FRACTION = 0.5  # all-parameter distance to the bf16 run / the fp32 run's distance to it
 STEPS = 20
 
-corpus = fresh_dir("corpus")
-write_text_corpus(os.path.join(corpus, "text.txt"), n_lines=800)
-data = os.path.join(TMP, "data")
-run(["prepare", "--input", corpus, "--out", data])
 # not --quiet: the header names the mesh and the precision
-common = ["--data", data, "--steps", STEPS, "--batch-size", 8, "--micro-batch-size", 2,
-          "--seq-len", 32, "--lr", 3e-3, "--warmup-steps", 4, "--val-every", 10, "--threads", 1,
-          "--log-every", 10, "--tensorboard", "false"]
-models = {
-    "gpt2": ["train", "--model", "tiny", "--n-layer", 4, "--n-head", 4] + common,
-    "llama": ["train", "--model", "llama-tiny", "--n-layer", 4, "--n-head", 4, "--n-kv-head", 2]
-    + common,
-}
+models = bf16_layout_models(STEPS, ["--log-every", 10])
 layouts = {
     "dp2": (2, ["--dp", 2], "dp 2, tp 1, pp 1, zero 0"),
     "tp2": (2, ["--tp", 2], "dp 1, tp 2, pp 1, zero 0"),

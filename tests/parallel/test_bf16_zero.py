@@ -17,8 +17,8 @@ On a CPU without AVX512-BF16 --precision bf16 runs the emulated bf16 GEMM: what 
 the state's layout, not the GEMM's speed."""
 import os
 
-from trellis_test import (LayoutCheck, TMP, check, compare_params, fresh_dir, metrics, mpirun,
-                          run, stop_and_resume, write_text_corpus)
+from trellis_test import (LayoutCheck, TMP, bf16_layout_models, check, compare_params, fresh_dir,
+                          metrics, mpirun, run, stop_and_resume)
 
 os.environ.pop("TRELLIS_ISA", None)
 
@@ -26,18 +26,7 @@ TOL = 5e-3  # test_bf16_layouts' tolerance
 GAP_FRACTION = 0.5
 STEPS = 20
 
-corpus = fresh_dir("corpus")
-write_text_corpus(os.path.join(corpus, "text.txt"), n_lines=800)
-data = os.path.join(TMP, "data")
-run(["prepare", "--input", corpus, "--out", data])
-common = ["--data", data, "--steps", STEPS, "--batch-size", 8, "--micro-batch-size", 2,
-          "--seq-len", 32, "--lr", 3e-3, "--warmup-steps", 4, "--val-every", 10, "--threads", 1,
-          "--quiet", "--tensorboard", "false"]
-models = {
-    "gpt2": ["train", "--model", "tiny", "--n-layer", 4, "--n-head", 4] + common,
-    "llama": ["train", "--model", "llama-tiny", "--n-layer", 4, "--n-head", 4, "--n-kv-head", 2]
-    + common,
-}
+models = bf16_layout_models(STEPS, ["--quiet"])
 
 
 for model, args in models.items():
