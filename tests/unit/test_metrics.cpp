@@ -336,3 +336,23 @@ TEST(Classification, BadInput) {
   EXPECT_THROW(confusion_matrix({0, 1}, {0, -1}, 2), Error);
   EXPECT_THROW(confusion_matrix({}, {}, 0), Error);
 }
+
+TEST(Classification, EnsembleOfSummedProbabilities) {
+  // softmax([0, ln 3]) = [1/4, 3/4]; a large logit does not overflow.
+  double p[2];
+  const float logits[2] = {0.0f, std::log(3.0f)};
+  softmax(logits, 2, p);
+  EXPECT_NEAR(p[0], 0.25, 1e-7);
+  EXPECT_NEAR(p[1], 0.75, 1e-7);
+  const float big[2] = {1000.0f, 1000.0f};
+  softmax(big, 2, p);
+  EXPECT_EQ(p[0], 0.5);
+  // Two members, two examples, two classes (summed): example 0 means [0.3, 0.7] -> class 1;
+  // example 1 means [0.6, 0.4] -> class 0; a tie takes the first class.
+  const ClassificationMetrics m = ensemble_metrics({1, 1}, {0.6, 1.4, 1.2, 0.8}, 2, 2);
+  EXPECT_EQ(m.confusion, (ConfusionMatrix{{0, 0}, {1, 1}}));
+  EXPECT_NEAR(m.loss, -(std::log(0.7) + std::log(0.4)) / 2, 1e-15);
+  EXPECT_EQ(ensemble_metrics({0}, {1.0, 1.0}, 2, 2).accuracy, 1.0);
+  EXPECT_THROW(ensemble_metrics({0, 1}, {1.0, 0.0}, 2, 1), Error);  // 2 examples, 1 row
+  EXPECT_THROW(ensemble_metrics({2}, {1.0, 0.0}, 2, 1), Error);     // not a class
+}

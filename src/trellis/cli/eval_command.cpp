@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "trellis/cli/commands.h"
+#include "trellis/cli/ensemble.h"
 #include "trellis/cli/local_model.h"
 #include "trellis/core/atomic_file.h"
 #include "trellis/core/error.h"
@@ -28,7 +29,8 @@ namespace trellis {
 namespace {
 
 struct EvalArgs {
-  std::string checkpoint, data, out;
+  std::vector<std::string> checkpoints;  // eval of a classifier: several are an ensemble
+  std::string data, out;
   int64_t seq_len = 64, batch_size = 4, batches = 1;
   int threads = 0;
   std::string precision = "fp32";
@@ -44,10 +46,14 @@ struct EvalArgs {
   float label_smoothing = 0.0f;  // grad: the training loss's (eval reports the plain loss)
 };
 
-void add_eval_options(CLI::App* sub, EvalArgs& a) {
-  sub->add_option("--checkpoint", a.checkpoint,
-                  "checkpoint directory (OUT/step_NNNNNNNN or OUT/best)")
-      ->required();
+void add_eval_options(CLI::App* sub, EvalArgs& a, bool ensemble) {
+  sub->add_option("--checkpoint", a.checkpoints,
+                  ensemble ? "checkpoint directory (OUT/step_NNNNNNNN or OUT/best); several "
+                             "classifiers of the same task are evaluated as an ensemble (the mean "
+                             "of their class probabilities)"
+                           : "checkpoint directory (OUT/step_NNNNNNNN or OUT/best)")
+      ->required()
+      ->expected(1, ensemble ? 1 << 16 : 1);
   sub->add_option("--data", a.data,
                   "token shard (.bin, llm.c format), or for a task checkpoint the task directory "
                   "from `trellis prepare --task`")
@@ -140,10 +146,9 @@ SequenceFormat task_format(const CheckpointData& ck, const TaskMeta& meta, const
 }
 
 // Loss of examples [0, n) of `set` in batches of a.batch_size (mean over their targets); with
-// grads, the gradient of that mean accumulates there. predictions: a classifier's, per example.
+// grads, the gradient of that mean accumulates there.
 double examples_loss(const EvalArgs& a, CheckpointData& ck, const SequenceFormat& f,
-                     const ExampleSet& set, int64_t n, std::vector<float>* grads,
-                     std::vector<int>* predictions) {
+                     const ExampleSet& set, int64_t n, std::vector<float>* grads) {
   if (a.threads > 0) omp_set_num_threads(a.threads);
   LocalModel local(ck, grads ? grads->data() : nullptr, compute_precision(a));
   ModelChunk& model = local.model;
@@ -166,30 +171,39 @@ double examples_loss(const EvalArgs& a, CheckpointData& ck, const SequenceFormat
     ctx.dropout = {grads != nullptr, a.dropout_seed, a.dropout_step, first};
     sum += model.forward(ctx, scale);
     if (grads) model.backward(ctx, true);
-    if (predictions)
-      predictions->insert(predictions->end(), ctx.predictions.begin(),
-                          ctx.predictions.begin() + rows);
   }
   return sum / double(targets);
 }
 
-// A task checkpoint on a task directory's validation split: classification metrics, or the
-// translation loss with BLEU and chrF of its translations.
-nlohmann::json evaluate_task(const EvalArgs& a, CheckpointData& ck) {
+// A task checkpoint on a task directory's validation split: classification metrics (of several
+// classifiers: of their ensemble), or the translation loss with BLEU and chrF of its
+// translations.
+nlohmann::json evaluate_task(const EvalArgs& a) {
   const TaskData d = load_task_data(a.data);
-  const SequenceFormat f = task_format(ck, d.meta, a.data);
   const int64_t n = a.examples > 0 ? std::min<int64_t>(a.examples, d.val.size()) : d.val.size();
   TRELLIS_REQUIRE(n > 0, "{}: val.examples holds no examples", a.data);
+  const std::vector<std::string> members = expand_ensembles(a.checkpoints);
+  TRELLIS_REQUIRE(d.meta.task == "classify" || members.size() == 1,
+                  "{} checkpoints: an ensemble is of classifiers, {} holds {} examples",
+                  members.size(), a.data, d.meta.task);
   if (d.meta.task == "classify") {
-    std::vector<int> predicted;
-    const double loss = examples_loss(a, ck, f, d.val, n, nullptr, &predicted);
+    if (a.threads > 0) omp_set_num_threads(a.threads);
+    const int K = int(d.meta.classes.size());
+    std::vector<double> probabilities(size_t(n * K), 0.0);
+    for (const std::string& path : members) {
+      CheckpointData ck = load_checkpoint(path, false);
+      add_class_probabilities(ck, task_format(ck, d.meta, a.data), d.val, n, a.batch_size,
+                              compute_precision(a), probabilities);
+    }
     const std::vector<int> labels(d.val.labels.begin(), d.val.labels.begin() + n);
-    nlohmann::json j =
-        classification_metrics(labels, predicted, int(d.meta.classes.size()), loss).to_json();
+    nlohmann::json j = ensemble_metrics(labels, probabilities, K, int(members.size())).to_json();
     j.erase("confusion");
+    if (members.size() > 1) j["members"] = members.size();
     return j;
   }
-  const double loss = examples_loss(a, ck, f, d.val, n, nullptr, nullptr);
+  CheckpointData ck = load_checkpoint(members[0], false);
+  const SequenceFormat f = task_format(ck, d.meta, a.data);
+  const double loss = examples_loss(a, ck, f, d.val, n, nullptr);
   // The checkpoint's own tokenizer: the data must be encoded with it (task_format).
   auto tok = load_checkpoint_tokenizer(ck);
   LocalModel local(ck, nullptr, compute_precision(a));
@@ -217,7 +231,7 @@ nlohmann::json evaluate_task(const EvalArgs& a, CheckpointData& ck) {
 Command add_eval_command(CLI::App& app) {
   auto a = std::make_shared<EvalArgs>();
   CLI::App* sub = app.add_subcommand("eval", "mean loss of a checkpoint on a token shard");
-  add_eval_options(sub, *a);
+  add_eval_options(sub, *a, true);
   sub->add_option("--batches", a->batches, "number of batches")->capture_default_str();
   sub->add_option("--beam", a->beam, "translation: beam size (1 = greedy)")->capture_default_str();
   sub->add_option("--max-len", a->max_len, "translation: most generated tokens (0 = the context)");
@@ -228,11 +242,15 @@ Command add_eval_command(CLI::App& app) {
   return {sub, [a](Communicator&) {
             TRELLIS_REQUIRE(a->batches >= 1, "--batches must be >= 1");
             TRELLIS_REQUIRE(a->beam >= 1, "--beam must be >= 1");
-            CheckpointData ck = load_checkpoint(a->checkpoint, false);
             if (is_task_dir(a->data)) {
-              fmt::print("{}\n", evaluate_task(*a, ck).dump());
+              fmt::print("{}\n", evaluate_task(*a).dump());
               return 0;
             }
+            const std::vector<std::string> members = expand_ensembles(a->checkpoints);
+            TRELLIS_REQUIRE(members.size() == 1,
+                            "{} checkpoints: an ensemble is of classifiers, {} is a token shard",
+                            members.size(), a->data);
+            CheckpointData ck = load_checkpoint(members[0], false);
             const int64_t rows = a->batches * a->batch_size;
             const double loss = windows_loss(*a, rows, false, ck, nullptr);
             fmt::print(
@@ -247,7 +265,7 @@ Command add_grad_command(CLI::App& app) {
   auto a = std::make_shared<EvalArgs>();
   CLI::App* sub = app.add_subcommand(
       "grad", "loss and parameter gradients of one batch, as safetensors (for checking)");
-  add_eval_options(sub, *a);
+  add_eval_options(sub, *a, false);
   sub->add_option("--out", a->out, "output .safetensors file")->required();
   sub->add_option("--dropout", a->dropout, "dropout (as training's key) of this batch");
   sub->add_option("--attn-dropout", a->attn_dropout, "attention dropout of this batch");
@@ -262,7 +280,7 @@ Command add_grad_command(CLI::App& app) {
   return {sub, [a](Communicator&) {
             TRELLIS_REQUIRE(a->label_smoothing >= 0.0f && a->label_smoothing < 1.0f,
                             "--label-smoothing {} is outside [0, 1)", a->label_smoothing);
-            CheckpointData ck = load_checkpoint(a->checkpoint, false);
+            CheckpointData ck = load_checkpoint(a->checkpoints[0], false);
             ck.model.dropout = a->dropout;
             ck.model.attn_dropout = a->attn_dropout;
             ck.model.classifier_dropout = a->classifier_dropout;
@@ -275,7 +293,7 @@ Command add_grad_command(CLI::App& app) {
               const SequenceFormat f = task_format(ck, d.meta, a->data);
               TRELLIS_REQUIRE(int64_t(d.train.size()) >= a->batch_size,
                               "{}: fewer than {} training examples", a->data, a->batch_size);
-              loss = examples_loss(*a, ck, f, d.train, a->batch_size, &grads, nullptr);
+              loss = examples_loss(*a, ck, f, d.train, a->batch_size, &grads);
             } else {
               loss = windows_loss(*a, a->batch_size, true, ck, &grads);
             }

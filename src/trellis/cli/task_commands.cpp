@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "trellis/cli/commands.h"
+#include "trellis/cli/ensemble.h"
 #include "trellis/cli/local_model.h"
 #include "trellis/comm/communicator.h"
 #include "trellis/core/error.h"
@@ -21,7 +22,8 @@ namespace trellis {
 namespace {
 
 struct TaskArgs {
-  std::string checkpoint, input, tokenizer_dir;
+  std::vector<std::string> checkpoints;  // classify: several are an ensemble
+  std::string input, tokenizer_dir;
   int64_t batch_size = 32, max_len = 0;
   int beam = 1, threads = 0;
   bool no_cache = false;
@@ -46,12 +48,13 @@ struct TaskModel {
   std::unique_ptr<Tokenizer> tokenizer;
 };
 
-TaskModel load_task_model(const TaskArgs& a, const std::string& task) {
+TaskModel load_task_model(const TaskArgs& a, const std::string& checkpoint,
+                          const std::string& task) {
   if (a.threads > 0) omp_set_num_threads(a.threads);
   TaskModel m;
-  m.ck = load_checkpoint(a.checkpoint, false);
+  m.ck = load_checkpoint(checkpoint, false);
   TRELLIS_REQUIRE(m.ck.task.value("task", std::string("lm")) == task,
-                  "{}: not a {} checkpoint (it was trained for {})", a.checkpoint,
+                  "{}: not a {} checkpoint (it was trained for {})", checkpoint,
                   task == "classify" ? "classification" : "translation",
                   m.ck.task.value("task", std::string("language modelling")));
   TaskMeta meta;
@@ -60,7 +63,7 @@ TaskModel load_task_model(const TaskArgs& a, const std::string& task) {
   meta.feature_dim = m.ck.task.value("feature_dim", 0);
   TRELLIS_REQUIRE(meta.feature_dim == 0,
                   "{}: an image classifier; evaluate it with `trellis eval --data DIR`",
-                  a.checkpoint);
+                  checkpoint);
   m.format = SequenceFormat(meta, m.ck.task.at("seq_len").get<int64_t>());
   m.tokenizer = load_checkpoint_tokenizer(m.ck, a.tokenizer_dir);
   return m;
@@ -71,8 +74,14 @@ std::vector<uint32_t> encode(const Tokenizer& tok, const std::string& text) {
   return {ids.begin(), ids.end()};
 }
 
-void add_common_options(CLI::App* sub, TaskArgs& a) {
-  sub->add_option("--checkpoint", a.checkpoint, "checkpoint directory")->required();
+void add_common_options(CLI::App* sub, TaskArgs& a, bool ensemble) {
+  sub->add_option("--checkpoint", a.checkpoints,
+                  ensemble ? "checkpoint directory; several classifiers of the same classes (or "
+                             "the out directory of a run with ensemble > 1) label as an ensemble, "
+                             "the mean of their class probabilities"
+                           : "checkpoint directory")
+      ->required()
+      ->expected(1, ensemble ? 1 << 16 : 1);
   sub->add_option("--input", a.input, "text file, one input per line")->required();
   sub->add_option("--batch-size", a.batch_size, "inputs run together")->capture_default_str();
   sub->add_option("--tokenizer-dir", a.tokenizer_dir,
@@ -82,44 +91,41 @@ void add_common_options(CLI::App* sub, TaskArgs& a) {
 }
 
 int run_classify(const TaskArgs& a) {
-  TaskModel m = load_task_model(a, "classify");
   const std::vector<std::string> lines = read_input_lines(a.input);
-  const std::vector<std::string> classes = m.ck.task.at("classes");
-  LocalModel local(m.ck, nullptr, DType::F32, a.tokenizer_dir);
-  ModelChunk& model = local.model;
-  Context ctx;
-  model.prepare(ctx, a.batch_size, m.format.T);
-  const int64_t n = int64_t(lines.size()), K = int64_t(classes.size());
-  for (int64_t first = 0; first < n; first += a.batch_size) {
-    const int64_t rows = std::min(a.batch_size, n - first);
-    for (int64_t r = 0; r < a.batch_size; ++r) {
-      if (r < rows) {
-        const std::vector<uint32_t> ids = encode(*m.tokenizer, lines[size_t(first + r)]);
-        TRELLIS_REQUIRE(!ids.empty(), "{}:{}: empty text", a.input, first + r + 1);
-        m.format.put(ctx, r, ids, {}, -1);
-      } else {
-        m.format.put_padding(ctx, r);
-      }
+  const std::vector<std::string> members = expand_ensembles(a.checkpoints);
+  std::vector<std::string> classes;
+  std::vector<double> sum;  // lines x classes: the members' probabilities, summed
+  for (const std::string& path : members) {
+    TaskModel m = load_task_model(a, path, "classify");
+    if (classes.empty()) {
+      classes = m.ck.task.at("classes").get<std::vector<std::string>>();
+      sum.assign(lines.size() * classes.size(), 0.0);
     }
-    model.forward(ctx, 0.0f);
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* logits = ctx.class_logits_or_grad.f32() + r * K;
-      const double mx = *std::max_element(logits, logits + K);
-      double sum = 0.0;
-      for (int64_t k = 0; k < K; ++k) sum += std::exp(double(logits[k]) - mx);
-      nlohmann::ordered_json probs;
-      for (int64_t k = 0; k < K; ++k)
-        probs[classes[size_t(k)]] = std::exp(double(logits[k]) - mx) / sum;
-      const nlohmann::ordered_json out = {{"label", classes[size_t(ctx.predictions[size_t(r)])]},
-                                          {"probabilities", probs}};
-      fmt::print("{}\n", out.dump());
+    TRELLIS_REQUIRE(m.ck.task.at("classes") == classes,
+                    "{}: its classes differ from those of {}", path, members[0]);
+    ExampleSet set;  // the lines in this member's tokens
+    for (size_t i = 0; i < lines.size(); ++i) {
+      const std::vector<uint32_t> ids = encode(*m.tokenizer, lines[i]);
+      TRELLIS_REQUIRE(!ids.empty(), "{}:{}: empty text", a.input, i + 1);
+      set.add(-1, ids);
     }
+    add_class_probabilities(m.ck, m.format, set, int64_t(lines.size()), a.batch_size, DType::F32,
+                            sum, a.tokenizer_dir);
+  }
+  const size_t K = classes.size();
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const double* p = sum.data() + i * K;
+    nlohmann::ordered_json probs;
+    for (size_t k = 0; k < K; ++k) probs[classes[k]] = p[k] / double(members.size());
+    const nlohmann::ordered_json out = {
+        {"label", classes[size_t(std::max_element(p, p + K) - p)]}, {"probabilities", probs}};
+    fmt::print("{}\n", out.dump());
   }
   return 0;
 }
 
 int run_translate(const TaskArgs& a) {
-  TaskModel m = load_task_model(a, "translate");
+  TaskModel m = load_task_model(a, a.checkpoints[0], "translate");
   const std::vector<std::string> lines = read_input_lines(a.input);
   LocalModel local(m.ck, nullptr, DType::F32, a.tokenizer_dir);
   ModelChunk& model = local.model;
@@ -152,7 +158,7 @@ Command add_classify_command(CLI::App& app) {
   auto a = std::make_shared<TaskArgs>();
   CLI::App* sub = app.add_subcommand(
       "classify", "label each line of a text file with a classification checkpoint (JSON lines)");
-  add_common_options(sub, *a);
+  add_common_options(sub, *a, true);
   return {sub, [a](Communicator& world) {
             TRELLIS_REQUIRE(a->batch_size >= 1, "--batch-size must be >= 1");
             return world.rank() == 0 ? run_classify(*a) : 0;
@@ -163,7 +169,7 @@ Command add_translate_command(CLI::App& app) {
   auto a = std::make_shared<TaskArgs>();
   CLI::App* sub = app.add_subcommand(
       "translate", "translate each line of a text file with an encoder-decoder checkpoint");
-  add_common_options(sub, *a);
+  add_common_options(sub, *a, false);
   sub->add_option(
          "--beam", a->beam,
          "beam size (1 = greedy); hypotheses are ranked by log-probability / "

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "trellis/cli/commands.h"
+#include "trellis/cli/ensemble.h"
 #include "trellis/comm/communicator.h"
 #include "trellis/core/error.h"
 #include "trellis/train/config.h"
@@ -93,7 +94,7 @@ Command add_train_command(CLI::App& app) {
       return 0;
     }
     if (args->dry_run) return dry_run(args->cfg, args->json);
-    return run_training(args->cfg, world);
+    return train_ensemble(args->cfg, world);
   };
   return {sub, run};
 }

@@ -1,5 +1,8 @@
 #include "trellis/eval/classification.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "trellis/core/error.h"
 
 namespace trellis {
@@ -66,6 +69,33 @@ ClassificationMetrics classification_metrics(const std::vector<int>& labels,
   r.macro_f1 = trellis::macro_f1(r.confusion);
   r.examples = int64_t(labels.size());
   return r;
+}
+
+void softmax(const float* logits, int64_t K, double* out) {
+  const double mx = *std::max_element(logits, logits + K);
+  double sum = 0.0;
+  for (int64_t k = 0; k < K; ++k) sum += out[k] = std::exp(double(logits[k]) - mx);
+  for (int64_t k = 0; k < K; ++k) out[k] /= sum;
+}
+
+ClassificationMetrics ensemble_metrics(const std::vector<int>& labels,
+                                       const std::vector<double>& summed_probabilities,
+                                       int num_classes, int members) {
+  const size_t K = size_t(num_classes);
+  TRELLIS_REQUIRE(summed_probabilities.size() == labels.size() * K,
+                  "{} probabilities for {} examples of {} classes", summed_probabilities.size(),
+                  labels.size(), K);
+  std::vector<int> predicted(labels.size());
+  double loss = 0.0;
+  for (size_t i = 0; i < labels.size(); ++i) {
+    TRELLIS_REQUIRE(labels[i] >= 0 && labels[i] < num_classes,
+                    "example {}: label {} is not a class in [0, {})", i, labels[i], num_classes);
+    const double* p = summed_probabilities.data() + i * K;
+    predicted[i] = int(std::max_element(p, p + K) - p);
+    loss -= std::log(p[size_t(labels[i])] / double(members));
+  }
+  return classification_metrics(labels, predicted, num_classes,
+                                labels.empty() ? 0.0 : loss / double(labels.size()));
 }
 
 }  // namespace trellis

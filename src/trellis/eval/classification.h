@@ -33,6 +33,16 @@ struct ClassificationMetrics {
   nlohmann::json to_json() const;
 };
 
+// out[k] = softmax(logits)[k] for k in [0, K), computed in double.
+void softmax(const float* logits, int64_t K, double* out);
+
+// Metrics of an ensemble from its members' summed class probabilities (n x K, row-major; the mean
+// is taken here): the prediction is the most probable class (the first of equals), the loss the
+// mean of -log(mean probability of the true label).
+ClassificationMetrics ensemble_metrics(const std::vector<int>& labels,
+                                       const std::vector<double>& summed_probabilities,
+                                       int num_classes, int members);
+
 ClassificationMetrics classification_metrics(const std::vector<int>& labels,
                                              const std::vector<int>& predicted, int num_classes,
                                              double loss);

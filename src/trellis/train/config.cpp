@@ -243,6 +243,13 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
                "so the learning-rate schedule ends there too; evaluation counted, checkpoints not; "
                "0 = off",
                &c.time_budget),
+      make_key("ensemble",
+               "classification: train this many members one after another (seeds seed, seed+1, "
+               "...; out/member_K) and report the ensemble, the mean of their class "
+               "probabilities, in out/ensemble.json, which eval and classify take as "
+               "--checkpoint out; under time_budget another member starts only while the minutes "
+               "left fit the last one's time; 1 = one model",
+               &c.ensemble),
       make_key("epochs",
                "task data: passes over the training examples; > 0 sets steps to ceil(epochs x "
                "examples / batch_size) (a --steps on the command line wins over a file's epochs)",

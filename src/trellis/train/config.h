@@ -69,6 +69,7 @@ struct TrainConfig {
   bool resume = false;
   int64_t stop_at = 0;      // save and exit after this step (a time-limited job); 0 = run all
   double time_budget = 0.0;  // minutes the run may take: fits steps to it (train/time_budget.h)
+  int ensemble = 1;  // classifiers: members trained one after another (cli/ensemble.h)
   int64_t val_every = 110;  // 0 = only at the end
   double val_per_epoch = 0.0;  // task data: > 0 sets val_every to an epoch / val_per_epoch
   int64_t val_batches = 4;  // global batches of the validation split per evaluation

@@ -54,10 +54,6 @@ namespace trellis {
 
 namespace {
 
-// Taken when the program is loaded (static initialisation, before main): `start_s` counts all of
-// start-up, MPI and data included.
-const Clock::time_point kProcessStart = Clock::now();
-
 // This process's own high-water mark (VmHWM). getrusage's ru_maxrss is not: after a vfork+exec
 // (Python's subprocess, posix_spawn) it starts from the parent's peak.
 int64_t peak_rss_bytes() {
