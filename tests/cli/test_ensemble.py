@@ -7,6 +7,7 @@
 - `eval --checkpoint OUT` on the validation split reports the accuracy and loss those mean
   probabilities give, re-derived here from `classify` on the same texts, and ensemble.json the same;
 - with time_budget, a member that would not fit the minutes left is not started;
+- killed inside member 1 and resumed, the members are bitwise those of a run never stopped;
 - under dp2 every rank takes the same decisions and the ensemble equals dp1's;
 - bad input exits 2 with one line: ensemble < 1, a language model's data, stop_at, several
   checkpoints on a token shard, a broken ensemble.json, members with different classes."""
@@ -106,6 +107,19 @@ roomy = fresh_dir("ensemble_roomy")
 run(common + ["--ensemble", 2, "--time-budget", 30, "--out", roomy])
 with open(os.path.join(roomy, "ensemble.json")) as f:
     check(len(json.load(f)["members"]) == 2, "a budget with room trains every member")
+
+# Killed in member 1 and resumed: each member resumes from its own checkpoints, and the ensemble
+# is bitwise the one never stopped.
+killed = fresh_dir("ensemble_killed")
+run(common + ["--ensemble", 2, "--save-every", 4, "--out", killed], expect=-9,
+    env={**os.environ, "TRELLIS_FAULT": "rank=0,step=7"})
+check(not os.path.exists(os.path.join(killed, "member_2")), "the kill stopped member 1")
+run(common + ["--ensemble", 2, "--save-every", 4, "--resume", "--out", killed])
+with open(os.path.join(killed, "ensemble.json")) as f:
+    mk = json.load(f)
+check(mk["members"] == manifest["members"][:2] and all(
+    same_checkpoint(os.path.join(killed, m), os.path.join(out, m)) for m in mk["members"]),
+    "resumed after a kill: both members bitwise those of the run never stopped")
 
 # dp2: same members, same decisions on both ranks.
 dp2 = fresh_dir("ensemble_dp2")
