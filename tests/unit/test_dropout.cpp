@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "trellis/core/philox.h"
+#include "trellis/kernels/cpu/dropout_mask.h"
 #include "trellis/kernels/ops.h"
 
 namespace trellis {
@@ -58,6 +59,28 @@ TEST(Dropout, EachElementIsItsGlobalIndicesPhiloxWord) {
     }
   EXPECT_GT(dropped, 0);
   EXPECT_LT(dropped, rows * C);
+}
+
+TEST(Dropout, MultipliersOfAnyElementRangeAreTheirPhiloxWords) {
+  // Ranges that start and end inside a block of four words and inside a group of 16 blocks, span
+  // several groups, and counters past 2^31 (signed lanes would differ there).
+  const ops::Dropout d{0.25f, dropout_key(3, 5, 2, 1), 0, 0};
+  const int64_t ranges[][2] = {{0, 1}, {0, 64}, {3, 150}, {61, 7}, {64, 77}, {1000, 333}};
+  for (const auto& [e0, n] : ranges)
+    for (const uint64_t s : {uint64_t(6), uint64_t(0x9000'0000)}) {
+      std::vector<float> m(size_t(n), -1.0f);
+      ops::dropout_multipliers(m.data(), e0, n, d, 17, s, 2);
+      for (int64_t k = 0; k < n; ++k)
+        ASSERT_EQ(m[size_t(k)], kept(d, uint64_t(e0 + k), 17, s, 2) ? 1.0f / 0.75f : 0.0f)
+            << e0 << "+" << k << " s=" << s;
+    }
+  // Element counters past 2^31 as well.
+  std::vector<float> m(40);
+  ops::dropout_multipliers(m.data(), int64_t(0x8000'0000) * 4 - 20, 40, d, 1, 1, 0);
+  for (int64_t k = 0; k < 40; ++k)
+    ASSERT_EQ(m[size_t(k)], kept(d, uint64_t(0x8000'0000) * 4 - 20 + uint64_t(k), 1, 1, 0)
+                                ? 1.0f / 0.75f
+                                : 0.0f);
 }
 
 TEST(Dropout, KeepsAboutOneMinusP) {
