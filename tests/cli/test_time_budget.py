@@ -6,6 +6,10 @@ reproducible:
   - a budget of 24 steps' worth of time on a 300-step run ends the run early, at the step the
     header line names; from the decision on, every step's learning rate is bitwise that of a run
     configured with that many steps (the schedule was refitted, not cut off), the last at min_lr;
+  - a tenth of the way in the run is re-timed: when steps take twice as long after the first
+    decision ("0.05,0.1"), a second line names the step and the shorter run, which ends there with
+    the learning rates of a run configured with that many steps; with a steady clock the second
+    decision keeps the first;
   - a budget larger than the run changes nothing: bitwise the run without a budget;
   - stopped after the decision and resumed with a step time ten times longer, the run keeps the
     decision it saved (state.json's budget_steps): bitwise the run never stopped;
@@ -42,9 +46,9 @@ check(len(lines) == 1 and " of 300 steps fit at 50 ms a step" in lines[0],
       f"one line names the decision: {lines}")
 last = int(lines[0].split("min: ", 1)[1].split(" of ", 1)[0])
 check(22 < last < 50, f"the run is cut to {last} steps, after the 22 timed ones")
+decided = 2 + 20  # the warm and timed steps (train/time_budget.h)
 check([r["step"] for r in rows] == list(range(1, last + 1)), f"steps 1..{last} trained")
 _, plain_rows, _ = train("plain", ["--steps", last])
-decided = 2 + 20  # the warm and timed steps (train/time_budget.h)
 check([r["lr"] for r in rows][decided:] == [r["lr"] for r in plain_rows][decided:] and
       len(plain_rows) == last,
       f"after step {decided} the learning rates are bitwise those of a {last}-step run")
@@ -52,6 +56,28 @@ check(abs(rows[-1]["lr"] - 3e-4) < 3e-4 * 1e-6,  # min_lr as the float the run h
       f"the last step is at min_lr ({rows[-1]['lr']})")
 with open(os.path.join(budget_dir, f"step_{last:08d}", "state.json")) as f:
     check(json.load(f)["budget_steps"] == last, "state.json records budget_steps")
+
+# The second decision, a tenth of the way in: 12 s at 0.05 s a step would fit ~260 steps, but
+# after the first decision steps take 0.1 s, so the run is re-timed and cut again.
+out, slow_rows, slow_dir = train("retimed", ["--time-budget", 0.2], step_seconds="0.05,0.1")
+lines = [l for l in out.splitlines() if l.startswith("trellis: time_budget")]
+check(len(lines) == 2 and " fit at 50 ms a step" in lines[0] and " fit at 100 ms a step" in lines[1],
+      f"two lines name the decisions: {lines}")
+first = int(lines[0].split("min: ", 1)[1].split(" of ", 1)[0])
+at = int(lines[1].split("re-timed at step ", 1)[1].split(":", 1)[0])
+final = int(lines[1].split(f"step {at}: ", 1)[1].split(" of ", 1)[0])
+check(at == decided + max(20, first // 10), f"re-timed a tenth of the way into {first}: step {at}")
+check(at < final < first and [r["step"] for r in slow_rows] == list(range(1, final + 1)),
+      f"cut again, to {final} of the first decision's {first} steps, and trained to it")
+_, plain_rows, _ = train("plain_final", ["--steps", final])
+check([r["lr"] for r in slow_rows][at:] == [r["lr"] for r in plain_rows][at:] and
+      abs(slow_rows[-1]["lr"] - 3e-4) < 3e-4 * 1e-6,
+      f"after step {at} the learning rates are those of a {final}-step run, the last at min_lr")
+out, _, _ = train("steady", ["--time-budget", 0.2])
+lines = [l for l in out.splitlines() if l.startswith("trellis: time_budget")]
+check(len(lines) == 2 and lines[0].split("min: ", 1)[1].split(" of ")[0] == str(first) and
+      f"re-timed at step {at}: {first} of 300" in lines[1],
+      f"a steady clock: the second decision keeps the first ({lines})")
 
 # A budget the whole run fits in: the run without a budget, bitwise.
 _, roomy_rows, roomy = train("roomy", ["--steps", 40, "--time-budget", 60])

@@ -195,8 +195,11 @@ class Trainer {
   int64_t start_step_ = 0;
   std::string resumed_from_;
   int64_t val_items_ = 0;
-  // time_budget: the last step the budget allows, once decided (0 = not yet); the timed steps.
-  int64_t budget_steps_ = 0;
+  // time_budget: the last step the budget allows, once decided (0 = not yet); the most the run
+  // trains; the step of the first decision and the step from which the final one is due (0 =
+  // none pending); the steps timed since the last decision.
+  int64_t budget_steps_ = 0, budget_most_ = 0;
+  int64_t budget_first_ = 0, budget_final_at_ = 0;
   double budget_timed_s_ = 0.0;
   int64_t budget_timed_ = 0;
   double step_flops_ = 0.0, peak_flops_ = 0.0, peak_per_core_ = 0.0;
@@ -441,6 +444,7 @@ void Trainer::load_or_init() {
   start_step_ = state.at("step").get<int64_t>();
   resumed_best_ = state.value("best", nlohmann::json());
   // The steps the budget allowed when the run began: a resumed run ends where it would have.
+  // (A final decision still pending when it was saved is not taken: its clock began then.)
   budget_steps_ = state.value("budget_steps", int64_t(0));
   if (cfg_.time_budget > 0.0 && budget_steps_ > 0) cfg_.steps = std::min(cfg_.steps, budget_steps_);
 }
@@ -818,19 +822,27 @@ void Trainer::log_step(int64_t step, const StepStats& st) {
 }
 
 // time_budget: after the first timed steps, the run's last step becomes the last that fits the
-// budget (train/time_budget.h), decided alike on every rank.
+// budget (train/time_budget.h), decided alike on every rank; a tenth of the way into the run it
+// is decided once more, from the steps timed since, and kept.
 void Trainer::fit_time_budget(int64_t step, double step_seconds) {
   if (step <= start_step_ + kBudgetWarmSteps) return;
   budget_timed_s_ += step_seconds;
-  if (++budget_timed_ < kBudgetTimedSteps && step < cfg_.steps) return;
+  ++budget_timed_;
+  const bool first = budget_steps_ == 0;
+  const bool due = budget_timed_ >= kBudgetTimedSteps && (first || step >= budget_final_at_);
+  if (!due && step < cfg_.steps) return;
   BudgetClock c;
   c.budget_s = cfg_.time_budget * 60.0;
   c.elapsed_s = seconds_since(kProcessStart);
   c.step_s = budget_timed_s_ / double(budget_timed_);
-  // Tests only: a fixed step time and no time spent, so the decision is reproducible.
+  // Tests only: "A[,B]", a step takes A seconds until the first decision and B after it (default
+  // A), and no time passes before the first decision, so every decision is reproducible.
   if (const char* s = std::getenv("TRELLIS_TEST_STEP_SECONDS"); s && *s) {
-    c.step_s = std::strtod(s, nullptr);
-    c.elapsed_s = 0.0;
+    char* rest = nullptr;
+    const double a = std::strtod(s, &rest);
+    const double b = rest && *rest == ',' ? std::strtod(rest + 1, nullptr) : a;
+    c.step_s = first ? a : b;
+    c.elapsed_s = first ? 0.0 : double(step - budget_first_) * b;
   }
   // Every rank must reach the same decision: the slowest step and the latest clock count.
   double clock[2] = {c.step_s, c.elapsed_s};
@@ -839,12 +851,24 @@ void Trainer::fit_time_budget(int64_t step, double step_seconds) {
   // An evaluation is a forward pass (about a third of a training step's work) over the split.
   c.val_s = double(val_items_) / double(G_) * c.step_s / 3.0;
   c.val_every = cfg_.val_every;
-  const int64_t most = cfg_.steps;
-  budget_steps_ = std::max(step, budget_last_step(c, step, most));
+  if (first) budget_most_ = cfg_.steps;
+  budget_steps_ = std::max(step, budget_last_step(c, step, budget_most_));
   cfg_.steps = budget_steps_;
+  budget_timed_s_ = 0.0;
+  budget_timed_ = 0;
+  if (first) {
+    // The first steps often run faster than the rest (a VM's clock, caches): decided again a
+    // tenth of the way in, or not at all when that is within the last timed steps.
+    budget_first_ = step;
+    budget_final_at_ = step + std::max(kBudgetTimedSteps, budget_steps_ / 10);
+    if (budget_final_at_ + kBudgetTimedSteps > budget_steps_) budget_final_at_ = 0;
+  } else {
+    budget_final_at_ = 0;
+  }
   if (lead_ && !cfg_.quiet)
-    fmt::print("trellis: time_budget {:g} min: {} of {} steps fit at {:.0f} ms a step{}\n",
-               cfg_.time_budget, budget_steps_, most, c.step_s * 1e3,
+    fmt::print("trellis: time_budget {:g} min: {}{} of {} steps fit at {:.0f} ms a step{}\n",
+               cfg_.time_budget, first ? "" : fmt::format("re-timed at step {}: ", step),
+               budget_steps_, budget_most_, c.step_s * 1e3,
                c.val_s > 0 ? fmt::format(" and {:.1f} s an evaluation", c.val_s) : "");
 }
 
@@ -876,7 +900,8 @@ int Trainer::run() {
       ++timed_steps;
     }
     log_step(step, st);
-    if (cfg_.time_budget > 0.0 && budget_steps_ == 0) fit_time_budget(step, st.seconds);
+    if (cfg_.time_budget > 0.0 && (budget_steps_ == 0 || budget_final_at_ > 0))
+      fit_time_budget(step, st.seconds);
     bool stopping = step == cfg_.stop_at;
     const bool last = step == cfg_.steps;
     if (val_items_ > 0 && ((cfg_.val_every > 0 && step % cfg_.val_every == 0) || last)) {
