@@ -6,10 +6,10 @@ reproducible:
   - a budget of 24 steps' worth of time on a 300-step run ends the run early, at the step the
     header line names; from the decision on, every step's learning rate is bitwise that of a run
     configured with that many steps (the schedule was refitted, not cut off), the last at min_lr;
-  - a tenth of the way in the run is re-timed: when steps take twice as long after the first
-    decision ("0.05,0.1"), a second line names the step and the shorter run, which ends there with
-    the learning rates of a run configured with that many steps; with a steady clock the second
-    decision keeps the first;
+  - after each tenth of the run it is re-timed: when steps take twice as long after the first
+    decision ("0.0625,0.125"), the next line names the step and the shorter run, later ones keep
+    it, and the run ends there with the learning rates of a run configured with that many steps;
+    with a steady clock every re-timing keeps the first decision;
   - a budget larger than the run changes nothing: bitwise the run without a budget;
   - stopped after the decision and resumed with a step time ten times longer, the run keeps the
     decision it saved (state.json's budget_steps): bitwise the run never stopped;
@@ -57,27 +57,33 @@ check(abs(rows[-1]["lr"] - 3e-4) < 3e-4 * 1e-6,  # min_lr as the float the run h
 with open(os.path.join(budget_dir, f"step_{last:08d}", "state.json")) as f:
     check(json.load(f)["budget_steps"] == last, "state.json records budget_steps")
 
-# The second decision, a tenth of the way in: 12 s at 0.05 s a step would fit ~260 steps, but
-# after the first decision steps take 0.1 s, so the run is re-timed and cut again.
-out, slow_rows, slow_dir = train("retimed", ["--time-budget", 0.2], step_seconds="0.05,0.1")
+# Re-timed after each tenth of the run: 12 s at 1/16 s a step would fit ~190 steps, but after
+# the first decision steps take 1/8 s (binary fractions: the decisions are exact), so the run is
+# cut at the first re-timing and every later one confirms it.
+out, slow_rows, slow_dir = train("retimed", ["--time-budget", 0.2], step_seconds="0.0625,0.125")
 lines = [l for l in out.splitlines() if l.startswith("trellis: time_budget")]
-check(len(lines) == 2 and " fit at 50 ms a step" in lines[0] and " fit at 100 ms a step" in lines[1],
-      f"two lines name the decisions: {lines}")
 first = int(lines[0].split("min: ", 1)[1].split(" of ", 1)[0])
-at = int(lines[1].split("re-timed at step ", 1)[1].split(":", 1)[0])
-final = int(lines[1].split(f"step {at}: ", 1)[1].split(" of ", 1)[0])
-check(at == decided + max(20, first // 10), f"re-timed a tenth of the way into {first}: step {at}")
-check(at < final < first and [r["step"] for r in slow_rows] == list(range(1, final + 1)),
-      f"cut again, to {final} of the first decision's {first} steps, and trained to it")
+steps_at = [(int(l.split("re-timed at step ", 1)[1].split(":", 1)[0]),
+             int(l.split("re-timed at step ", 1)[1].split(": ", 1)[1].split(" of ", 1)[0]))
+            for l in lines[1:]]
+check(len(lines) >= 3 and " fit at 62 ms a step" in lines[0] and
+      all(" fit at 125 ms a step" in l for l in lines[1:]), f"one line per decision: {lines}")
+at, final = steps_at[0]
+check(at == decided + max(20, first // 10) and at < final < first,
+      f"re-timed a tenth of the way into {first} steps (step {at}): cut to {final}")
+check(all(n == final for _, n in steps_at) and
+      all(b - a == max(20, final // 10) for (a, _), (b, _) in zip(steps_at, steps_at[1:])) and
+      steps_at[-1][0] + 20 + max(20, final // 10) > final,
+      f"re-timed after each tenth of the {final} steps until the last 20, each keeping it: {steps_at}")
+check([r["step"] for r in slow_rows] == list(range(1, final + 1)), f"steps 1..{final} trained")
 _, plain_rows, _ = train("plain_final", ["--steps", final])
 check([r["lr"] for r in slow_rows][at:] == [r["lr"] for r in plain_rows][at:] and
       abs(slow_rows[-1]["lr"] - 3e-4) < 3e-4 * 1e-6,
       f"after step {at} the learning rates are those of a {final}-step run, the last at min_lr")
-out, _, _ = train("steady", ["--time-budget", 0.2])
+out, _, _ = train("steady", ["--time-budget", 0.2], step_seconds="0.0625")
 lines = [l for l in out.splitlines() if l.startswith("trellis: time_budget")]
-check(len(lines) == 2 and lines[0].split("min: ", 1)[1].split(" of ")[0] == str(first) and
-      f"re-timed at step {at}: {first} of 300" in lines[1],
-      f"a steady clock: the second decision keeps the first ({lines})")
+check(len(lines) >= 3 and all(f": {first} of 300 steps" in l for l in lines),
+      f"a steady clock: every re-timing keeps the first decision ({lines})")
 
 # A budget the whole run fits in: the run without a budget, bitwise.
 _, roomy_rows, roomy = train("roomy", ["--steps", 40, "--time-budget", 60])

@@ -4,9 +4,11 @@
 // `steps` (or `epochs`) stays the most the run trains; after its first steps the trainer times
 // them and cuts the run to the steps that fit the budget, evaluation included, so the learning-rate
 // schedule (and warmup, when it is a share of the run) ends where the run does instead of being
-// cut off at a high rate. On a faster machine the same recipe trains more of its steps, on a
-// slower one fewer. The decision travels in every checkpoint's state.json ("budget_steps"), so a
-// resumed run keeps it and stays bitwise equal to one that was never stopped.
+// cut off at a high rate. After each further tenth of the run it is re-timed and decided again
+// (a machine's speed drifts). On a faster machine the same recipe
+// trains more of its steps, on a slower one fewer. The decision travels in every checkpoint's state.json ("budget_steps"), so a
+// resumed run keeps it (and takes no later one) and so stays bitwise equal to one that was never
+// stopped on a steady clock.
 #include <cstdint>
 
 namespace trellis {

@@ -196,10 +196,10 @@ class Trainer {
   std::string resumed_from_;
   int64_t val_items_ = 0;
   // time_budget: the last step the budget allows, once decided (0 = not yet); the most the run
-  // trains; the step of the first decision and the step from which the final one is due (0 =
-  // none pending); the steps timed since the last decision.
+  // trains; the step of the first decision and the step from which the next one is due (0 =
+  // none); the steps timed since the last decision.
   int64_t budget_steps_ = 0, budget_most_ = 0;
-  int64_t budget_first_ = 0, budget_final_at_ = 0;
+  int64_t budget_first_ = 0, budget_next_at_ = 0;
   double budget_timed_s_ = 0.0;
   int64_t budget_timed_ = 0;
   double step_flops_ = 0.0, peak_flops_ = 0.0, peak_per_core_ = 0.0;
@@ -444,7 +444,7 @@ void Trainer::load_or_init() {
   start_step_ = state.at("step").get<int64_t>();
   resumed_best_ = state.value("best", nlohmann::json());
   // The steps the budget allowed when the run began: a resumed run ends where it would have.
-  // (A final decision still pending when it was saved is not taken: its clock began then.)
+  // (No later decision is taken: this process's clock began at the resume.)
   budget_steps_ = state.value("budget_steps", int64_t(0));
   if (cfg_.time_budget > 0.0 && budget_steps_ > 0) cfg_.steps = std::min(cfg_.steps, budget_steps_);
 }
@@ -822,14 +822,14 @@ void Trainer::log_step(int64_t step, const StepStats& st) {
 }
 
 // time_budget: after the first timed steps, the run's last step becomes the last that fits the
-// budget (train/time_budget.h), decided alike on every rank; a tenth of the way into the run it
-// is decided once more, from the steps timed since, and kept.
+// budget (train/time_budget.h), decided alike on every rank; then again after each tenth of the
+// run, from the steps timed since the last decision.
 void Trainer::fit_time_budget(int64_t step, double step_seconds) {
   if (step <= start_step_ + kBudgetWarmSteps) return;
   budget_timed_s_ += step_seconds;
   ++budget_timed_;
   const bool first = budget_steps_ == 0;
-  const bool due = budget_timed_ >= kBudgetTimedSteps && (first || step >= budget_final_at_);
+  const bool due = budget_timed_ >= kBudgetTimedSteps && (first || step >= budget_next_at_);
   if (!due && step < cfg_.steps) return;
   BudgetClock c;
   c.budget_s = cfg_.time_budget * 60.0;
@@ -856,15 +856,11 @@ void Trainer::fit_time_budget(int64_t step, double step_seconds) {
   cfg_.steps = budget_steps_;
   budget_timed_s_ = 0.0;
   budget_timed_ = 0;
-  if (first) {
-    // The first steps often run faster than the rest (a VM's clock, caches): decided again a
-    // tenth of the way in, or not at all when that is within the last timed steps.
-    budget_first_ = step;
-    budget_final_at_ = step + std::max(kBudgetTimedSteps, budget_steps_ / 10);
-    if (budget_final_at_ + kBudgetTimedSteps > budget_steps_) budget_final_at_ = 0;
-  } else {
-    budget_final_at_ = 0;
-  }
+  // A machine's speed drifts (a VM's first steps ran 57 ms, its later ones 66-80): decided again
+  // a tenth of the run later, unless that falls within the last timed steps.
+  if (first) budget_first_ = step;
+  budget_next_at_ = step + std::max(kBudgetTimedSteps, budget_steps_ / 10);
+  if (budget_next_at_ + kBudgetTimedSteps > budget_steps_) budget_next_at_ = 0;
   if (lead_ && !cfg_.quiet)
     fmt::print("trellis: time_budget {:g} min: {}{} of {} steps fit at {:.0f} ms a step{}\n",
                cfg_.time_budget, first ? "" : fmt::format("re-timed at step {}: ", step),
@@ -900,7 +896,7 @@ int Trainer::run() {
       ++timed_steps;
     }
     log_step(step, st);
-    if (cfg_.time_budget > 0.0 && (budget_steps_ == 0 || budget_final_at_ > 0))
+    if (cfg_.time_budget > 0.0 && (budget_steps_ == 0 || budget_next_at_ > 0))
       fit_time_budget(step, st.seconds);
     bool stopping = step == cfg_.stop_at;
     const bool last = step == cfg_.steps;
