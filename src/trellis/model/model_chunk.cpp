@@ -589,7 +589,8 @@ void ModelChunk::head_forward(Context& ctx, const float* x) {
   // Kept in bf16 (autocast's linear output): the GEMM writes fp32 columns [j0, j0 + n) into
   // backward's free dqkv scratch, [BT, n] with n its width, which are rounded into the logits;
   // no [BT, vocabulary] fp32 buffer exists. Columns, not rows: each weight row is read once.
-  const int64_t width = std::min(vocab_rows_, dqkv_.numel() / BT / 16 * 16);
+  const int64_t fit = dqkv_.numel() / BT;  // 64-byte aligned pieces where the width allows
+  const int64_t width = std::min(vocab_rows_, fit >= 16 ? fit / 16 * 16 : fit);
   TRELLIS_CHECK(width > 0, "no scratch for the bf16 logits ({} floats for {} rows)",
                 dqkv_.numel(), BT);
   const ops::GemmOperand w = head_weight();

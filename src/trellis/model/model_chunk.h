@@ -273,7 +273,7 @@ class ModelChunk {
   // bf16 rounding, when made already).
   void head_weights(Context& ctx, const uint16_t* dlogits16 = nullptr);
   // A bf16 model's logits as its head keeps them (rounded to bf16, held as floats) for the
-  // callers outside training (logits_at, decode), so they see what the loss sees; fp32: as they are.
+  // callers outside training (logits_at, decode), so they see what the loss sees; fp32 ones stay.
   void as_head_output(std::vector<float>& logits) const;
   // Whether a split backward defers the head's weight gradient: not in a chunk that also embeds
   // (a tied head shares its gradient with the embedding, which backward_input writes, so the
