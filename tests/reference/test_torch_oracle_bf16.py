@@ -8,9 +8,9 @@ torch_llama.py, torch_tasks.py) on the same checkpoint and batch as trellis.
 
 trellis's bf16 rounds both operands of every GEMM of a linear layer (LM head and classifier
 included, forward and backward) to bf16, nearest-even, and accumulates in fp32; it keeps the
-outputs of the q|k|v projections (after RoPE) and of the MLP's up projections (bias included) in
-bf16, which attention and GELU/SwiGLU read with fp32 math; attention products, norms, softmax,
-the loss, weights and gradients stay fp32. Per case, three references, all with fp32 parameters,
+outputs of the q|k|v projections (after RoPE), of the MLP's up projections (bias included) and of
+the LM head (the logits) in bf16, which attention, GELU/SwiGLU and the loss read with fp32 math;
+attention products, norms, softmax, the loss, weights and gradients stay fp32. Per case, three references, all with fp32 parameters,
 forward and loss inside the context, backward outside:
   g32  the reference in fp32;
   g16  the reference under torch.cpu.amp.autocast(dtype=torch.bfloat16): what the issue asks to
@@ -22,8 +22,9 @@ forward and loss inside the context, backward outside:
        linear layer of the references and none of the attention products, rounds both operands to
        bf16 and multiplies in fp32; its backward rounds the incoming gradient and reuses the
        rounded operands. The outputs trellis keeps in bf16 (KEPT_IN_BF16: q|k|v after RoPE,
-       the up projections after their bias) are rounded there, their gradient passed through
-       unchanged (trellis's gradients are fp32). The test asserts which parameters it
+       the up projections after their bias, the LM head's logits) are rounded there, their gradient passed through
+       unchanged (trellis's gradients are fp32; the logits' gradient, which trellis keeps in
+       bf16, is the one the head's backward GEMMs round anyway). The test asserts which parameters it
        intercepted (every 2-D parameter but the lookup-only embeddings) and whose outputs it
        rounded (every layer of KEPT_IN_BF16).
 and `trellis grad` twice: t32 (--precision fp32) and t16 (--precision bf16).
@@ -166,8 +167,11 @@ class _RoundKept(torch.autograd.Function):
 # The linear layers whose output (bias included) trellis keeps in bf16, by the end of their
 # names: the MLP's up projections, which GELU/SwiGLU read in bf16, and the query, key and value
 # projections, which attention reads in bf16 (fp32 math inside both).
+# And the LM head (GPT-2's tied wte, LLaMA's lm_head): its logits are kept in bf16, which the
+# loss reads with fp32 math (its gradient, rounded by the head's backward GEMMs as every incoming
+# gradient is, is what trellis writes over them in bf16). A classifier's logits stay fp32.
 KEPT_IN_BF16 = ("mlp.c_fc", "fc1", "mlp.gate_proj", "mlp.up_proj", "attn.c_attn",
-                "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+                "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "wte", "lm_head")
 # ... of which those trellis rounds after RoPE (in a model with rotary positions: it rotates the
 # GEMM's fp32 output and keeps the result).
 ROPED = ("self_attn.q_proj", "self_attn.k_proj")

@@ -1611,6 +1611,59 @@ TEST(KernelsCrossEntropy, LabelSmoothingUnderVocabularySplit) {
 }
 
 
+// A bf16 model's logits (its LM head output, kept in bf16 as autocast keeps it): cross_entropy_bf16
+// is the fp32 kernel on the widened values, its gradient rounded once into the row (the bits
+// ops::to_bf16 gives the fp32 gradient): losses and total bitwise, gradient bits equal, padding
+// columns (NaN here) never read and zeroed, a padding row zero, logits untouched at grad_scale 0;
+// plain and smoothed, the whole vocabulary and a tensor-parallel slice (vocab_start, a combine).
+TEST(KernelsCrossEntropy, Bf16LogitsAreTheFp32KernelOnWidenedValues) {
+  const int64_t BT = 13, Vp = 80;
+  struct Slice {
+    int64_t valid, start, vocab;
+  };
+  for (float e : {0.0f, 0.2f})
+    for (const Slice sl : {Slice{67, 0, 67}, Slice{51, 40, 91}}) {
+      SCOPED_TRACE("e=" + std::to_string(e) + " start=" + std::to_string(sl.start));
+      CeData d = make_ce(BT, sl.valid, Vp, 68, 3.0f);
+      d.targets[5] = -1;                          // a padding row
+      d.targets[6] = int32_t(sl.start + 2);       // a target inside this slice
+      d.targets[7] = int32_t(sl.start > 0 ? 1 : sl.valid - 1);  // outside it, where there is one
+      std::vector<uint16_t> bits(sz(BT * Vp));
+      ops::to_bf16(bits.data(), d.logits.data(), BT * Vp);
+      Vec widened(sz(BT * Vp));
+      ops::from_bf16(widened.data(), bits.data(), BT * Vp);
+      for (int64_t i = 0; i < BT; ++i)
+        for (int64_t j = sl.valid; j < Vp; ++j) bits[sz(i * Vp + j)] = 0x7fc1;  // NaN padding
+      int combines = 0;
+      const ops::RowCombine combine = [&](double*, int64_t, bool) { ++combines; };
+      const ops::RowCombine none = {};
+      const ops::RowCombine& c = sl.start > 0 ? combine : none;
+      for (float grad_scale : {0.0f, 0.125f}) {
+        Vec f = widened, lf(sz(BT)), lb(sz(BT));
+        std::vector<uint16_t> b = bits;
+        const double tf = ops::cross_entropy(f.data(), lf.data(), d.targets.data(), BT, sl.valid,
+                                             Vp, sl.start, grad_scale, c, e, sl.vocab);
+        const double tb = ops::cross_entropy_bf16(b.data(), lb.data(), d.targets.data(), BT,
+                                                  sl.valid, Vp, sl.start, grad_scale, c, e,
+                                                  sl.vocab);
+        EXPECT_EQ(tf, tb);
+        EXPECT_EQ(lf, lb);
+        EXPECT_EQ(lb[5], 0.0f);
+        if (grad_scale == 0.0f) {
+          EXPECT_EQ(b, bits);  // untouched, padding included
+          continue;
+        }
+        std::vector<uint16_t> want(sz(BT * Vp));
+        ops::to_bf16(want.data(), f.data(), BT * Vp);
+        EXPECT_EQ(b, want);
+        for (int64_t j = 0; j < Vp; ++j) EXPECT_EQ(b[sz(5 * Vp + j)], 0u) << "padding row";
+        for (int64_t j = sl.valid; j < Vp; ++j) EXPECT_EQ(b[sz(Vp + j)], 0u) << "padding column";
+      }
+      EXPECT_EQ(combines, sl.start > 0 ? 8 : 0);  // a max and a sum per call, 4 calls
+    }
+}
+
+
 // ---------------------------------------------------------------------------------------------
 // accumulate / scale / add_bias / sum_squares
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <span>
@@ -22,7 +23,7 @@ namespace {
 constexpr int kVocab = 61;
 
 struct Model {
-  explicit Model(const std::string& preset)
+  explicit Model(const std::string& preset, DType compute = DType::F32)
       : cfg([&] {
           ModelConfig c = model_preset(preset);
           c.vocab_size = kVocab;
@@ -31,7 +32,7 @@ struct Model {
         }()),
         layout(cfg),
         params(layout.size()),
-        model(layout, params.data(), nullptr, tp) {
+        model(layout, params.data(), nullptr, tp, nullptr, compute) {
     init_params(layout, 11, params.data());
     // Larger weights than the init's: sharper distributions, whose argmax means something.
     for (float& p : params) p *= 4.0f;
@@ -155,6 +156,56 @@ TEST(EncoderDecoder, CachedLogitsEqualTheFullForward) {
   seq[1].back() = 3;
   of = {1, 1, 2};
   advance(4);
+}
+
+// A bf16 model's head output is bf16 (autocast's linear output) on every path: the training/eval
+// forward keeps the logits in bf16 (Context::logits_or_grad), and logits_at (sampling, uncached
+// decoding) and the KV cache's decode (sampling, beam search) return values rounded to bf16, so
+// they see what the loss sees; logits_at's are within one bf16 rounding of the forward's at the
+// same position (the two head GEMMs differ in shape only, hence in fp32 summation order).
+TEST(Bf16, HeadOutputIsBf16OnEveryPath) {
+  auto is_bf16 = [](float x) { return (std::bit_cast<uint32_t>(x) & 0xffffu) == 0; };
+  for (const std::string preset : {"tiny", "llama-tiny", "encdec-tiny"}) {
+    SCOPED_TRACE(preset);
+    Model m(preset, DType::BF16);
+    const bool encdec = m.cfg.encoder_decoder();
+    const std::vector<int32_t> seq = tokens(7, 1);
+    const std::vector<int32_t> src_t = tokens(5, 2);
+    const std::vector<uint32_t> source(src_t.begin(), src_t.end());
+    const std::vector<float> at = full_logits(m, seq, encdec ? source : std::vector<uint32_t>{});
+    // The forward over the same batch, as full_logits builds it.
+    const int64_t n = int64_t(seq.size()), T = encdec ? std::max<int64_t>(n, 6) : n;
+    Context ctx;
+    m.model.prepare(ctx, 1, T);
+    std::fill(ctx.tokens.begin(), ctx.tokens.end(), kVocab - 1);
+    std::copy(seq.begin(), seq.end(), ctx.tokens.begin());
+    std::fill(ctx.targets.begin(), ctx.targets.end(), 0);
+    if (encdec) {
+      ctx.src_tokens.assign(size_t(T), kVocab - 1);
+      std::copy(source.begin(), source.end(), ctx.src_tokens.begin());
+      ctx.lengths = {int32_t(source.size() + 1)};
+    }
+    m.model.forward(ctx, 0.0f);
+    ASSERT_EQ(ctx.logits_or_grad.dtype(), DType::BF16);
+    const int64_t ld = ctx.logits_or_grad.dim(1);
+    const uint16_t* kept = ctx.logits_or_grad.bf16() + (n - 1) * ld;
+    int differ = 0;
+    for (int v = 0; v < kVocab; ++v) {
+      const float want = std::bit_cast<float>(uint32_t(kept[v]) << 16), got = at[size_t(v)];
+      EXPECT_TRUE(is_bf16(got)) << "logits_at[" << v << "] = " << got << " is not a bf16 value";
+      EXPECT_LE(std::abs(got - want), std::ldexp(std::abs(want), -8)) << "logit " << v;
+      differ += got != want;
+    }
+    EXPECT_LE(differ, kVocab / 8);  // one-ulp flips are rare
+    // Cached decoding of the same sequence: bf16 values too.
+    KVCache cache = encdec ? m.model.encode({std::span<const uint32_t>(source)}, 12, kVocab - 1)
+                           : m.model.start_cache(1, 12);
+    const std::vector<std::vector<int32_t>> rows = {seq};
+    const std::vector<float>& got = m.model.decode(cache, spans(rows));
+    ASSERT_EQ(got.size(), size_t(kVocab));
+    for (int v = 0; v < kVocab; ++v)
+      EXPECT_TRUE(is_bf16(got[size_t(v)])) << "decode's logit " << v << " = " << got[size_t(v)];
+  }
 }
 
 }  // namespace

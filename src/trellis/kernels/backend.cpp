@@ -41,6 +41,7 @@ const Backend kCpu = {
     ops::position_forward,
     ops::position_backward,
     ops::cross_entropy,
+    ops::cross_entropy_bf16,
     ops::dropout,
     ops::accumulate,
     ops::zero,

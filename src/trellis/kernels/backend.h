@@ -46,6 +46,7 @@ struct Backend {
   decltype(&ops::position_forward) position_forward;
   decltype(&ops::position_backward) position_backward;
   decltype(&ops::cross_entropy) cross_entropy;
+  decltype(&ops::cross_entropy_bf16) cross_entropy_bf16;
   decltype(&ops::dropout) dropout;
   decltype(&ops::accumulate) accumulate;
   decltype(&ops::zero) zero;

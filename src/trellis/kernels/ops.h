@@ -237,6 +237,13 @@ double cross_entropy(float* logits, float* losses, const int32_t* targets, int64
                      int64_t valid, int64_t ld, int64_t vocab_start, float grad_scale,
                      const RowCombine& combine = {}, float label_smoothing = 0.0f,
                      int64_t vocab_size = 0);
+// The same over logits kept in bf16 (a bf16 model's LM head output, as autocast keeps it): each
+// row widened exactly, the same fp32/double math, and the gradient rounded once into the row
+// (nearest even): the bits ops::to_bf16 gives the fp32 kernel's gradient of the widened logits.
+double cross_entropy_bf16(uint16_t* logits, float* losses, const int32_t* targets, int64_t BT,
+                          int64_t valid, int64_t ld, int64_t vocab_start, float grad_scale,
+                          const RowCombine& combine = {}, float label_smoothing = 0.0f,
+                          int64_t vocab_size = 0);
 
 // y += x.
 void accumulate(float* y, const float* x, int64_t n);

@@ -170,7 +170,9 @@ ActivationLayout activation_layout(const ModelConfig& cfg, const StageSpec& chun
       {&Context::lnf_mean, {head * d.stats}},
       {&Context::lnf_rstd, {head * R}},
       {&Context::lnf_full, {head * d.full, C}},
-      {&Context::logits_or_grad, {lm * BT, d.vocab_rows}},  // then their gradient
+      // the logits, then their gradient: bf16 in a bf16 model (autocast's head output; the loss
+      // reads them in fp32 math and writes the gradient rounded over them)
+      {&Context::logits_or_grad, {lm * BT, d.vocab_rows}, compute},
       {&Context::losses, {BT}},
       {&Context::pooled, {cls * B, C}},
       {&Context::class_logits_or_grad, {cls * B, cfg.num_classes}},

@@ -165,6 +165,7 @@ const std::vector<float>& ModelChunk::decode(KVCache& c,
   w.logits.resize(size_t(rows * V));
   k_.gemm_operands(false, true, rows, V, C, 1.0f, {w.ln.data(), nullptr, C}, head_weight(), 0.0f,
                    w.logits.data(), V);
+  as_head_output(w.logits);
   return w.logits;
 }
 

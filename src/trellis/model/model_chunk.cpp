@@ -1,6 +1,7 @@
 #include "trellis/model/model_chunk.h"
 
 #include <algorithm>
+#include <bit>
 
 #include "trellis/core/error.h"
 #include "trellis/core/philox.h"
@@ -580,8 +581,36 @@ void ModelChunk::head_forward(Context& ctx, const float* x) {
   keep(ctx.lnf, lnf, R * C_);
   const Rows in = enter(ctx.lnf, ctx.lnf_full, BT);
   // logits over this rank's vocabulary slice (padding rows are zero and masked in the loss).
-  k_.gemm_operands(false, true, BT, vocab_rows_, C_, 1.0f, in.operand(C_), head_weight(), 0.0f,
-                   ctx.logits_or_grad.f32(), vocab_rows_);
+  if (ctx.logits_or_grad.dtype() == DType::F32) {
+    k_.gemm_operands(false, true, BT, vocab_rows_, C_, 1.0f, in.operand(C_), head_weight(), 0.0f,
+                     ctx.logits_or_grad.f32(), vocab_rows_);
+    return;
+  }
+  // Kept in bf16 (autocast's linear output): the GEMM writes fp32 columns [j0, j0 + n) into
+  // backward's free dqkv scratch, [BT, n] with n its width, which are rounded into the logits;
+  // no [BT, vocabulary] fp32 buffer exists. Columns, not rows: each weight row is read once.
+  const int64_t fit = dqkv_.numel() / BT;  // 64-byte aligned pieces where the width allows
+  const int64_t width = std::min(vocab_rows_, fit >= 16 ? fit / 16 * 16 : fit);
+  TRELLIS_CHECK(width > 0, "no scratch for the bf16 logits ({} floats for {} rows)",
+                dqkv_.numel(), BT);
+  const ops::GemmOperand w = head_weight();
+  uint16_t* logits = ctx.logits_or_grad.bf16();
+  float* part = dqkv_.f32();
+  for (int64_t j0 = 0; j0 < vocab_rows_; j0 += width) {
+    const int64_t n = std::min(width, vocab_rows_ - j0);
+    const ops::GemmOperand wj = {w.f32 ? w.f32 + j0 * C_ : nullptr,
+                                 w.bf16 ? w.bf16 + j0 * C_ : nullptr, w.ld};
+    k_.gemm_operands(false, true, BT, n, C_, 1.0f, in.operand(C_), wj, 0.0f, part, n);
+    for (int64_t i = 0; i < BT; ++i) k_.to_bf16(logits + i * vocab_rows_ + j0, part + i * n, n);
+  }
+}
+
+void ModelChunk::as_head_output(std::vector<float>& logits) const {
+  if (!bf16_) return;
+  std::vector<uint16_t> bits(logits.size());
+  k_.to_bf16(bits.data(), logits.data(), int64_t(logits.size()));
+  for (size_t i = 0; i < bits.size(); ++i)
+    logits[i] = std::bit_cast<float>(uint32_t(bits[i]) << 16);
 }
 
 ops::GemmOperand ModelChunk::head_weight() {
@@ -644,9 +673,14 @@ double ModelChunk::forward(Context& ctx, float grad_scale) {
   for (int32_t t : ctx.targets)  // -1: padding, not counted
     TRELLIS_REQUIRE(t >= -1 && t < cfg_.vocab_size, "target id {} is outside the vocabulary", t);
   // Smoothed over the true vocabulary of all tensor-parallel ranks (padding rows stay out).
+  const float e = grad_scale != 0.0f ? label_smoothing_ : 0.0f;
+  if (ctx.logits_or_grad.dtype() == DType::BF16)
+    return k_.cross_entropy_bf16(ctx.logits_or_grad.bf16(), ctx.losses.f32(), ctx.targets.data(),
+                                 ctx.B * ctx.T, vocab_valid_, vocab_rows_, vocab_start_, grad_scale,
+                                 tp_.row_combine(), e, cfg_.vocab_size);
   return k_.cross_entropy(ctx.logits_or_grad.f32(), ctx.losses.f32(), ctx.targets.data(), ctx.B * ctx.T,
                           vocab_valid_, vocab_rows_, vocab_start_, grad_scale, tp_.row_combine(),
-                          grad_scale != 0.0f ? label_smoothing_ : 0.0f, cfg_.vocab_size);
+                          e, cfg_.vocab_size);
 }
 
 void ModelChunk::set_label_smoothing(float e) {
@@ -861,6 +895,7 @@ void ModelChunk::block_weights(Context& ctx, int l) {
 
 void ModelChunk::head_weights(Context& ctx, const uint16_t* dlogits16) {
   const int64_t BT = ctx.B * ctx.T;
+  if (ctx.logits_or_grad.dtype() == DType::BF16) dlogits16 = ctx.logits_or_grad.bf16();
   const Rows lnf_in = saved_input(ctx.lnf, ctx.lnf_full);
   const ops::GemmOperand dlogits = {dlogits16 ? nullptr : ctx.logits_or_grad.f32(), dlogits16,
                                     vocab_rows_};
@@ -961,10 +996,13 @@ void ModelChunk::head_backward(Context& ctx) {
   const bool sp = tp_.sequence_parallel();
   // ctx.logits_or_grad holds dlogits (fused into the loss).
   float* dln = dln_.f32();
-  // bf16: dlogits rounded once when both GEMMs that read them run here.
+  // bf16: dlogits are kept in bf16 where the logits were (the loss wrote them rounded); else,
+  // in a bf16 model, rounded once when both GEMMs that read them run here.
   const bool both = !split_ || !defers_head();
   const uint16_t* dlogits16 =
-      bf16_ && both ? copies_.round_once(k_, ctx.logits_or_grad.f32(), BT * vocab_rows_) : nullptr;
+      ctx.logits_or_grad.dtype() == DType::BF16 ? ctx.logits_or_grad.bf16()
+      : bf16_ && both ? copies_.round_once(k_, ctx.logits_or_grad.f32(), BT * vocab_rows_)
+                      : nullptr;
   const ops::GemmOperand dlogits = {dlogits16 ? nullptr : ctx.logits_or_grad.f32(), dlogits16,
                                     vocab_rows_};
   k_.gemm_operands(false, false, BT, C, vocab_rows_, 1.0f, dlogits, head_weight(), 0.0f, dln, C);
@@ -991,6 +1029,7 @@ std::vector<float> ModelChunk::logits_at(Context& ctx, const std::vector<int64_t
   lnf_.forward(ln.data(), mean.data(), rstd.data(), picked.data(), n);
   k_.gemm_operands(false, true, n, V, C, 1.0f, {ln.data(), nullptr, C}, head_weight(), 0.0f,
                    logits.data(), V);
+  as_head_output(logits);
   return logits;
 }
 

@@ -96,7 +96,7 @@ struct Context {
   // At the first decoder block: the encoder's output (its final norm) and the decoder's input.
   Tensor enc, enc_mean, enc_rstd, dec_embedded;
   // The head's logits [B*T, vocab rows]; a training forward fuses the loss's gradient into
-  // them, so after it they hold dlogits.
+  // them, so after it they hold dlogits. bf16 in a bf16 model (autocast's head output).
   Tensor lnf, lnf_mean, lnf_rstd, lnf_full, logits_or_grad, losses;
   // A classifier's pooled final states [B, C], class logits [B, K] (dlogits after a training
   // forward, as above) and predicted classes [B].
@@ -272,6 +272,9 @@ class ModelChunk {
   // The head's weight gradient (this rank's vocabulary rows) from ctx's dlogits (dlogits16: their
   // bf16 rounding, when made already).
   void head_weights(Context& ctx, const uint16_t* dlogits16 = nullptr);
+  // A bf16 model's logits as its head keeps them (rounded to bf16, held as floats) for the
+  // callers outside training (logits_at, decode), so they see what the loss sees; fp32 ones stay.
+  void as_head_output(std::vector<float>& logits) const;
   // Whether a split backward defers the head's weight gradient: not in a chunk that also embeds
   // (a tied head shares its gradient with the embedding, which backward_input writes, so the
   // sums keep backward's order: head, then embedding, micro-batch after micro-batch).

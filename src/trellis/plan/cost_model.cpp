@@ -392,7 +392,8 @@ void add_head(ChunkCost& c, const StepSetting& x) {
   const int t = x.t;
   const double vocab = x.mc.padded_vocab();
   const double fl = 2 * b * s * h * vocab / t;
-  const double logits = b * s * vocab / t * 4;  // fp32 logits, softmax and its gradient
+  // the logits, softmax and its gradient: fp32, or bf16 in a bf16 run (autocast's head output)
+  const double logits = b * s * vocab / t * (x.in.precision == "bf16" ? 2 : 4);
   const Gemm head{b * s, vocab / t, h};
   const double head_s = gemm_seconds(head, x.machine, x.in.precision);
   c.gemm_flops_fwd += fl;

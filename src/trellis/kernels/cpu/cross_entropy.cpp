@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "trellis/core/error.h"
+#include "trellis/kernels/cpu/bf16_lanes.h"
 #include "trellis/kernels/cpu/simd_math.h"
 #include "trellis/kernels/ops.h"
 
@@ -64,11 +65,46 @@ double row_sum(const float* row, int64_t n) {
   return sum;
 }
 
-}  // namespace
+// A row of logits as fp32 values: an fp32 row is used in place; a bf16 row is widened (exactly)
+// into this thread's buffer, and store() rounds the buffer back into it, once per element.
+template <class T>
+class Row;
+template <>
+class Row<float> {
+ public:
+  Row(float* row, int64_t) : row_(row) {}
+  float* data() const { return row_; }
+  void store() const {}
 
-double cross_entropy(float* logits, float* losses, const int32_t* targets, int64_t BT,
-                     int64_t valid, int64_t ld, int64_t vocab_start, float grad_scale,
-                     const RowCombine& combine, float label_smoothing, int64_t vocab_size) {
+ private:
+  float* row_;
+};
+template <>
+class Row<uint16_t> {
+ public:
+  Row(uint16_t* row, int64_t n) : row_(row), n_(n) {
+    thread_local std::vector<float> buffer;
+    if (buffer.size() < size_t(n)) buffer.resize(size_t(n));
+    buf_ = buffer.data();
+    for (int64_t j = 0; j < n; ++j) buf_[j] = simd::widen_bf16(row[j]);
+  }
+  float* data() const { return buf_; }
+  void store() const {
+    for (int64_t j = 0; j < n_; ++j) row_[j] = simd::round_bf16(buf_[j]);
+  }
+
+ private:
+  uint16_t* row_;
+  float* buf_;
+  int64_t n_;
+};
+
+// One body for both storages: Row<float> is the row itself, Row<uint16_t> its widened copy in
+// a thread's buffer, written back rounded once (nearest even) where the gradient replaces it.
+template <class T>
+double cross_entropy_impl(T* logits, float* losses, const int32_t* targets, int64_t BT,
+                          int64_t valid, int64_t ld, int64_t vocab_start, float grad_scale,
+                          const RowCombine& combine, float label_smoothing, int64_t vocab_size) {
   TRELLIS_CHECK(valid >= 0 && valid <= ld, "cross_entropy: {} valid of {} columns", valid, ld);
   TRELLIS_CHECK(label_smoothing >= 0.0f && label_smoothing < 1.0f,
                 "cross_entropy: label smoothing {} is outside [0, 1)", label_smoothing);
@@ -85,11 +121,12 @@ double cross_entropy(float* logits, float* losses, const int32_t* targets, int64
   double* target_logit = sum + BT;
   double* logit_sum = smooth ? target_logit + BT : nullptr;
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < BT; ++i) mx[i] = row_max(logits + i * ld, valid);
+  for (int64_t i = 0; i < BT; ++i) mx[i] = row_max(Row<T>(logits + i * ld, valid).data(), valid);
   if (combine) combine(mx, BT, true);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < BT; ++i) {
-    const float* row = logits + i * ld;
+    const Row<T> widened(logits + i * ld, valid);
+    const float* row = widened.data();
     sum[i] = row_sum_exp(row, valid, double(float(mx[i])));
     const int64_t t = int64_t(targets[i]) - vocab_start;
     target_logit[i] = t >= 0 && t < valid ? double(row[t]) : 0.0;
@@ -103,16 +140,17 @@ double cross_entropy(float* logits, float* losses, const int32_t* targets, int64
   const double per_class = smooth ? eps / double(vocab_size) : 0.0;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < BT; ++i) {
-    float* row = logits + i * ld;
     if (targets[i] < 0) {  // padding: no loss, no gradient
       losses[i] = 0.0f;
-      if (grad_scale != 0.0f) std::fill_n(row, ld, 0.0f);
+      if (grad_scale != 0.0f) std::fill_n(logits + i * ld, ld, T(0));
       continue;
     }
     const double lse = mx[i] + std::log(sum[i]);
     losses[i] = smooth ? float(lse - (1.0 - eps) * target_logit[i] - per_class * logit_sum[i])
                        : float(lse - target_logit[i]);
     if (grad_scale == 0.0f) continue;
+    Row<T> widened(logits + i * ld, valid);
+    float* row = widened.data();
     // dlogits = grad_scale * softmax (- grad_scale * e/V), evaluated in double and rounded once.
     const double m = double(float(mx[i])), k = double(grad_scale) / sum[i];
     const double off = double(grad_scale) * per_class;
@@ -128,16 +166,33 @@ double cross_entropy(float* logits, float* losses, const int32_t* targets, int64
         simd::store4(row + j, simd::exp(simd::load4(row + j) - mx4) * k4);
       for (; j < valid; ++j) row[j] = float(std::exp(double(row[j]) - m) * k);
     }
-    for (j = valid; j < ld; ++j) row[j] = 0.0f;
     const int64_t t = int64_t(targets[i]) - vocab_start;
     if (t >= 0 && t < valid)
       row[t] = smooth ? float(double(row[t]) - double(grad_scale) * (1.0 - eps))
                       : row[t] - grad_scale;
+    widened.store();
+    std::fill(logits + i * ld + valid, logits + (i + 1) * ld, T(0));
   }
   // Summed in row order after the parallel loops, so the total is reproducible.
   double total = 0.0;
   for (int64_t i = 0; i < BT; ++i) total += losses[i];
   return total;
+}
+
+}  // namespace
+
+double cross_entropy(float* logits, float* losses, const int32_t* targets, int64_t BT,
+                     int64_t valid, int64_t ld, int64_t vocab_start, float grad_scale,
+                     const RowCombine& combine, float label_smoothing, int64_t vocab_size) {
+  return cross_entropy_impl(logits, losses, targets, BT, valid, ld, vocab_start, grad_scale,
+                            combine, label_smoothing, vocab_size);
+}
+
+double cross_entropy_bf16(uint16_t* logits, float* losses, const int32_t* targets, int64_t BT,
+                          int64_t valid, int64_t ld, int64_t vocab_start, float grad_scale,
+                          const RowCombine& combine, float label_smoothing, int64_t vocab_size) {
+  return cross_entropy_impl(logits, losses, targets, BT, valid, ld, vocab_start, grad_scale,
+                            combine, label_smoothing, vocab_size);
 }
 
 }  // namespace trellis::ops
