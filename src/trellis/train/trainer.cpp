@@ -609,14 +609,23 @@ EvalResult Trainer::evaluate_set(int64_t items) {
   const int64_t b = shape_.micro_batch;
   const int64_t lo = items * mesh_.dp_rank() / mesh_.dp();
   const int64_t hi = items * (mesh_.dp_rank() + 1) / mesh_.dp();
-  const int micro = int((hi - lo + b - 1) / b);
+  // Every data-parallel rank runs the micro-batches of the largest share, ceil(items / dp), not
+  // of its own: under ZeRO-3 each forward gathers every block over the dp communicator (ZeRO-2
+  // the first forward after an update), so a rank with a micro-batch fewer would leave the others
+  // in a gather it never posts (DESIGN invariant 5). A micro-batch past this rank's share
+  // computes the first item and counts none of its rows.
+  const int64_t largest = (items + mesh_.dp() - 1) / mesh_.dp();
+  const int micro = int((largest + b - 1) / b);
   const int K = mc_.num_classes;
   std::vector<double> counts(size_t(K * K), 0.0);  // [true][predicted]
   double sum = 0.0;
   if (micro > 0) {
     auto load = [&](int k, Context& ctx) {
-      const int64_t first = lo + k * b, rows = std::min(b, hi - first);
-      batches_->fill_val(first, rows, ctx);
+      const int64_t first = lo + k * b, rows = std::clamp<int64_t>(hi - first, 0, b);
+      if (rows > 0)
+        batches_->fill_val(first, rows, ctx);
+      else
+        batches_->fill_val(0, 1, ctx);
       ctx.dropout.train = false;  // a pooled Context may have trained: validation never drops
       return rows;
     };
