@@ -149,6 +149,10 @@ broken = fresh_dir("broken")
 with open(os.path.join(broken, "ensemble.json"), "w") as f:
     f.write('{"members": 3}')
 expect_error(["eval", "--checkpoint", broken, "--data", data], "ensemble.json", "members")
+with open(os.path.join(broken, "ensemble.json"), "w") as f:
+    f.write('{"members": ["member_1/best", 3]}')
+expect_error(["eval", "--checkpoint", broken, "--data", data], "ensemble.json", "3",
+             "not a directory name")
 other_tsv = os.path.join(tmp, "other.tsv")
 with open(other_tsv, "w") as f:
     f.write("sentence\tlabel\n" + "".join(f"word {i}\t{'xy'[i % 2]}\n" for i in range(40)))

@@ -72,6 +72,19 @@ void add_class_probabilities(CheckpointData& ck, const SequenceFormat& f, const 
   }
 }
 
+ClassificationMetrics ensemble_validation(
+    const std::vector<std::string>& members, const TaskData& d, int64_t n, int64_t batch_size,
+    DType compute, const std::function<SequenceFormat(const CheckpointData&)>& format) {
+  const int K = int(d.meta.classes.size());
+  std::vector<double> sum(size_t(n * K), 0.0);
+  for (const std::string& m : members) {
+    CheckpointData ck = load_checkpoint(m, false);
+    add_class_probabilities(ck, format(ck), d.val, n, batch_size, compute, sum);
+  }
+  const std::vector<int> labels(d.val.labels.begin(), d.val.labels.begin() + n);
+  return ensemble_metrics(labels, sum, K, int(members.size()));
+}
+
 namespace {
 
 // The member's checkpoint the ensemble takes: its best with keep_best, else its last.
@@ -86,17 +99,15 @@ std::string member_checkpoint(const TrainConfig& member) {
 void evaluate_ensemble(const TrainConfig& cfg, const std::vector<std::string>& members,
                        const std::vector<uint64_t>& seeds) {
   const TaskData d = load_task_data(cfg.data);
-  const int64_t n = int64_t(d.val.size()), K = int64_t(d.meta.classes.size());
+  const int64_t n = int64_t(d.val.size());
   if (n == 0) return;
-  const DType compute = choose_precision(cfg.precision).compute;
-  std::vector<double> sum(size_t(n * K), 0.0);
-  for (const std::string& m : members) {
-    CheckpointData ck = load_checkpoint(cfg.out + "/" + m, false);
-    const SequenceFormat f(d.meta, ck.task.at("seq_len").get<int64_t>());
-    add_class_probabilities(ck, f, d.val, n, cfg.batch_size, compute, sum);
-  }
-  const std::vector<int> labels(d.val.labels.begin(), d.val.labels.end());
-  const ClassificationMetrics r = ensemble_metrics(labels, sum, int(K), int(members.size()));
+  std::vector<std::string> paths;
+  for (const std::string& m : members) paths.push_back(cfg.out + "/" + m);
+  const ClassificationMetrics r =
+      ensemble_validation(paths, d, n, cfg.batch_size, choose_precision(cfg.precision).compute,
+                          [&](const CheckpointData& ck) {
+                            return SequenceFormat(d.meta, ck.task.at("seq_len").get<int64_t>());
+                          });
   const nlohmann::ordered_json j = {{"members", members},
                                     {"seeds", seeds},
                                     {"val_loss", r.loss},

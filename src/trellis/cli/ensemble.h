@@ -7,6 +7,7 @@
 //
 // OUT/ensemble.json names the members' checkpoints (relative to OUT) and the ensemble's
 // validation metrics; `eval` and `classify` take OUT as --checkpoint, or the members' directories.
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -15,8 +16,10 @@
 namespace trellis {
 
 class Communicator;
+struct ClassificationMetrics;
 struct ExampleSet;
 struct SequenceFormat;
+struct TaskData;
 struct TrainConfig;
 
 inline constexpr const char* kEnsembleFile = "ensemble.json";
@@ -29,6 +32,12 @@ std::vector<std::string> expand_ensembles(const std::vector<std::string>& paths)
 void add_class_probabilities(CheckpointData& ck, const SequenceFormat& f, const ExampleSet& set,
                              int64_t n, int64_t batch_size, DType compute,
                              std::vector<double>& sum, const std::string& tokenizer_dir = "");
+
+// The metrics of the classifiers `members` as an ensemble on the first n validation examples of
+// d; format(ck) is a member's sequence layout (and may check it against d).
+ClassificationMetrics ensemble_validation(
+    const std::vector<std::string>& members, const TaskData& d, int64_t n, int64_t batch_size,
+    DType compute, const std::function<SequenceFormat(const CheckpointData&)>& format);
 
 // `trellis train` with ensemble > 1: member k (1-based) is cfg with seed + k - 1 and out
 // OUT/member_k. Under time_budget (the whole run's minutes) member k > 1 starts only when the

@@ -188,15 +188,11 @@ nlohmann::json evaluate_task(const EvalArgs& a) {
                   members.size(), a.data, d.meta.task);
   if (d.meta.task == "classify") {
     if (a.threads > 0) omp_set_num_threads(a.threads);
-    const int K = int(d.meta.classes.size());
-    std::vector<double> probabilities(size_t(n * K), 0.0);
-    for (const std::string& path : members) {
-      CheckpointData ck = load_checkpoint(path, false);
-      add_class_probabilities(ck, task_format(ck, d.meta, a.data), d.val, n, a.batch_size,
-                              compute_precision(a), probabilities);
-    }
-    const std::vector<int> labels(d.val.labels.begin(), d.val.labels.begin() + n);
-    nlohmann::json j = ensemble_metrics(labels, probabilities, K, int(members.size())).to_json();
+    nlohmann::json j = ensemble_validation(members, d, n, a.batch_size, compute_precision(a),
+                                           [&](const CheckpointData& ck) {
+                                             return task_format(ck, d.meta, a.data);
+                                           })
+                           .to_json();
     j.erase("confusion");
     if (members.size() > 1) j["members"] = members.size();
     return j;
