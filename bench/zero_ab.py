@@ -7,11 +7,14 @@ round's runs, the ratios to ZeRO-0 within each round and their medians, the page
 (perf stat, when perf is installed) and the memory counters.
 
   /usr/bin/python3 bench/zero_ab.py BIN [BIN ...] [--steps 8] [--rounds 3] [--stages 0,2,3]
-                                    [--cluster-rate 1gbit]
+                                    [--cluster-rate 1gbit] [--grad-reduce-dtypes fp32,bf16]
 
 --cluster-rate RATE runs the 2 ranks on 2 "nodes" of a network-namespace cluster instead
 (scripts/netns_cluster.sh, one rank per node, links shaped to RATE; run as root): the issue's
 goal holds "locally and on the cluster". Page faults are not counted there.
+
+--grad-reduce-dtypes runs every stage with each grad_reduce_dtype (default fp32 only); ratios are
+to ZeRO-0 with the same type.
 
 Run it under `flock /work/measure.lock` on a shared machine and report `uptime` with it.
 """
@@ -51,7 +54,7 @@ def cluster_up(rate):
         subprocess.run([SCRIPT, "down", "--name", name], check=True)
 
 
-def run(binary, zero, steps, out, cluster=None):
+def run(binary, zero, dtype, steps, out, cluster=None):
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     perf = []
     if shutil.which("perf") and not cluster:
@@ -64,7 +67,7 @@ def run(binary, zero, steps, out, cluster=None):
         launcher = [SCRIPT, "run", "--name", cluster, "--timeout", "600", "--", "-np", "2",
                     "--map-by", "node"]
     cmd = [*launcher, *perf, binary, "train", *BASE, "--zero", str(zero), "--steps", str(steps),
-           "--out", out]
+           "--grad-reduce-dtype", dtype, "--out", out]
     os.makedirs(out, exist_ok=True)
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     if p.returncode != 0:
@@ -91,7 +94,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--stages", default="0,2,3")
     ap.add_argument("--cluster-rate", help="2 namespace nodes, one rank each, links at this rate")
+    ap.add_argument("--grad-reduce-dtypes", default="fp32")
     a = ap.parse_args()
+    dtypes = a.grad_reduce_dtypes.split(",")
     stages = [int(z) for z in a.stages.split(",")]
     if stages[0] != 0:
         sys.exit("--stages must start with 0 (the ratios' base)")
@@ -99,28 +104,27 @@ def main():
     with tempfile.TemporaryDirectory(prefix="zero_ab_") as work, \
             cluster_up(a.cluster_rate) as cluster:
         res, loads = ab_rounds.alternate(
-            a.rounds, [(b, z) for z in stages for b in bins],
+            a.rounds, [(b, z, d) for z in stages for d in dtypes for b in bins],
             lambda c, r: run(*c, a.steps, tempfile.mkdtemp(prefix=f"{c[1]}_{r}_", dir=work),
                              cluster),
-            lambda c, r, x: f"round {r + 1} {c[0]} zero {c[1]}: {x['ms']:.0f} ms/step, "
+            lambda c, r, x: f"round {r + 1} {c[0]} zero {c[1]} {c[2]}: {x['ms']:.0f} ms/step, "
                             f"exposed {x['exposed']:.0f} ms, faults {x['faults']}")
     where = f"across 2 namespace nodes at {a.cluster_rate}" if a.cluster_rate else "one host"
     print(f"\n{where}: {a.rounds} rounds × {a.steps} steps (median of steps 3–{a.steps}); "
           f"1-minute load {ab_rounds.load_range(loads)}\n")
-    print("| binary | ZeRO | ms/step, median (runs) | / ZeRO-0 per round (median) | exposed ms "
-          "| page faults per rank | alloc_peak_bytes | mem_bytes |")
-    print("|---|---|---|---|---|---|---|---|")
-    for b in bins:
-        for z in stages:
-            xs = res[(b, z)]
-            ratios = [x["ms"] / x0["ms"] for x, x0 in zip(xs, res[(b, 0)])]
-            faults = [f for x in xs for f in x["faults"]]
-            runs = " / ".join(f"{x['ms']:.0f}" for x in xs)
-            print(f"| {b} | {z} | {statistics.median(x['ms'] for x in xs):.0f} ({runs}) | "
-                  f"{' / '.join(f'{q:.2f}' for q in ratios)} ({statistics.median(ratios):.2f}) | "
-                  f"{statistics.median(x['exposed'] for x in xs):.0f} | "
-                  f"{statistics.median(faults) if faults else '-'} | {xs[-1]['alloc_peak']} | "
-                  f"{xs[-1]['mem']} |")
+    print("| binary | ZeRO | gradients | ms/step, median (runs) | / ZeRO-0 per round (median) "
+          "| exposed ms | page faults per rank | alloc_peak_bytes | mem_bytes |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for b, z, d in ((b, z, d) for b in bins for z in stages for d in dtypes):
+        xs = res[(b, z, d)]
+        ratios = [x["ms"] / x0["ms"] for x, x0 in zip(xs, res[(b, 0, d)])]
+        faults = [f for x in xs for f in x["faults"]]
+        runs = " / ".join(f"{x['ms']:.0f}" for x in xs)
+        print(f"| {b} | {z} | {d} | {statistics.median(x['ms'] for x in xs):.0f} ({runs}) | "
+              f"{' / '.join(f'{q:.2f}' for q in ratios)} ({statistics.median(ratios):.2f}) | "
+              f"{statistics.median(x['exposed'] for x in xs):.0f} | "
+              f"{statistics.median(faults) if faults else '-'} | {xs[-1]['alloc_peak']} | "
+              f"{xs[-1]['mem']} |")
 
 
 if __name__ == "__main__":

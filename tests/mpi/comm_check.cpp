@@ -2,7 +2,8 @@
 // runs 2, 3 and 4): every collective against values computed from the rank formula, p2p rings,
 // split and mesh sub-communicators, GradReducer against a plain all-reduce, and an all-reduce and
 // a message that complete while the caller makes no MPI call (the progress thread). Values are
-// small integers, so sums are exact in any order and results are compared with ==.
+// small integers, so sums are exact in any order and results are compared with ==; the bf16 sums
+// also on values whose rounding shows.
 //
 //   comm_check                 all checks; exit 0 and "comm_check: ... passed" from rank 0
 //   comm_check --chunk K       the same with MPI requests of at most K elements (chunked paths)
@@ -12,8 +13,10 @@
 //   comm_check --has-mpi       prints "mpi: yes" or "mpi: no" (was MPI support built?) and exits
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -23,6 +26,7 @@
 
 #include "trellis/comm/communicator.h"
 #include "trellis/core/error.h"
+#include "trellis/kernels/cpu/bf16_lanes.h"
 #include "trellis/parallel/data_parallel.h"
 #include "trellis/parallel/mesh.h"
 #ifdef TRELLIS_WITH_MPI
@@ -150,6 +154,91 @@ void check_all_gather16_and_v(Communicator& c) {
   std::vector<float> all(want.size(), -1.0f);
   c.all_gatherv_async(mine.data(), all.data(), counts)->wait();
   expect_equal(all, want, "all_gatherv of uneven blocks");
+}
+
+// bf16 sums (grad_reduce_dtype = bf16). Small integers are bf16 values and so is every partial
+// sum of them: exact in any order. Where sums are not bf16 values, each addition rounds once:
+// with two ranks there is one order, so the result is known bit for bit; with more, every rank
+// must get the same bits, within (p - 1) roundings of the exact sum (positive terms). And the
+// fp32 wrappers (all_reduce_grads, reduce_scatter_grads) that write the bits over their input.
+uint16_t bf(float f) { return simd::round_bf16(f); }
+float wide(uint16_t b) { return simd::widen_bf16(b); }
+// A positive value of no simple form, the same on every rank for (rank, i).
+float ragged(int rank, size_t i) {
+  const uint32_t h = uint32_t(i * 2654435761u) ^ uint32_t(rank * 40503 + 7);
+  return 0.5f + float(h % 100003) / 100003.0f;
+}
+
+void check_bf16_reductions(Communicator& c) {
+  const int p = c.size(), r = c.rank();
+  const float ranks_sum = p * (p + 1) / 2.0f;
+  for (size_t count : {size_t{0}, size_t{1}, size_t{1001}, size_t{250007}}) {
+    std::vector<uint16_t> send(count * p), recv(count, 0xFFFF), want(count);
+    for (int b = 0; b < p; ++b)
+      for (size_t i = 0; i < count; ++i) send[b * count + i] = bf((r + 1) * float(b + i % 7 + 1));
+    for (size_t i = 0; i < count; ++i) want[i] = bf(ranks_sum * float(r + i % 7 + 1));
+    c.reduce_scatter_bf16_async(send.data(), recv.data(), count)->wait();
+    expect(recv == want, fmt::format("bf16 reduce_scatter of {} elements a rank", count));
+
+    std::vector<uint16_t> buf(count), all_want(count);
+    for (size_t i = 0; i < count; ++i) {
+      buf[i] = bf((r + 1) * float(i % 17 + 1));
+      all_want[i] = bf(ranks_sum * float(i % 17 + 1));
+    }
+    c.all_reduce_bf16_async(buf.data(), count)->wait();
+    expect(buf == all_want, fmt::format("bf16 all_reduce of {} elements", count));
+  }
+
+  const size_t n = 30011;
+  std::vector<uint16_t> mine(n), sum(n), block(n);
+  std::vector<uint16_t> blocks(n * p);
+  for (size_t i = 0; i < n; ++i) mine[i] = sum[i] = bf(ragged(r, i));
+  for (int b = 0; b < p; ++b)
+    for (size_t i = 0; i < n; ++i) blocks[b * n + i] = bf(ragged(r, b * n + i));
+  c.all_reduce_bf16_async(sum.data(), n)->wait();
+  c.reduce_scatter_bf16_async(blocks.data(), block.data(), n)->wait();
+  for (size_t i = 0; i < n; ++i) {
+    double exact = 0, exact_block = 0;
+    for (int q = 0; q < p; ++q) {
+      exact += wide(bf(ragged(q, i)));
+      exact_block += wide(bf(ragged(q, size_t(r) * n + i)));
+    }
+    if (p == 2) {
+      const uint16_t two = bf(wide(bf(ragged(0, i))) + wide(bf(ragged(1, i))));
+      const uint16_t two_block =
+          bf(wide(bf(ragged(0, size_t(r) * n + i))) + wide(bf(ragged(1, size_t(r) * n + i))));
+      expect(sum[i] == two && block[i] == two_block,
+             fmt::format("bf16 sums of element {}: {:#06x} and {:#06x}, expected the rounded "
+                         "fp32 sums {:#06x} and {:#06x}",
+                         i, sum[i], block[i], two, two_block));
+    }
+    const double bound = (p - 1) * std::ldexp(1.0, -8);  // a rounding: half an ulp, 2^-8 of it
+    expect(std::abs(wide(sum[i]) - exact) <= bound * exact &&
+               std::abs(wide(block[i]) - exact_block) <= bound * exact_block,
+           fmt::format("bf16 sums of element {}: {} and {}, exact {} and {}", i, wide(sum[i]),
+                       wide(block[i]), exact, exact_block));
+  }
+  // Every rank holds the same bits of the all-reduce.
+  std::vector<uint16_t> everyone(n * p);
+  c.all_gather16_async(sum.data(), everyone.data(), n)->wait();
+  for (int q = 0; q < p; ++q)
+    expect(std::equal(sum.begin(), sum.end(), everyone.begin() + q * n),
+           fmt::format("bf16 all_reduce: rank {} holds other bits than rank {}", q, r));
+
+  // The fp32 wrappers round, reduce and widen in place.
+  std::vector<float> grads(n * p), out(n, -1.0f), whole(n);
+  for (size_t i = 0; i < n * p; ++i) grads[i] = ragged(r, i);
+  for (size_t i = 0; i < n; ++i) whole[i] = ragged(r, i);
+  reduce_scatter_grads(c, grads.data(), out.data(), n, GradReduceDtype::Bf16)->wait();
+  all_reduce_grads(c, whole.data(), n, GradReduceDtype::Bf16)->wait();
+  for (size_t i = 0; i < n; ++i) {
+    expect(out[i] == wide(block[i]),
+           fmt::format("reduce_scatter_grads(bf16) element {}: {}, expected {}", i, out[i],
+                       wide(block[i])));
+    expect(whole[i] == wide(sum[i]), fmt::format("all_reduce_grads(bf16) element {}: {}, "
+                                                 "expected {}",
+                                                 i, whole[i], wide(sum[i])));
+  }
 }
 
 // Several reduce-scatters in flight, of different sizes, completed in reverse order: each must
@@ -299,24 +388,44 @@ void check_meshes(Communicator& world) {
   }
 }
 
+// GradReducer against a plain all-reduce; in bf16 against the fp32 wrapper of the bf16 all-reduce
+// (values whose sums are not bf16 values: at 2 ranks the bits are the wrapper's only if each
+// bucket was rounded, reduced and widened once; beyond, within both sums' roundings).
 void check_grad_reducer(Communicator& c) {
   const int r = c.rank();
   const size_t n = 1000003;
   std::vector<float> grads(n), ref(n);
-  GradReducer red(c, grads.data(), n, 64 * 1024);  // reused across steps, as the trainer does
-  expect(red.bucket_count() == (n + 16383) / 16384,
-         fmt::format("bucket count {}", red.bucket_count()));
-  for (int step = 0; step < 3; ++step) {
-    for (size_t i = 0; i < n; ++i) grads[i] = float((r + 1 + step) * ((i * 31) % 23));
-    ref = grads;
-    c.all_reduce(ref.data(), n);
-    // Backward finishes gradients from the end; announce them in uneven pieces.
-    for (size_t off = n; off > 0;) {
-      off = off > 77777 ? off - 77777 : 0;
-      red.ready_from(off);
+  for (GradReduceDtype t : {GradReduceDtype::Fp32, GradReduceDtype::Bf16}) {
+    const bool bf16 = t == GradReduceDtype::Bf16;
+    // Reused across steps, as the trainer does.
+    GradReducer red(c, grads.data(), n, 64 * 1024, {}, t);
+    expect(red.bucket_count() == (n + 16383) / 16384,
+           fmt::format("bucket count {}", red.bucket_count()));
+    for (int step = 0; step < 3; ++step) {
+      for (size_t i = 0; i < n; ++i)
+        grads[i] = bf16 ? ragged(r + step, i) : float((r + 1 + step) * ((i * 31) % 23));
+      ref = grads;
+      all_reduce_grads(c, ref.data(), n, t)->wait();
+      // Backward finishes gradients from the end; announce them in uneven pieces.
+      for (size_t off = n; off > 0;) {
+        off = off > 77777 ? off - 77777 : 0;
+        red.ready_from(off);
+      }
+      red.finish();
+      if (!bf16 || c.size() == 2) {
+        expect_equal(grads, ref,
+                     fmt::format("GradReducer ({}) step {} vs all_reduce",
+                                 bf16 ? "bf16" : "fp32", step));
+        continue;
+      }
+      // More ranks: the order of the additions depends on where an element sits in its
+      // collective's segments, so the bucketed sums may round elsewhere than the whole one's.
+      const double bound = 2 * (c.size() - 1) * std::ldexp(1.0, -8);
+      for (size_t i = 0; i < n; ++i)
+        expect(std::abs(double(grads[i]) - ref[i]) <= bound * ref[i],
+               fmt::format("GradReducer (bf16) step {} element {}: {}, the whole all-reduce {}",
+                           step, i, grads[i], ref[i]));
     }
-    red.finish();
-    expect_equal(grads, ref, fmt::format("GradReducer step {} vs all_reduce", step));
   }
 }
 
@@ -436,6 +545,7 @@ int main(int argc, char** argv) {
     check_all_reduce(*world);
     check_reduce_scatter_all_gather(*world);
     check_all_gather16_and_v(*world);
+    check_bf16_reductions(*world);
     check_overlapping_reduce_scatters(*world);
     check_broadcast(*world);
     check_ring(*world);

@@ -542,6 +542,37 @@ TEST(PlannerLinks, OverlapByZeroStageAndSequenceParallelCollectives) {
       << "no all-reduce under sequence parallelism";
 }
 
+// grad_reduce_dtype = bf16 halves the gradients' bytes on the link, nothing else: with a link
+// of no latency ZeRO-0's all-reduce takes half the time, ZeRO-1's reduce-scatter half while its
+// parameter gather keeps its time, and the compute does not move.
+TEST(PlannerLinks, Bf16GradientReductionHalvesTheGradientBytes) {
+  Machine m = load_machine(hardware("dgx-a100-80gb.json"));
+  for (const char* c : {"all_reduce", "reduce_scatter", "all_gather"})
+    m.inter.collectives[c] = CollectiveFit{0, 1e9, {}};
+  CostInputs in;
+  in.model = gpt2_sized("gpt2");
+  in.seq_len = 1024;
+  in.ranks_per_node = 1;
+  in.layout.dp = 4;
+  in.layout.micro_batch = 4;
+  in.precision = "fp32";
+  for (int zero : {0, 1}) {
+    in.layout.zero = zero;
+    in.bf16_grad_reduce = false;
+    const StepCost fp32 = predict_step(in, m);
+    in.bf16_grad_reduce = true;
+    const StepCost bf16 = predict_step(in, m);
+    EXPECT_DOUBLE_EQ(bf16.compute_s, fp32.compute_s);
+    if (zero == 0) {
+      EXPECT_NEAR(bf16.dp_comm_total_s, fp32.dp_comm_total_s / 2, 1e-12 * fp32.dp_comm_total_s);
+    } else {
+      // fp32 gather of fp32 parameters: the same bytes as the fp32 reduce-scatter.
+      EXPECT_NEAR(bf16.dp_comm_total_s, fp32.dp_comm_total_s * 3 / 4,
+                  1e-12 * fp32.dp_comm_total_s);
+    }
+  }
+}
+
 // A calibrated link's table of step times by message size: interpolated between the sizes
 // measured, the ring fit beyond them; a table that agrees with the fit predicts what the fit
 // does, one whose mid-size messages are slow (TCP) makes ZeRO-2's per-block reduce-scatters cost

@@ -9,6 +9,7 @@
 #include "trellis/comm/communicator.h"
 #include "trellis/core/error.h"
 #include "trellis/model/family.h"
+#include "trellis/parallel/data_parallel.h"
 #include "trellis/plan/planner.h"
 
 namespace trellis {
@@ -16,7 +17,7 @@ namespace trellis {
 namespace {
 
 struct PlanArgs {
-  std::string model, machine, precision = "bf16";
+  std::string model, machine, precision = "bf16", grad_reduce_dtype = "fp32";
   int world = 0, ranks_per_node = 0, top = 10;
   int64_t batch = 0, seq_len = 0, vocab = 50257;
   bool json = false;
@@ -181,13 +182,15 @@ int run_plan(const PlanArgs& a) {
   req.batch = a.batch;
   req.seq_len = a.seq_len;
   req.precision = a.precision;
+  req.bf16_grad_reduce = grad_reduce_dtype(a.grad_reduce_dtype) == GradReduceDtype::Bf16;
   const Plan plan = make_plan(req, machine);
   const double n_params = double(ParamLayout(req.model).count());
   if (a.json) {
     nlohmann::json j = {{"machine", machine.name},    {"model_params", n_params},
                         {"world", req.world},         {"ranks_per_node", req.ranks_per_node},
                         {"batch_size", req.batch},    {"seq_len", req.seq_len},
-                        {"precision", req.precision}, {"device_memory", machine.memory_bytes},
+                        {"precision", req.precision}, {"grad_reduce_dtype", a.grad_reduce_dtype},
+                        {"device_memory", machine.memory_bytes},
                         {"fitting", plan.fitting},    {"layouts", nlohmann::json::array()}};
     for (const Candidate& c : plan.candidates) j["layouts"].push_back(candidate_json(c));
     if (plan.smallest_world) {
@@ -221,6 +224,8 @@ Command add_plan_command(CLI::App& app) {
       ->required();
   sub->add_option("--seq-len", a->seq_len, "tokens per sequence")->required();
   sub->add_option("--precision", a->precision, "GEMM precision: fp32 | tf32 | bf16");
+  sub->add_option("--grad-reduce-dtype", a->grad_reduce_dtype,
+                  "what gradients cross the data-parallel group in: fp32 | bf16 (half the bytes)");
   sub->add_option("--machine", a->machine, "machine description (hardware/*.json)")->required();
   sub->add_option("--top", a->top, "layouts to print (default 10)");
   sub->add_flag("--json", a->json, "every layout, as JSON");

@@ -44,6 +44,22 @@ class Communicator {
     abort("the " + backend() + " backend has no 16-bit all-gather", 1);
     return nullptr;
   }
+  // Sums of bf16 values (the bits of gradients reduced as bf16, grad_reduce_dtype): each partial
+  // sum is computed in fp32 from the widened operands and rounded to bf16 (nearest even), so a
+  // sum over p ranks rounds p - 1 times; every rank gets the same bits. In place, and rank r's
+  // block of a reduce-scatter (send: size()*count elements) into recv (count, apart from send).
+  // A backend without them ends the job.
+  virtual std::unique_ptr<Work> all_reduce_bf16_async(uint16_t* buf, size_t n) {
+    (void)buf, (void)n;
+    abort("the " + backend() + " backend has no bf16 all-reduce", 1);
+    return nullptr;
+  }
+  virtual std::unique_ptr<Work> reduce_scatter_bf16_async(const uint16_t* send, uint16_t* recv,
+                                                          size_t count) {
+    (void)send, (void)recv, (void)count;
+    abort("the " + backend() + " backend has no bf16 reduce-scatter", 1);
+    return nullptr;
+  }
   // An all-gather of blocks of different sizes: rank r sends counts[r] floats; recv receives
   // their sum, rank r's block after those of the ranks before it. A backend without it ends the
   // job.

@@ -58,6 +58,12 @@ class LocalCommunicator final : public Communicator {
     if (count > 0 && recv != send) std::memmove(recv, send, count * sizeof(uint16_t));
     return done();
   }
+  std::unique_ptr<Work> all_reduce_bf16_async(uint16_t*, size_t) override { return done(); }
+  std::unique_ptr<Work> reduce_scatter_bf16_async(const uint16_t* send, uint16_t* recv,
+                                                  size_t count) override {
+    if (count > 0) std::memcpy(recv, send, count * sizeof(uint16_t));
+    return done();
+  }
   std::unique_ptr<Work> all_gatherv_async(const float* send, float* recv,
                                           const std::vector<size_t>& counts) override {
     copy_floats(recv, send, counts.at(0));

@@ -30,6 +30,7 @@
 
 #include "trellis/comm/communicator.h"
 #include "trellis/core/error.h"
+#include "trellis/kernels/cpu/bf16_lanes.h"
 
 namespace trellis {
 namespace detail {
@@ -71,6 +72,31 @@ std::string mpi_error_string(int rc) {
   int len = 0;
   if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) return fmt::format("MPI error {}", rc);
   return std::string(text, static_cast<size_t>(len));
+}
+
+// The sum of bf16 elements (MPI_UINT16_T bits) as Communicator's bf16 reductions define it:
+// widened, added in fp32, rounded once.
+void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i)
+    b[i] = simd::round_bf16(simd::widen_bf16(a[i]) + simd::widen_bf16(b[i]));
+}
+void add_bf16(uint16_t* sum, const uint16_t* own, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    sum[i] = simd::round_bf16(simd::widen_bf16(sum[i]) + simd::widen_bf16(own[i]));
+}
+void add_floats(float* sum, const float* own, size_t n) {
+  for (size_t i = 0; i < n; ++i) sum[i] += own[i];
+}
+// Created on first use (after MPI_Init), freed by MPI_Finalize.
+MPI_Op bf16_sum_op() {
+  static MPI_Op op = [] {
+    MPI_Op o = MPI_OP_NULL;
+    MPI_Op_create(&bf16_sum, /*commute=*/1, &o);
+    return o;
+  }();
+  return op;
 }
 
 // Calls f(offset, count) for consecutive pieces of [0, n) of at most g_max_chunk elements.
@@ -275,6 +301,17 @@ class MpiCommunicator final : public Communicator {
     return w;
   }
 
+  std::unique_ptr<Work> all_reduce_bf16_async(uint16_t* buf, size_t n) override {
+    auto w = start({"all_reduce", 0, n, "bf16 elements"});
+    for_chunks(n, [&](size_t off, int len) {
+      MPI_Request r;
+      launch(*w,
+             MPI_Iallreduce(MPI_IN_PLACE, buf + off, len, MPI_UINT16_T, bf16_sum_op(), comm_, &r),
+             "MPI_Iallreduce", r);
+    });
+    return w;
+  }
+
   std::unique_ptr<Work> reduce_scatter_async(const float* send, float* recv,
                                              size_t count) override {
     auto w = start({"reduce_scatter", 0, count});
@@ -289,28 +326,47 @@ class MpiCommunicator final : public Communicator {
         std::memcpy(recv, raw->staging.data(), count * sizeof(float));
       };
     }
+    launch_reduce_scatter(*w, send, out, count, MPI_FLOAT, MPI_SUM, add_floats);
+    return w;
+  }
+
+  std::unique_ptr<Work> reduce_scatter_bf16_async(const uint16_t* send, uint16_t* recv,
+                                                  size_t count) override {
+    auto w = start({"reduce_scatter", 0, count, "bf16 elements"});
+    if (count == 0) return w;
+    const size_t total = count * static_cast<size_t>(size_);
+    TRELLIS_CHECK(!overlaps(send, total * 2, recv, count * 2),
+                  "bf16 reduce-scatter: the output overlaps the input");
+    launch_reduce_scatter(*w, send, recv, count, MPI_UINT16_T, bf16_sum_op(), add_bf16);
+    return w;
+  }
+
+  // Rank r's block of the sum of send (size_ blocks of count elements) into out: the ring where
+  // it has tags and a block fits one request, else MPI's own reduce-scatter, else one reduce per
+  // block and piece. add(sum, own, n) is the ring's sum, the same as op's.
+  template <class T>
+  void launch_reduce_scatter(MpiWork& w, const T* send, T* out, size_t count, MPI_Datatype type,
+                             MPI_Op op, void (*add)(T*, const T*, size_t)) {
     if (count <= g_max_chunk && ring_tags_ > 0 && size_ > 1) {
-      ring_reduce_scatter(*w, send, out, count);
+      ring_reduce_scatter(w, send, out, count, type, add);
     } else if (count <= g_max_chunk) {
       MPI_Request r;
-      launch(*w,
-             MPI_Ireduce_scatter_block(send, out, static_cast<int>(count), MPI_FLOAT, MPI_SUM,
-                                       comm_, &r),
+      launch(w,
+             MPI_Ireduce_scatter_block(send, out, static_cast<int>(count), type, op, comm_, &r),
              "MPI_Ireduce_scatter_block", r);
     } else {
       // A block does not fit one request: reduce each block to its owner, piece by piece.
       for (int root = 0; root < size_; ++root) {
-        const float* block = send + static_cast<size_t>(root) * count;
+        const T* block = send + static_cast<size_t>(root) * count;
         for_chunks(count, [&](size_t off, int len) {
           MPI_Request r;
-          launch(*w,
-                 MPI_Ireduce(block + off, root == rank_ ? out + off : nullptr, len, MPI_FLOAT,
-                             MPI_SUM, root, comm_, &r),
+          launch(w,
+                 MPI_Ireduce(block + off, root == rank_ ? out + off : nullptr, len, type, op, root,
+                             comm_, &r),
                  "MPI_Ireduce", r);
         });
       }
     }
-    return w;
   }
 
   std::unique_ptr<Work> all_gather_async(const float* send, float* recv, size_t count) override {
@@ -498,7 +554,9 @@ class MpiCommunicator final : public Communicator {
   // ring instead: in round k each rank passes its running sum of block (rank - k - 1) to the
   // next rank and adds its own share to what the previous one passed; after p - 1 rounds it
   // holds the sum of its own block. Rounds advance inside test(), like libnbc's schedules.
-  void ring_reduce_scatter(MpiWork& w, const float* send, float* out, size_t count) {
+  template <class T>
+  void ring_reduce_scatter(MpiWork& w, const T* send, T* out, size_t count, MPI_Datatype type,
+                           void (*add)(T*, const T*, size_t)) {
     const int p = size_, next = (rank_ + 1) % p, prev = (rank_ + p - 1) % p;
     // Each reduce-scatter gets its own tag above the pipeline's [0, 32767]: all ranks issue
     // them in the same order, so concurrent ones never match each other's rounds.
@@ -509,23 +567,22 @@ class MpiCommunicator final : public Communicator {
     };
     // Round k receives into `out` when p - 2 - k is even (the last round always), else into a
     // scratch block, and sends what the round before received: at 2 ranks no scratch at all.
-    float* scratch = nullptr;
+    T* scratch = nullptr;
     if (const size_t n = reduce_scatter_scratch_floats(p, count); n > 0) {
-      w.staging_in.resize(n);
-      scratch = w.staging_in.data();
+      w.staging_in.resize((n * sizeof(T) + sizeof(float) - 1) / sizeof(float));
+      scratch = reinterpret_cast<T*>(w.staging_in.data());
     }
     const auto target = [out, scratch, p](int k) { return (p - 2 - k) % 2 == 0 ? out : scratch; };
     const int n = static_cast<int>(count);
-    const auto round = [this, &w, n, next, prev, tag](const float* what, float* into) {
+    const auto round = [this, &w, n, next, prev, tag, type](const T* what, T* into) {
       MPI_Request r;
-      launch(w, MPI_Irecv(into, n, MPI_FLOAT, prev, tag, comm_, &r), "MPI_Irecv", r);
-      launch(w, MPI_Isend(what, n, MPI_FLOAT, next, tag, comm_, &r), "MPI_Isend", r);
+      launch(w, MPI_Irecv(into, n, type, prev, tag, comm_, &r), "MPI_Irecv", r);
+      launch(w, MPI_Isend(what, n, type, next, tag, comm_, &r), "MPI_Isend", r);
     };
     round(block(1), target(0));
-    w.next_round = [count, block, round, target, p, k = 0]() mutable {
-      float* sum = target(k);
-      const float* own = block(k + 2);
-      for (size_t i = 0; i < count; ++i) sum[i] += own[i];
+    w.next_round = [count, block, round, target, add, p, k = 0]() mutable {
+      T* sum = target(k);
+      add(sum, block(k + 2), count);
       if (++k == p - 1) return false;
       round(sum, target(k));
       return true;

@@ -5,12 +5,31 @@
 // (each block's start), and each bucket's all-reduce is launched as soon as its gradients are
 // final, overlapping backward.
 #include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "trellis/comm/communicator.h"
 
 namespace trellis {
+
+// The element type gradients cross the data-parallel group in (`grad_reduce_dtype`): fp32, or
+// bf16 for half the bytes (PyTorch DDP's bf16 compression hook, Megatron's bf16 reduction). A
+// bf16 reduction rounds the fp32 gradients to bf16, sums them in fp32 and rounds each partial sum
+// (Communicator's bf16 reductions), and widens the result back into the fp32 buffer: storage,
+// accumulation over micro-batches and the optimizer stay fp32.
+enum class GradReduceDtype : uint8_t { Fp32, Bf16 };
+// Input error naming the key for anything but "fp32" or "bf16".
+GradReduceDtype grad_reduce_dtype(const std::string& name);
+
+// Gradient collectives in that type, fp32 in and out, no extra memory: the bf16 bits are written
+// over the first half of the fp32 input and the result widened in place on completion (test() or
+// wait()). In place over buf's n floats; and rank r's block of send (size() blocks of count
+// floats; under bf16 send's values are consumed) into recv (count floats, apart from send).
+std::unique_ptr<Work> all_reduce_grads(Communicator& c, float* buf, size_t n, GradReduceDtype t);
+std::unique_ptr<Work> reduce_scatter_grads(Communicator& c, float* send, float* recv, size_t count,
+                                           GradReduceDtype t);
 
 class GradReducer {
  public:
@@ -19,7 +38,8 @@ class GradReducer {
   // gradients finished later than most of it), unless bucket_bytes holds all n floats: then one
   // bucket, launched when backward ends.
   GradReducer(Communicator& dp, float* grads, size_t n, size_t bucket_bytes,
-              std::vector<size_t> ready_points = {});
+              std::vector<size_t> ready_points = {},
+              GradReduceDtype dtype = GradReduceDtype::Fp32);
   // Called during the last micro-batch's backward: gradients in [offset, n) are final. Launches
   // every bucket that lies entirely inside that range and polls in-flight ones for progress.
   void ready_from(size_t offset);
@@ -39,6 +59,7 @@ class GradReducer {
   Communicator& comm_;
   float* grads_;
   size_t n_;
+  GradReduceDtype dtype_;
   std::vector<Bucket> buckets_;  // buckets_[0] ends at n (launched first)
   size_t next_ = 0;              // next bucket to launch
   double exposed_s_ = 0.0, polled_s_ = 0.0;

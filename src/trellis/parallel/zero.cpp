@@ -20,17 +20,18 @@ ZeroStage zero_stage(int zero) {
 
 std::unique_ptr<DataParallelSync> make_data_parallel_sync(Communicator& dp, ZeroStage stage,
                                                           const ParamLayout& layout,
-                                                          size_t bucket_bytes, bool mixed) {
+                                                          size_t bucket_bytes, bool mixed,
+                                                          GradReduceDtype grad_dtype) {
   TRELLIS_CHECK(!mixed || mixed_precision_state(stage, true), "mixed-precision state under ZeRO-0");
   switch (stage) {
     case ZeroStage::Replicated:
-      return std::make_unique<ReplicatedSync>(dp, layout, bucket_bytes);
+      return std::make_unique<ReplicatedSync>(dp, layout, bucket_bytes, grad_dtype);
     case ZeroStage::ShardedOptimizer:
-      return std::make_unique<ShardedOptimizerSync>(dp, layout, mixed);
+      return std::make_unique<ShardedOptimizerSync>(dp, layout, mixed, grad_dtype);
     case ZeroStage::ShardedGradients:
-      return std::make_unique<ShardedGradientsSync>(dp, layout, mixed);
+      return std::make_unique<ShardedGradientsSync>(dp, layout, mixed, grad_dtype);
     case ZeroStage::ShardedParameters:
-      return std::make_unique<ShardedParametersSync>(dp, layout, mixed);
+      return std::make_unique<ShardedParametersSync>(dp, layout, mixed, grad_dtype);
   }
   TRELLIS_CHECK(false, "unknown ZeRO stage {}", int(stage));
   return nullptr;
@@ -52,8 +53,10 @@ ZeroFootprint zero_footprint(const ParamLayout& layout, int dp, int dp_rank, Zer
   return {};
 }
 
-DataParallelSync::DataParallelSync(Communicator& dp, const ParamLayout& layout)
-    : dp_(dp), dp_size_(dp.size()), dp_rank_(dp.rank()), n_(layout.size()) {
+DataParallelSync::DataParallelSync(Communicator& dp, const ParamLayout& layout,
+                                   GradReduceDtype grad_dtype)
+    : dp_(dp), dp_size_(dp.size()), dp_rank_(dp.rank()), n_(layout.size()),
+      grad_dtype_(grad_dtype) {
   // ZeRO-1's reduce-scatter reads a buffer padded to a multiple of dp.
   const size_t padded = shard_range(n_, dp_size_, 0).padded;
   params_ = PageBuffer(padded);

@@ -33,6 +33,7 @@
 #include "trellis/core/memory.h"
 #include "trellis/model/block_hooks.h"
 #include "trellis/model/params.h"
+#include "trellis/parallel/data_parallel.h"
 #include "trellis/parallel/working_weights.h"
 
 namespace trellis {
@@ -124,22 +125,24 @@ class DataParallelSync {
 
  protected:
   // Maps the flat buffers (padded as ShardRange pads them), committing none of their pages.
-  DataParallelSync(Communicator& dp, const ParamLayout& layout);
+  DataParallelSync(Communicator& dp, const ParamLayout& layout, GradReduceDtype grad_dtype);
   // Mixed precision: the working weights over these regions.
   void make_working(const ParamLayout& layout, std::vector<WorkingWeights::Region> regions);
 
   Communicator& dp_;
   const int dp_size_, dp_rank_;
   const size_t n_;  // floats of the layout's buffer
+  const GradReduceDtype grad_dtype_;  // what the gradients cross the group in
   PageBuffer params_, grads_;
   std::vector<FlatRange> owned_;
   std::unique_ptr<WorkingWeights> working_;  // mixed precision only
 };
 
 // The strategy of `stage` over this rank's layout; bucket_bytes: the replicated all-reduce's
-// bucket size; mixed: mixed_precision_state.
-std::unique_ptr<DataParallelSync> make_data_parallel_sync(Communicator& dp, ZeroStage stage,
-                                                          const ParamLayout& layout,
-                                                          size_t bucket_bytes, bool mixed = false);
+// bucket size; mixed: mixed_precision_state; grad_dtype: grad_reduce_dtype (every stage's
+// gradient reductions, fp32 in and out of them).
+std::unique_ptr<DataParallelSync> make_data_parallel_sync(
+    Communicator& dp, ZeroStage stage, const ParamLayout& layout, size_t bucket_bytes,
+    bool mixed = false, GradReduceDtype grad_dtype = GradReduceDtype::Fp32);
 
 }  // namespace trellis

@@ -6,8 +6,9 @@
 
 namespace trellis {
 
-ReplicatedSync::ReplicatedSync(Communicator& dp, const ParamLayout& layout, size_t bucket_bytes)
-    : DataParallelSync(dp, layout) {
+ReplicatedSync::ReplicatedSync(Communicator& dp, const ParamLayout& layout, size_t bucket_bytes,
+                               GradReduceDtype grad_dtype)
+    : DataParallelSync(dp, layout, grad_dtype) {
   params_.commit(0, params_.size());
   grads_.commit(0, grads_.size());
   owned_ = {{0, n_}};
@@ -17,7 +18,8 @@ ReplicatedSync::ReplicatedSync(Communicator& dp, const ParamLayout& layout, size
   for (const ZeroUnit& u : zero_units(layout))
     if (u.layer >= 0) block_starts.push_back(u.begin);
   if (dp_size_ > 1)
-    reducer_ = std::make_unique<GradReducer>(dp, grads_.data(), n_, bucket_bytes, block_starts);
+    reducer_ = std::make_unique<GradReducer>(dp, grads_.data(), n_, bucket_bytes, block_starts,
+                                             grad_dtype);
 }
 
 ZeroFootprint ReplicatedSync::footprint(const ParamLayout& layout, int dp) {

@@ -10,8 +10,9 @@
 
 namespace trellis {
 
-ShardedGradientsSync::ShardedGradientsSync(Communicator& dp, const ParamLayout& layout, bool mixed)
-    : DataParallelSync(dp, layout) {
+ShardedGradientsSync::ShardedGradientsSync(Communicator& dp, const ParamLayout& layout, bool mixed,
+                                           GradReduceDtype grad_dtype)
+    : DataParallelSync(dp, layout, grad_dtype) {
   build_units(layout);
   if (mixed) {
     std::vector<WorkingWeights::Region> regions;
@@ -162,11 +163,13 @@ void ShardedGradientsSync::launch_reduce(int u) {
   r->unit = u;
   r->out.assign(unit.chunk + 1, 0.0f);
   if (unit.chunk > 0)
-    r->main = dp_.reduce_scatter_async(grads_.data() + unit.begin, r->out.data(), unit.chunk);
+    r->main = reduce_scatter_grads(dp_, grads_.data() + unit.begin, r->out.data(), unit.chunk,
+                                   grad_dtype_);
   if (rest(unit) > 0) {
     r->rest_in.assign(size_t(dp_size_), 0.0f);
     std::copy_n(grads_.data() + main_end(unit), rest(unit), r->rest_in.data());
-    r->tail = dp_.reduce_scatter_async(r->rest_in.data(), r->out.data() + unit.chunk, 1);
+    r->tail = reduce_scatter_grads(dp_, r->rest_in.data(), r->out.data() + unit.chunk, 1,
+                                   grad_dtype_);
   }
   in_flight_.push_back(std::move(r));
   // The reduction just launched overlaps the next block's backward; the one before it must be

@@ -7,8 +7,9 @@
 
 namespace trellis {
 
-ShardedOptimizerSync::ShardedOptimizerSync(Communicator& dp, const ParamLayout& layout, bool mixed)
-    : DataParallelSync(dp, layout), shard_(shard_range(n_, dp_size_, dp_rank_)) {
+ShardedOptimizerSync::ShardedOptimizerSync(Communicator& dp, const ParamLayout& layout, bool mixed,
+                                           GradReduceDtype grad_dtype)
+    : DataParallelSync(dp, layout, grad_dtype), shard_(shard_range(n_, dp_size_, dp_rank_)) {
   params_.commit(0, params_.size());  // mixed: until adopt_params (initialisation writes it all)
   grads_.commit(0, grads_.size());
   owned_ = {{shard_.begin, shard_.end}};
@@ -44,7 +45,8 @@ void ShardedOptimizerSync::begin_step() { std::fill_n(grads_.data(), grads_.size
 double ShardedOptimizerSync::reduce_gradients() {
   if (dp_size_ == 1) return 0.0;
   const auto t0 = Clock::now();
-  dp_.reduce_scatter_async(grads_.data(), staging_.data(), shard_.shard)->wait();
+  // Under bf16 the reduction consumes grads_; only the owned range is read after it.
+  reduce_scatter_grads(dp_, grads_.data(), staging_.data(), shard_.shard, grad_dtype_)->wait();
   std::copy_n(staging_.data(), shard_.end - shard_.begin, grads_.data() + shard_.begin);
   return seconds_since(t0);
 }

@@ -13,8 +13,8 @@
 namespace trellis {
 
 ShardedParametersSync::ShardedParametersSync(Communicator& dp, const ParamLayout& layout,
-                                             bool mixed)
-    : ShardedGradientsSync(dp, layout, mixed) {}
+                                             bool mixed, GradReduceDtype grad_dtype)
+    : ShardedGradientsSync(dp, layout, mixed, grad_dtype) {}
 
 ZeroFootprint ShardedParametersSync::footprint(const ParamLayout& layout, int dp, int dp_rank,
                                                bool mixed) {

@@ -21,7 +21,8 @@ int64_t ring_scratch_blocks(int dp);
 // backward runs.
 class ReplicatedSync final : public DataParallelSync {
  public:
-  ReplicatedSync(Communicator& dp, const ParamLayout& layout, size_t bucket_bytes);
+  ReplicatedSync(Communicator& dp, const ParamLayout& layout, size_t bucket_bytes,
+                 GradReduceDtype grad_dtype);
   static ZeroFootprint footprint(const ParamLayout& layout, int dp);
 
   bool sharded() const override { return false; }
@@ -39,7 +40,8 @@ class ReplicatedSync final : public DataParallelSync {
 // Mixed precision: the fp32 masters of the shard apart (owned_params), bf16 working weights whole.
 class ShardedOptimizerSync final : public DataParallelSync {
  public:
-  ShardedOptimizerSync(Communicator& dp, const ParamLayout& layout, bool mixed);
+  ShardedOptimizerSync(Communicator& dp, const ParamLayout& layout, bool mixed,
+                       GradReduceDtype grad_dtype);
   static ZeroFootprint footprint(const ParamLayout& layout, int dp, int dp_rank, bool mixed);
 
   bool sharded() const override { return true; }
@@ -63,7 +65,8 @@ class ShardedOptimizerSync final : public DataParallelSync {
 // ZeRO-3 adds the parameters' residency on top (ShardedParametersSync).
 class ShardedGradientsSync : public DataParallelSync, public BlockHooks {
  public:
-  ShardedGradientsSync(Communicator& dp, const ParamLayout& layout, bool mixed);
+  ShardedGradientsSync(Communicator& dp, const ParamLayout& layout, bool mixed,
+                       GradReduceDtype grad_dtype);
   static ZeroFootprint footprint(const ParamLayout& layout, int dp, int dp_rank, bool mixed);
 
   bool sharded() const override { return true; }
@@ -143,7 +146,8 @@ class ShardedGradientsSync : public DataParallelSync, public BlockHooks {
 // the last block it ran: that gather would be the one nothing was prefetched before.
 class ShardedParametersSync final : public ShardedGradientsSync {
  public:
-  ShardedParametersSync(Communicator& dp, const ParamLayout& layout, bool mixed);
+  ShardedParametersSync(Communicator& dp, const ParamLayout& layout, bool mixed,
+                        GradReduceDtype grad_dtype);
   static ZeroFootprint footprint(const ParamLayout& layout, int dp, int dp_rank, bool mixed);
 
   double gather_parameters() override;

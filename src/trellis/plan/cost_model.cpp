@@ -484,7 +484,9 @@ void add_data_parallel_sync(StepCost& out, const StepSetting& x, double stage_fl
   const Machine& machine = x.machine;
   const Layout& L = x.L;
   const Link& dp_link = *x.dp_link;
+  // The gradients' pages (ZeRO-2/3 refill them) are fp32; what crosses the link may be bf16.
   const double grad_bytes = stage_floats * (x.megatron ? 2 : 4);
+  const double wire_grad_bytes = x.in.bf16_grad_reduce ? stage_floats * 2 : grad_bytes;
   // bf16 under ZeRO-1/2/3 gathers bf16 working weights (parallel/working_weights.h; the packed
   // fp32 gather of the norms, biases and embeddings beside it is left out).
   const bool bf16_gather = x.in.precision == "bf16" && L.zero >= 1;
@@ -500,14 +502,14 @@ void add_data_parallel_sync(StepCost& out, const StepSetting& x, double stage_fl
                   : 0.0;
   };
   // ZeRO-2/3: one micro-batch's reduce-scatters and one gather of every unit.
-  const double scatter = L.zero >= 2 ? per_unit("reduce_scatter", grad_bytes) : 0;
+  const double scatter = L.zero >= 2 ? per_unit("reduce_scatter", wire_grad_bytes) : 0;
   const double gather = L.zero >= 2 ? per_unit("all_gather", param_bytes) : 0;
   switch (L.zero) {
     case 0:
-      out.dp_comm_total_s = ring_all_reduce(grad_bytes, dp, dp_link);
+      out.dp_comm_total_s = ring_all_reduce(wire_grad_bytes, dp, dp_link);
       break;
     case 1:
-      out.dp_comm_total_s = ring_half("reduce_scatter", grad_bytes, dp, dp_link) +
+      out.dp_comm_total_s = ring_half("reduce_scatter", wire_grad_bytes, dp, dp_link) +
                             ring_half("all_gather", param_bytes, dp, dp_link);
       break;
     case 2:  // a reduce-scatter per unit per micro-batch, one gather after the update

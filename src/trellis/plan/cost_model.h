@@ -85,6 +85,7 @@ struct CostInputs {
   int ranks_per_node = 1;
   std::string precision = "bf16";  // fp32 | tf32 | bf16: the GEMMs' peak
   Engine engine = Engine::Trellis;
+  bool bf16_grad_reduce = false;  // grad_reduce_dtype = bf16: half the gradients' wire bytes
 };
 
 // Throws an input error for a layout the schedule refuses.

@@ -171,7 +171,10 @@ Plan make_plan(const PlanRequest& req, const Machine& machine) {
     if (!try_memory(req, l, c.memory)) continue;
     c.fits = c.memory.total() <= machine.memory_bytes;
     if (c.fits) {
-      CostInputs in{req.model, l, req.seq_len, req.ranks_per_node, req.precision, Engine::Trellis};
+      CostInputs in{req.model,     l,
+                    req.seq_len,   req.ranks_per_node,
+                    req.precision, Engine::Trellis,
+                    req.bf16_grad_reduce};
       c.cost = predict_step(in, machine);
       ++plan.fitting;
     }

@@ -21,6 +21,7 @@ struct PlanRequest {
   int64_t seq_len = 1;
   std::string precision = "bf16";
   std::string optimizer = "adamw";
+  bool bf16_grad_reduce = false;  // grad_reduce_dtype = bf16
 };
 
 struct Candidate {

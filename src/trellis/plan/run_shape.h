@@ -10,6 +10,7 @@
 #include "trellis/core/tensor.h"
 #include "trellis/model/config.h"
 #include "trellis/model/model_chunk.h"
+#include "trellis/parallel/data_parallel.h"
 #include "trellis/parallel/pipeline/schedule.h"
 
 namespace trellis {
@@ -24,6 +25,7 @@ struct RunShape {
   int64_t micro_batch = 1, seq_len = 1, accum = 1;
   std::string optimizer = "adamw";
   DType compute = DType::F32;
+  GradReduceDtype grad_dtype = GradReduceDtype::Fp32;  // grad_reduce_dtype
 };
 
 // Input error, with the message the user acts on, unless trellis can run `run`: virtual stages

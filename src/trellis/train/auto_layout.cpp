@@ -10,6 +10,7 @@
 #include "trellis/core/error.h"
 #include "trellis/core/threads.h"
 #include "trellis/kernels/isa.h"
+#include "trellis/parallel/data_parallel.h"
 #include "trellis/plan/calibrate.h"
 #include "trellis/plan/planner.h"
 
@@ -58,6 +59,7 @@ TrainConfig choose_auto_layout(TrainConfig cfg, const RunData& data, Communicato
   req.batch = cfg.batch_size;
   req.seq_len = data.T;
   req.precision = choose_precision(cfg.precision).compute == DType::BF16 ? "bf16" : "fp32";
+  req.bf16_grad_reduce = grad_reduce_dtype(cfg.grad_reduce_dtype) == GradReduceDtype::Bf16;
   req.optimizer = cfg.optim.name;
   float choice[9] = {};  // dp tp pp virtual schedule zero recompute sp micro (exact as floats)
   std::string error;

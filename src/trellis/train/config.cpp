@@ -362,6 +362,11 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       make_key("bucket_mb",
                "largest gradient all-reduce bucket in MiB (buckets also end at each block's start)",
                &c.bucket_mb),
+      make_key("grad_reduce_dtype",
+               "what gradients cross the data-parallel group in: fp32, or bf16 (half the bytes; "
+               "rounded to bf16, summed in fp32, widened back: storage and the optimizer stay "
+               "fp32)",
+               &c.grad_reduce_dtype),
       make_key("comm_timeout", "seconds a rank waits in one communication before aborting the job",
                &c.comm_timeout),
   };

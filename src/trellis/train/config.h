@@ -95,6 +95,7 @@ struct TrainConfig {
   std::string recompute = "none";
   int zero = 0;                 // ZeRO stage 0-3 (parallel/zero.h)
   double bucket_mb = 25.0;      // gradient all-reduce bucket size
+  std::string grad_reduce_dtype = "fp32";  // what gradients cross dp in: fp32 | bf16
   double comm_timeout = 300.0;  // seconds any rank waits in one communication before aborting
 
   // The configured model for a vocabulary; num_classes > 0 gives it a classifier (pooling from

@@ -266,7 +266,8 @@ void Trainer::build_layout_and_strategies() {
   const ZeroStage stage = zero_stage(shape_.zero);
   dp_sync_ = make_data_parallel_sync(mesh_.dp_comm(), stage, *layout_,
                                      size_t(cfg_.bucket_mb * 1024 * 1024),
-                                     mixed_precision_state(stage, compute_ == DType::BF16));
+                                     mixed_precision_state(stage, compute_ == DType::BF16),
+                                     shape_.grad_dtype);
   optimizer_ = std::make_unique<Optimizer>(cfg_.optim, *layout_, dp_sync_->owned());
   check_memory_plan();
 }

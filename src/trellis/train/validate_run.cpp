@@ -52,6 +52,7 @@ RunShape validate_run(const TrainConfig& cfg, int world_size, const RunData& dat
   run.accum = per_rank / run.micro_batch;
   run.optimizer = cfg.optim.name;
   run.compute = choose_precision(cfg.precision).compute;
+  run.grad_dtype = grad_reduce_dtype(cfg.grad_reduce_dtype);
   check_run_shape(run);
   return run;
 }

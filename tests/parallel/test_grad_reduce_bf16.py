@@ -1,0 +1,75 @@
+"""grad_reduce_dtype = bf16: gradients cross the data-parallel group as bf16 (rounded, summed in
+fp32, each partial sum rounded) and are widened back; storage, accumulation and the optimizer stay
+fp32. The arithmetic of the sums is checked bit for bit by tests/mpi/comm_check.cpp; here the
+wiring into every ZeRO stage, on tiny GPT-2, fp32 compute:
+
+(a) At dp2 with one micro-batch each element's reduced gradient is the same rounded sum in every
+    stage (two ranks: one order), so dp2 ZeRO-1, 2 and 3 equal dp2 ZeRO-0 with the same key to
+    the fp32 layout tolerance (1e-5: only the optimizer's and the norm's summation order differs).
+    With accumulation ZeRO-0 and 1 still reduce once: equal to the same tolerance.
+(b) bf16 reduction changes the run (the comparison compares something) and stays within bf16's
+    layout tolerance of the fp32 reduction (5e-3, test_bf16_layouts' rule), at dp2 and dp4.
+(c) One process has nothing to reduce: the key leaves it bitwise unchanged.
+(d) A run with bf16 reduction resumes bitwise (ZeRO-0's buckets, ZeRO-2's per-unit reductions).
+(e) An unknown type exits 2 with one line naming the key."""
+import os
+
+from trellis_test import (LayoutCheck, TMP, check, compare_params, expect_error, fresh_dir,
+                          mpirun, run, same_checkpoint, stop_and_resume, write_text_corpus)
+
+STEPS = 20
+TOL_BF16 = 5e-3  # test_bf16_layouts' tolerance for bf16 roundings of the same size
+
+corpus = fresh_dir("corpus")
+write_text_corpus(os.path.join(corpus, "text.txt"), n_lines=800)
+data = os.path.join(TMP, "data")
+run(["prepare", "--input", corpus, "--out", data])
+common = ["train", "--model", "tiny", "--data", data, "--steps", STEPS, "--batch-size", 8,
+          "--seq-len", 32, "--lr", 3e-3, "--warmup-steps", 4, "--val-every", 10, "--threads", 1,
+          "--quiet", "--tensorboard", "false"]
+bf16 = ["--grad-reduce-dtype", "bf16"]
+
+# (a) every stage against ZeRO-0, all with bf16 reduction
+ref = LayoutCheck.__new__(LayoutCheck)
+ref.args, ref.n_embd, ref.steps, ref.tol, ref.param_step = common + bf16, 32, STEPS, 1e-5, STEPS
+zero0 = fresh_dir("dp2_zero0")
+mpirun(2, common + bf16 + ["--dp", 2, "--out", zero0])
+ref.base = ref._result(zero0)
+for zero in (1, 2, 3):
+    ref.check(f"dp2_zero{zero}", 2, ["--dp", 2, "--zero", zero])
+micro = ["--micro-batch-size", 2]
+zero0_micro = fresh_dir("dp2_zero0_micro2")
+mpirun(2, common + bf16 + micro + ["--dp", 2, "--out", zero0_micro])
+ref.base = ref._result(zero0_micro)
+ref.check("dp2_zero1_micro2", 2, ["--dp", 2, "--zero", 1] + micro)
+
+# (b) against the fp32 reduction
+for dp in (2, 4):
+    fp32_ref = LayoutCheck.__new__(LayoutCheck)
+    fp32_ref.args, fp32_ref.n_embd, fp32_ref.steps = common, 32, STEPS
+    fp32_ref.tol, fp32_ref.param_step = TOL_BF16, STEPS
+    fp32_out = fresh_dir(f"dp{dp}_fp32_reduce")
+    mpirun(dp, common + ["--dp", dp, "--out", fp32_out])
+    fp32_ref.base = fp32_ref._result(fp32_out)
+    name = f"dp{dp}_bf16_vs_fp32"
+    fp32_ref.check(name, dp, bf16 + ["--dp", dp, "--zero", 2 if dp == 4 else 0])
+    _, _, gap = compare_params(fp32_ref._result(os.path.join(TMP, name))[2], fp32_ref.base[2], 32)
+    check(gap > 0, f"{name}: bf16 reduction changed the parameters ({gap:.1e} from fp32's)")
+
+# (c) one process
+one_fp32, one_bf16 = fresh_dir("dp1_fp32"), fresh_dir("dp1_bf16")
+run(common + ["--out", one_fp32])
+run(common + bf16 + ["--out", one_bf16])
+last = f"step_{STEPS:08d}"
+check(same_checkpoint(os.path.join(one_fp32, last), os.path.join(one_bf16, last)),
+      "dp1: grad_reduce_dtype = bf16 leaves a one-process run bitwise unchanged")
+
+# (d) bitwise resume
+for zero in (0, 2):
+    stop_and_resume(common + bf16 + ["--dp", 2, "--zero", zero], 10, STEPS, f"resume_zero{zero}",
+                    launch=lambda a: mpirun(2, a))
+
+# (e) a bad value
+expect_error(common + ["--grad-reduce-dtype", "fp16", "--out", fresh_dir("bad")],
+             "grad_reduce_dtype", "fp16", what="unknown grad_reduce_dtype")
+print("PASS")
