@@ -6,7 +6,7 @@ the losses, so a run that only fits is also seen to train.
 
 usage: python3 bench/memory_bench.py TRELLIS_BIN DATA_DIR OUT [--model gpt2-medium] [--dp 2]
   [--zero 0,1,2,3] [--recompute none,selective,full] [--seq-len 512] [--batch-size 2] [--steps 2]
-  [--precision fp32|bf16]
+  [--precision fp32|bf16] [--grad-reduce-dtype fp32|bf16]
 Prints a Markdown table; run it under `flock /tmp/bench.lock` on a quiet machine."""
 import argparse
 import json
@@ -26,17 +26,19 @@ p.add_argument("--seq-len", type=int, default=512)
 p.add_argument("--batch-size", type=int, default=2)
 p.add_argument("--steps", type=int, default=2)
 p.add_argument("--precision", default="fp32")
+p.add_argument("--grad-reduce-dtype", default="fp32")
 a = p.parse_args()
 
 env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
 common = ["train", "--model", a.model, "--data", a.data, "--seq-len", str(a.seq_len),
           "--batch-size", str(a.batch_size), "--steps", str(a.steps), "--val-every", "0",
           "--val-batches", "0", "--threads", "1", "--quiet", "--tensorboard", "false",
-          "--precision", a.precision, "--dp", str(a.dp)]
+          "--precision", a.precision, "--dp", str(a.dp),
+          "--grad-reduce-dtype", a.grad_reduce_dtype]
 mib = 1 << 20
 print(f"load average before: {os.getloadavg()}")
 print(f"{a.model}, dp {a.dp}, batch {a.batch_size} x {a.seq_len} tokens, {a.steps} steps, "
-      f"{a.precision}, "
+      f"{a.precision}, gradients reduced in {a.grad_reduce_dtype}, "
       "MiB of the largest rank\n")
 print("| zero | recompute | params | grads | optimizer | shards | bf16 copies | activations "
       "| workspace | predicted | measured | error | peak RSS | losses | step s |")

@@ -4,13 +4,16 @@ fp32. The arithmetic of the sums is checked bit for bit by tests/mpi/comm_check.
 wiring into every ZeRO stage, on tiny GPT-2, fp32 compute:
 
 (a) At dp2 with one micro-batch each element's reduced gradient is the same rounded sum in every
-    stage (two ranks: one order), so dp2 ZeRO-1, 2 and 3 equal dp2 ZeRO-0 with the same key to
-    the fp32 layout tolerance (1e-5: only the optimizer's and the norm's summation order differs).
-    With accumulation ZeRO-0 and 1 still reduce once: equal to the same tolerance.
+    stage (two ranks: one order; ZeRO-1's bf16 gradient storage rounds the same micro-batch sum
+    once), so dp2 ZeRO-1, 2 and 3 equal dp2 ZeRO-0 with the same key to the fp32 layout tolerance
+    (1e-5: only the optimizer's and the norm's summation order differs). With accumulation
+    ZeRO-1 adds each micro-batch into its bf16 gradients (one more rounding each) where ZeRO-0
+    accumulates in fp32: they differ, within bf16's layout tolerance (below).
 (b) bf16 reduction changes the run (the comparison compares something) and stays within bf16's
     layout tolerance of the fp32 reduction (5e-3, test_bf16_layouts' rule), at dp2 and dp4.
 (c) One process has nothing to reduce: the key leaves it bitwise unchanged.
-(d) A run with bf16 reduction resumes bitwise (ZeRO-0's buckets, ZeRO-2's per-unit reductions).
+(d) A run with bf16 reduction resumes bitwise (ZeRO-0's buckets, ZeRO-1's bf16 gradients,
+    ZeRO-2's per-unit reductions).
 (e) An unknown type exits 2 with one line naming the key."""
 import os
 
@@ -41,7 +44,11 @@ micro = ["--micro-batch-size", 2]
 zero0_micro = fresh_dir("dp2_zero0_micro2")
 mpirun(2, common + bf16 + micro + ["--dp", 2, "--out", zero0_micro])
 ref.base = ref._result(zero0_micro)
+ref.tol = TOL_BF16
 ref.check("dp2_zero1_micro2", 2, ["--dp", 2, "--zero", 1] + micro)
+_, _, gap = compare_params(ref._result(os.path.join(TMP, "dp2_zero1_micro2"))[2], ref.base[2], 32)
+check(gap > 0, f"dp2_zero1_micro2: ZeRO-1 accumulates in its bf16 gradients ({gap:.1e} from "
+      "ZeRO-0's fp32 accumulation)")
 
 # (b) against the fp32 reduction
 for dp in (2, 4):
@@ -65,7 +72,7 @@ check(same_checkpoint(os.path.join(one_fp32, last), os.path.join(one_bf16, last)
       "dp1: grad_reduce_dtype = bf16 leaves a one-process run bitwise unchanged")
 
 # (d) bitwise resume
-for zero in (0, 2):
+for zero in (0, 1, 2):
     stop_and_resume(common + bf16 + ["--dp", 2, "--zero", zero], 10, STEPS, f"resume_zero{zero}",
                     launch=lambda a: mpirun(2, a))
 

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "trellis/comm/communicator.h"
+#include "trellis/kernels/cpu/bf16_lanes.h"
 
 namespace trellis::fake {
 
@@ -140,10 +141,12 @@ class ThreadGroup {
     bool done_ = false;
   };
 
+  // Narrows float results to 16-bit elements: integers as they are, or rounded to bf16.
   class Narrowed final : public Work {
    public:
-    Narrowed(std::unique_ptr<Work> w, std::unique_ptr<std::vector<float>> staging, uint16_t* out)
-        : w_(std::move(w)), staging_(std::move(staging)), out_(out) {}
+    Narrowed(std::unique_ptr<Work> w, std::unique_ptr<std::vector<float>> staging, uint16_t* out,
+             bool bf16 = false)
+        : w_(std::move(w)), staging_(std::move(staging)), out_(out), bf16_(bf16) {}
     void wait() override {
       w_->wait();
       narrow();
@@ -157,12 +160,14 @@ class ThreadGroup {
    private:
     void narrow() {
       if (done_) return;
-      for (size_t i = 0; i < staging_->size(); ++i) out_[i] = uint16_t((*staging_)[i]);
+      for (size_t i = 0; i < staging_->size(); ++i)
+        out_[i] = bf16_ ? simd::round_bf16((*staging_)[i]) : uint16_t((*staging_)[i]);
       done_ = true;
     }
     std::unique_ptr<Work> w_;
     std::unique_ptr<std::vector<float>> staging_;
     uint16_t* out_;
+    bool bf16_;
     bool done_ = false;
   };
 
@@ -199,6 +204,12 @@ class ThreadGroup {
 
   class Rank final : public FakeCommunicator {
    public:
+    static std::unique_ptr<std::vector<float>> widened(const uint16_t* bits, size_t n) {
+      auto out = std::make_unique<std::vector<float>>(n);
+      for (size_t i = 0; i < n; ++i) (*out)[i] = simd::widen_bf16(bits[i]);
+      return out;
+    }
+
     Rank(ThreadGroup& g, int rank) : FakeCommunicator(rank, g.size_), g_(g) {}
     std::string backend() const override { return "threads"; }
     std::unique_ptr<Work> all_reduce_async(float* buf, size_t n) override {
@@ -219,6 +230,21 @@ class ThreadGroup {
       auto staging = std::make_unique<std::vector<float>>(count * size_t(size()));
       std::unique_ptr<Work> w = issue(Kind::AllGather, count, in.data(), count, staging->data());
       return std::make_unique<Narrowed>(std::move(w), std::move(staging), recv);
+    }
+    // bf16 sums travel widened (exactly) and are rounded once at the end: the values these tests
+    // sum are bf16 values whose every partial sum is one too, so that is any order's result.
+    std::unique_ptr<Work> all_reduce_bf16_async(uint16_t* buf, size_t n) override {
+      auto staging = widened(buf, n);
+      std::unique_ptr<Work> w = issue(Kind::AllReduce, n, staging->data(), n, staging->data());
+      return std::make_unique<Narrowed>(std::move(w), std::move(staging), buf, true);
+    }
+    std::unique_ptr<Work> reduce_scatter_bf16_async(const uint16_t* send, uint16_t* recv,
+                                                    size_t count) override {
+      const auto in = widened(send, count * size_t(size()));
+      auto staging = std::make_unique<std::vector<float>>(count);
+      std::unique_ptr<Work> w =
+          issue(Kind::ReduceScatter, count, in->data(), count * size_t(size()), staging->data());
+      return std::make_unique<Narrowed>(std::move(w), std::move(staging), recv, true);
     }
     // Blocks padded to the largest, compacted on waiting.
     std::unique_ptr<Work> all_gatherv_async(const float* send, float* recv,

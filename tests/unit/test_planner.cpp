@@ -13,6 +13,7 @@
 #include "trellis/model/family.h"
 #include "trellis/model/model_chunk.h"
 #include "trellis/model/params.h"
+#include "trellis/parallel/zero.h"
 #include "trellis/plan/calibrate.h"
 #include "trellis/plan/cost_model.h"
 #include "trellis/plan/memory_plan.h"
@@ -94,6 +95,23 @@ TEST(PlannerPublished, ZeroPaperFigure1FromTheMemoryModel) {
   EXPECT_LT(gb[1], model_states(DType::F32) - 1.5 * n / 1e9) << "fp32 state at ZeRO-1";
   EXPECT_LT(gb[2], gb[1]);
   EXPECT_LT(gb[3], gb[2]);
+
+  // grad_reduce_dtype = bf16: ZeRO-1 keeps 2-byte gradients (the paper's 4 + 12/d), plus the
+  // fp32 windows of the root and one block that backward writes into; other stages keep theirs.
+  run.grad_dtype = GradReduceDtype::Bf16;
+  for (int zero = 0; zero <= 3; ++zero) {
+    run.zero = zero;
+    const RankMemory m = predict_rank_memory(run, 0, 0, 0);
+    const double states = model_states(DType::BF16);
+    std::printf("bf16 gradients, ZeRO-%d: model states %.2f GB (grads %.2f)\n", zero, states,
+                m.grads / 1e9);
+    if (zero != 1) EXPECT_DOUBLE_EQ(states, gb[zero]) << "ZeRO-" << zero;
+    if (zero != 1) continue;
+    ParamLayout layout(run.model);
+    const double windows = double(gradient_window_bytes(layout, 1));
+    EXPECT_NEAR(double(m.grads), n * 2 + windows, 0.001 * n) << "2 bytes and the windows";
+    EXPECT_NEAR(states, gb[1] - (n * 2 - windows) / 1e9, 0.01) << "ZeRO-1 saves 2 bytes each";
+  }
 }
 
 // Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",

@@ -91,8 +91,13 @@ std::unique_ptr<Work> reduce_scatter_grads(Communicator& c, float* send, float* 
                                            GradReduceDtype t) {
   if (t == GradReduceDtype::Fp32 || c.size() == 1)
     return c.reduce_scatter_async(send, recv, count);
-  const uint16_t* bits = pack_bf16_in_place(send, count * size_t(c.size()));
-  auto inner = c.reduce_scatter_bf16_async(bits, reinterpret_cast<uint16_t*>(recv), count);
+  return reduce_scatter_bf16_grads(c, pack_bf16_in_place(send, count * size_t(c.size())), recv,
+                                   count);
+}
+
+std::unique_ptr<Work> reduce_scatter_bf16_grads(Communicator& c, const uint16_t* send, float* recv,
+                                                size_t count) {
+  auto inner = c.reduce_scatter_bf16_async(send, reinterpret_cast<uint16_t*>(recv), count);
   return std::make_unique<WidenedWork>(std::move(inner), recv, count);
 }
 

@@ -18,7 +18,8 @@ namespace trellis {
 // bf16 for half the bytes (PyTorch DDP's bf16 compression hook, Megatron's bf16 reduction). A
 // bf16 reduction rounds the fp32 gradients to bf16, sums them in fp32 and rounds each partial sum
 // (Communicator's bf16 reductions), and widens the result back into the fp32 buffer: storage,
-// accumulation over micro-batches and the optimizer stay fp32.
+// accumulation over micro-batches and the optimizer stay fp32 (but ZeRO-1's storage:
+// bf16_gradient_storage in parallel/zero.h).
 enum class GradReduceDtype : uint8_t { Fp32, Bf16 };
 // Input error naming the key for anything but "fp32" or "bf16".
 GradReduceDtype grad_reduce_dtype(const std::string& name);
@@ -30,6 +31,9 @@ GradReduceDtype grad_reduce_dtype(const std::string& name);
 std::unique_ptr<Work> all_reduce_grads(Communicator& c, float* buf, size_t n, GradReduceDtype t);
 std::unique_ptr<Work> reduce_scatter_grads(Communicator& c, float* send, float* recv, size_t count,
                                            GradReduceDtype t);
+// The same from gradients kept as bf16 bits (ZeRO-1's bf16 storage): recv widened on completion.
+std::unique_ptr<Work> reduce_scatter_bf16_grads(Communicator& c, const uint16_t* send, float* recv,
+                                                size_t count);
 
 class GradReducer {
  public:

@@ -21,13 +21,16 @@ ZeroStage zero_stage(int zero) {
 std::unique_ptr<DataParallelSync> make_data_parallel_sync(Communicator& dp, ZeroStage stage,
                                                           const ParamLayout& layout,
                                                           size_t bucket_bytes, bool mixed,
-                                                          GradReduceDtype grad_dtype) {
+                                                          GradReduceDtype grad_dtype,
+                                                          bool bf16_grads) {
   TRELLIS_CHECK(!mixed || mixed_precision_state(stage, true), "mixed-precision state under ZeRO-0");
+  TRELLIS_CHECK(!bf16_grads || bf16_gradient_storage(stage, grad_dtype, 1),
+                "bf16 gradient storage outside ZeRO-1 with bf16 reduction");
   switch (stage) {
     case ZeroStage::Replicated:
       return std::make_unique<ReplicatedSync>(dp, layout, bucket_bytes, grad_dtype);
     case ZeroStage::ShardedOptimizer:
-      return std::make_unique<ShardedOptimizerSync>(dp, layout, mixed, grad_dtype);
+      return std::make_unique<ShardedOptimizerSync>(dp, layout, mixed, grad_dtype, bf16_grads);
     case ZeroStage::ShardedGradients:
       return std::make_unique<ShardedGradientsSync>(dp, layout, mixed, grad_dtype);
     case ZeroStage::ShardedParameters:
@@ -37,13 +40,30 @@ std::unique_ptr<DataParallelSync> make_data_parallel_sync(Communicator& dp, Zero
   return nullptr;
 }
 
+int64_t gradient_window_bytes(const ParamLayout& layout, int blocks) {
+  const int64_t page = int64_t(sysconf(_SC_PAGESIZE));
+  int64_t root = 0, block = 0;
+  for (const ZeroUnit& u : zero_units(layout)) {
+    const int64_t bytes = int64_t((u.end - u.begin) * sizeof(float)) + 2 * page;
+    if (u.layer < 0)
+      root += bytes;
+    else
+      block = std::max(block, bytes);
+  }
+  return std::min(page_bytes(layout.size()), root + blocks * block);
+}
+
+bool bf16_gradient_storage(ZeroStage stage, GradReduceDtype grad_dtype, int pp) {
+  return stage == ZeroStage::ShardedOptimizer && grad_dtype == GradReduceDtype::Bf16 && pp == 1;
+}
+
 ZeroFootprint zero_footprint(const ParamLayout& layout, int dp, int dp_rank, ZeroStage stage,
-                             bool mixed) {
+                             bool mixed, bool bf16_grads) {
   switch (stage) {
     case ZeroStage::Replicated:
       return ReplicatedSync::footprint(layout, dp);
     case ZeroStage::ShardedOptimizer:
-      return ShardedOptimizerSync::footprint(layout, dp, dp_rank, mixed);
+      return ShardedOptimizerSync::footprint(layout, dp, dp_rank, mixed, bf16_grads);
     case ZeroStage::ShardedGradients:
       return ShardedGradientsSync::footprint(layout, dp, dp_rank, mixed);
     case ZeroStage::ShardedParameters:

@@ -66,14 +66,27 @@ struct ZeroFootprint {
   int64_t params = 0, grads = 0, shards = 0;
   int64_t owned = 0;  // elements
 };
-// mixed: a bf16 run's mixed-precision state (mixed_precision_state).
+// Bytes of the fp32 gradient pages of the root units and `blocks` of the largest block units
+// (each unit's floats and the partial pages at its two ends), at most the whole buffer's: what
+// ZeRO-2/3 and ZeRO-1's bf16 gradient storage keep committed at once.
+int64_t gradient_window_bytes(const ParamLayout& layout, int blocks);
+// mixed: a bf16 run's mixed-precision state (mixed_precision_state); bf16_grads: ZeRO-1's bf16
+// gradient storage (bf16_gradient_storage).
 ZeroFootprint zero_footprint(const ParamLayout& layout, int dp, int dp_rank, ZeroStage stage,
-                             bool mixed = false);
+                             bool mixed = false, bool bf16_grads = false);
 
 // Whether a run keeps mixed-precision state (parallel/working_weights.h): in bf16 under ZeRO-1/2/3,
 // fp32 master weights only in this rank's shard and bf16 working weights on every rank. ZeRO-0's
 // replicas keep whole fp32 weights and the model's own bf16 copies.
 bool mixed_precision_state(ZeroStage stage, bool bf16);
+
+// Whether ZeRO-1 keeps its gradients as bf16 (grad_reduce_dtype = bf16 without a pipeline): the
+// ZeRO paper's 2-byte gradients. Backward writes a block's gradients into an fp32 window of its
+// range, which is added into the bf16 buffer and returned when the block's backward ends (the
+// root's when the micro-batch's does); a pipeline interleaves micro-batches across a block's
+// backward, so it keeps fp32 gradients. ZeRO-0 keeps fp32 gradients (its optimizer reads them
+// whole), ZeRO-2/3 fp32 shards (FSDP's keep_low_precision_grads = False).
+bool bf16_gradient_storage(ZeroStage stage, GradReduceDtype grad_dtype, int pp);
 
 class DataParallelSync {
  public:
@@ -140,9 +153,10 @@ class DataParallelSync {
 
 // The strategy of `stage` over this rank's layout; bucket_bytes: the replicated all-reduce's
 // bucket size; mixed: mixed_precision_state; grad_dtype: grad_reduce_dtype (every stage's
-// gradient reductions, fp32 in and out of them).
+// gradient reductions, fp32 in and out of them); bf16_grads: bf16_gradient_storage.
 std::unique_ptr<DataParallelSync> make_data_parallel_sync(
     Communicator& dp, ZeroStage stage, const ParamLayout& layout, size_t bucket_bytes,
-    bool mixed = false, GradReduceDtype grad_dtype = GradReduceDtype::Fp32);
+    bool mixed = false, GradReduceDtype grad_dtype = GradReduceDtype::Fp32,
+    bool bf16_grads = false);
 
 }  // namespace trellis

@@ -51,22 +51,15 @@ ZeroFootprint ShardedGradientsSync::footprint(const ParamLayout& layout, int dp,
                                               bool mixed) {
   ZeroFootprint f;
   const size_t n = layout.size();
-  const int64_t page = int64_t(sysconf(_SC_PAGESIZE));
-  // A unit's pages: its floats plus the partial pages at its two ends.
-  int64_t root = 0, block = 0, largest_chunk = 0;
+  int64_t largest_chunk = 0;
   for (const ZeroUnit& u : zero_units(layout)) {
     const size_t len = u.end - u.begin, chunk = len / size_t(dp);
-    const int64_t bytes = int64_t(len * sizeof(float)) + 2 * page;
-    if (u.layer < 0)
-      root += bytes;
-    else
-      block = std::max(block, bytes);
     f.owned += int64_t(chunk + (size_t(dp_rank) < len - chunk * size_t(dp) ? 1 : 0));
     largest_chunk = std::max(largest_chunk, int64_t(chunk));
   }
   // Gradients: the root and two blocks, the one being written and the one being reduced.
   f.params = page_bytes(n);
-  f.grads = std::min(page_bytes(n), root + 2 * block);
+  f.grads = gradient_window_bytes(layout, 2);
   // Compact parameters and gradients; two reductions' outputs and padded rests in flight, and
   // their ring scratch.
   f.shards =

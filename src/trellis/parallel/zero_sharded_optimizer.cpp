@@ -2,16 +2,16 @@
 #include <algorithm>
 
 #include "trellis/core/clock.h"
+#include "trellis/kernels/cpu/bf16_lanes.h"
 #include "trellis/model/model_chunk.h"
 #include "trellis/parallel/zero_strategies.h"
 
 namespace trellis {
 
 ShardedOptimizerSync::ShardedOptimizerSync(Communicator& dp, const ParamLayout& layout, bool mixed,
-                                           GradReduceDtype grad_dtype)
+                                           GradReduceDtype grad_dtype, bool bf16_grads)
     : DataParallelSync(dp, layout, grad_dtype), shard_(shard_range(n_, dp_size_, dp_rank_)) {
   params_.commit(0, params_.size());  // mixed: until adopt_params (initialisation writes it all)
-  grads_.commit(0, grads_.size());
   owned_ = {{shard_.begin, shard_.end}};
   staging_.assign(shard_.shard, 0.0f);
   if (mixed) {
@@ -19,13 +19,29 @@ ShardedOptimizerSync::ShardedOptimizerSync(Communicator& dp, const ParamLayout& 
     make_working(layout, {{0, shard_.shard, 0}});
     masters_.assign(shard_.shard, 0.0f);
   }
+  if (!bf16_grads) {
+    grads_.commit(0, grads_.size());
+    return;
+  }
+  // The fp32 pages stay uncommitted outside the windows the hooks open.
+  grad_bits_.assign(shard_.padded, 0);
+  units_ = zero_units(layout);
+  for (size_t i = 0; i < units_.size(); ++i) {
+    const int layer = units_[i].layer;
+    if (layer < 0) continue;
+    if (unit_of_layer_.size() <= size_t(layer)) unit_of_layer_.resize(size_t(layer) + 1, -1);
+    unit_of_layer_[size_t(layer)] = int(i);
+  }
 }
 
 ZeroFootprint ShardedOptimizerSync::footprint(const ParamLayout& layout, int dp, int dp_rank,
-                                              bool mixed) {
+                                              bool mixed, bool bf16_grads) {
   ZeroFootprint f;
   const ShardRange s = shard_range(layout.size(), dp, dp_rank);
   f.params = f.grads = page_bytes(s.padded);
+  // bf16 gradients: 2 bytes each, and the fp32 windows of the root and the block in backward.
+  if (bf16_grads)
+    f.grads = int64_t(s.padded * sizeof(uint16_t)) + gradient_window_bytes(layout, 1);
   f.owned = int64_t(s.end - s.begin);
   f.shards = (1 + ring_scratch_blocks(dp)) * int64_t(s.shard * sizeof(float));
   if (mixed) {
@@ -40,11 +56,41 @@ ZeroFootprint ShardedOptimizerSync::footprint(const ParamLayout& layout, int dp,
   return f;
 }
 
-void ShardedOptimizerSync::begin_step() { std::fill_n(grads_.data(), grads_.size(), 0.0f); }
+void ShardedOptimizerSync::begin_step() {
+  if (grad_bits_.empty())
+    std::fill_n(grads_.data(), grads_.size(), 0.0f);
+  else
+    std::fill(grad_bits_.begin(), grad_bits_.end(), uint16_t{0});
+}
+
+void ShardedOptimizerSync::before_backward(int layer) {
+  for (size_t i = 0; i < units_.size(); ++i)
+    if (layer < 0 ? units_[i].layer < 0 : int(i) == unit_of_layer_.at(size_t(layer)))
+      grads_.commit(units_[i].begin, units_[i].end);
+}
+
+void ShardedOptimizerSync::after_backward(int layer) {
+  for (size_t i = 0; i < units_.size(); ++i)
+    if (layer < 0 ? units_[i].layer < 0 : int(i) == unit_of_layer_.at(size_t(layer)))
+      fold(units_[i]);
+}
+
+void ShardedOptimizerSync::fold(const ZeroUnit& u) {
+  const float* g = grads_.data();
+  uint16_t* bits = grad_bits_.data();
+  for (size_t i = u.begin; i < u.end; ++i)
+    bits[i] = simd::round_bf16(simd::widen_bf16(bits[i]) + g[i]);
+  grads_.release(u.begin, u.end);
+}
 
 double ShardedOptimizerSync::reduce_gradients() {
-  if (dp_size_ == 1) return 0.0;
   const auto t0 = Clock::now();
+  if (!grad_bits_.empty()) {
+    // Rank r's shard of the sum, widened into staging_ (owned_grads); one rank: a copy.
+    reduce_scatter_bf16_grads(dp_, grad_bits_.data(), staging_.data(), shard_.shard)->wait();
+    return dp_size_ == 1 ? 0.0 : seconds_since(t0);
+  }
+  if (dp_size_ == 1) return 0.0;
   // Under bf16 the reduction consumes grads_; only the owned range is read after it.
   reduce_scatter_grads(dp_, grads_.data(), staging_.data(), shard_.shard, grad_dtype_)->wait();
   std::copy_n(staging_.data(), shard_.end - shard_.begin, grads_.data() + shard_.begin);
@@ -78,7 +124,8 @@ void ShardedOptimizerSync::adopt_params(bool whole_buffer) {
 
 int64_t ShardedOptimizerSync::resident_bytes() const {
   return DataParallelSync::resident_bytes() +
-         int64_t((staging_.size() + masters_.size()) * sizeof(float));
+         int64_t((staging_.size() + masters_.size()) * sizeof(float)) +
+         int64_t(grad_bits_.size() * sizeof(uint16_t));
 }
 
 }  // namespace trellis

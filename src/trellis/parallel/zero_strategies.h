@@ -38,27 +38,44 @@ class ReplicatedSync final : public DataParallelSync {
 
 // ZeRO-1: whole buffers on every rank; the optimizer state and update of one shard_range each.
 // Mixed precision: the fp32 masters of the shard apart (owned_params), bf16 working weights whole.
-class ShardedOptimizerSync final : public DataParallelSync {
+// bf16 gradients (bf16_gradient_storage): the block hooks fold each unit's fp32 window into
+// grad_bits_, which is reduce-scattered as bf16 into the shard (owned_grads).
+class ShardedOptimizerSync final : public DataParallelSync, public BlockHooks {
  public:
   ShardedOptimizerSync(Communicator& dp, const ParamLayout& layout, bool mixed,
-                       GradReduceDtype grad_dtype);
-  static ZeroFootprint footprint(const ParamLayout& layout, int dp, int dp_rank, bool mixed);
+                       GradReduceDtype grad_dtype, bool bf16_grads);
+  static ZeroFootprint footprint(const ParamLayout& layout, int dp, int dp_rank, bool mixed,
+                                 bool bf16_grads);
 
   bool sharded() const override { return true; }
   bool owned_apart() const override { return working_ != nullptr; }
   float* owned_params() override {
     return working_ ? masters_.data() : DataParallelSync::owned_params();
   }
+  float* owned_grads() override {
+    return grad_bits_.empty() ? DataParallelSync::owned_grads() : staging_.data();
+  }
+  BlockHooks* hooks() override { return grad_bits_.empty() ? nullptr : this; }
   void begin_step() override;
   double reduce_gradients() override;
   double gather_parameters() override;
   void adopt_params(bool whole_buffer) override;
   int64_t resident_bytes() const override;
 
+  // bf16 gradients: a unit's fp32 window is committed before its backward and folded after.
+  void before_backward(int layer) override;
+  void after_backward(int layer) override;
+
  private:
+  // Adds the unit's fp32 window into grad_bits_ (rounded once) and returns its pages.
+  void fold(const ZeroUnit& u);
+
   ShardRange shard_;
   std::vector<float> staging_;  // one shard: the reduce-scatter's output, the all-gather's input
   std::vector<float> masters_;  // mixed: the shard's fp32 master weights (shard_.shard floats)
+  std::vector<uint16_t> grad_bits_;  // bf16 gradients: the padded buffer's (empty: fp32)
+  std::vector<ZeroUnit> units_;      // bf16 gradients: the windows
+  std::vector<int> unit_of_layer_;   // index into units_ by layer; -1: not in this layout
 };
 
 // ZeRO-2: gradients reduce-scattered per unit as backward finishes it, into compact shards.

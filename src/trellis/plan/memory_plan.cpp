@@ -42,7 +42,9 @@ RankMemory rank_memory(const RunShape& run, const StageSpec& stage,
   const ModelConfig& mc = run.model;
   const ParamLayout layout(mc, run.tp, tp_rank, &stage);
   const bool mixed = mixed_precision_state(zero_stage(run.zero), run.compute == DType::BF16);
-  const ZeroFootprint z = zero_footprint(layout, run.dp, dp_rank, zero_stage(run.zero), mixed);
+  const ZeroFootprint z =
+      zero_footprint(layout, run.dp, dp_rank, zero_stage(run.zero), mixed,
+                     bf16_gradient_storage(zero_stage(run.zero), run.grad_dtype, run.pp));
   RankMemory m;
   m.rank = (pp_rank * run.dp + dp_rank) * run.tp + tp_rank;
   m.dp_rank = dp_rank;

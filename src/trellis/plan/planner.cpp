@@ -33,6 +33,7 @@ RunShape run_shape(const PlanRequest& req, const Layout& l) {
   r.accum = l.accum;
   r.optimizer = req.optimizer;
   r.compute = req.precision == "bf16" ? DType::BF16 : DType::F32;
+  r.grad_dtype = req.bf16_grad_reduce ? GradReduceDtype::Bf16 : GradReduceDtype::Fp32;
   return r;
 }
 

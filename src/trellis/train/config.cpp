@@ -364,8 +364,8 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
                &c.bucket_mb),
       make_key("grad_reduce_dtype",
                "what gradients cross the data-parallel group in: fp32, or bf16 (half the bytes; "
-               "rounded to bf16, summed in fp32, widened back: storage and the optimizer stay "
-               "fp32)",
+               "rounded to bf16, summed in fp32, widened back for the optimizer; ZeRO-1 without "
+               "pp also keeps them as bf16, 2 bytes each)",
                &c.grad_reduce_dtype),
       make_key("comm_timeout", "seconds a rank waits in one communication before aborting the job",
                &c.comm_timeout),

@@ -267,7 +267,8 @@ void Trainer::build_layout_and_strategies() {
   dp_sync_ = make_data_parallel_sync(mesh_.dp_comm(), stage, *layout_,
                                      size_t(cfg_.bucket_mb * 1024 * 1024),
                                      mixed_precision_state(stage, compute_ == DType::BF16),
-                                     shape_.grad_dtype);
+                                     shape_.grad_dtype,
+                                     bf16_gradient_storage(stage, shape_.grad_dtype, mesh_.pp()));
   optimizer_ = std::make_unique<Optimizer>(cfg_.optim, *layout_, dp_sync_->owned());
   check_memory_plan();
 }
