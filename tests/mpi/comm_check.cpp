@@ -10,6 +10,8 @@
 //   comm_check --no-ring       the same with MPI's own reduce-scatter in place of trellis's ring
 //   comm_check --die-rank R    rank R exits(3) before a collective the others enter (5 s timeout)
 //   comm_check --stall-rank R  rank R sleeps instead of joining; the others must time out (5 s)
+//   comm_check --mismatch      with TRELLIS_CHECK_COLLECTIVES=1, rank r all-reduces 8 + r floats:
+//                              the job must end naming both counts
 //   comm_check --has-mpi       prints "mpi: yes" or "mpi: no" (was MPI support built?) and exits
 #include <unistd.h>
 
@@ -509,7 +511,7 @@ void drill(Communicator& world, int victim, bool die) {
 
 int main(int argc, char** argv) {
   int die_rank = -1, stall_rank = -1;
-  bool no_ring = false;
+  bool no_ring = false, mismatch = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--has-mpi") {
@@ -525,12 +527,16 @@ int main(int argc, char** argv) {
       stall_rank = std::atoi(argv[++i]);
     } else if (a == "--chunk" && i + 1 < argc) {
       setenv("TRELLIS_MPI_MAX_CHUNK", argv[++i], 1);
+    } else if (a == "--mismatch") {
+      setenv("TRELLIS_CHECK_COLLECTIVES", "1", 1);
+      mismatch = true;
     } else if (a == "--no-ring") {
       setenv("TRELLIS_MPI_NO_RING", "1", 1);
       no_ring = true;
     } else {
       std::fprintf(stderr,
-                   "usage: comm_check [--chunk K] [--no-ring] [--die-rank R | --stall-rank R]\n");
+                   "usage: comm_check [--chunk K] [--no-ring] [--die-rank R | --stall-rank R | "
+                   "--mismatch]\n");
       return 2;
     }
   }
@@ -542,6 +548,15 @@ int main(int argc, char** argv) {
       drill(*world, die_rank >= 0 ? die_rank : stall_rank, die_rank >= 0);
     }
     const int p = world->size();
+    if (mismatch) {
+      // The same collectives first (the check lets them through), then counts that differ.
+      check_all_reduce(*world);
+      std::vector<float> buf(size_t(8 + world->rank()), 1.0f);
+      world->all_reduce(buf.data(), buf.size());
+      std::fprintf(stderr, "comm_check: rank %d: the mismatched all-reduce returned\n",
+                   world->rank());
+      return 1;
+    }
     check_all_reduce(*world);
     check_reduce_scatter_all_gather(*world);
     check_all_gather16_and_v(*world);

@@ -11,7 +11,9 @@ Runs tests/mpi/comm_check.cpp (built next to the trellis binary) under
   - --die-rank 1: a rank exits(3) before a collective; the job must fail within 30 s and say which
     rank failed;
   - --stall-rank 2: a rank stays alive but never joins; the others must time out (5 s) and end
-    the job with a message naming the rank and the operation.
+    the job with a message naming the rank and the operation;
+  - --mismatch: under TRELLIS_CHECK_COLLECTIVES=1 the ranks all-reduce different counts; the job
+    must end within 30 s with trellis's line naming both sides, and no rank's call returns.
 
 Usage: under ctest (TRELLIS_BIN set), or `test_comm_mpi.py [BUILD_DIR]`.
 A missing dependency fails (exit 1) with a message saying what is missing: trellis built
@@ -94,10 +96,17 @@ def main():
         ("die-rank 1", ["--die-rank", "1"], ["rank 1"]),
         # Whichever waiting rank times out first ends the job (rank 0 or 1, depending on load).
         ("stall-rank 2", ["--stall-rank", "2"], [r"rank [01]: timed out after 5s in all_reduce"]),
+        # TRELLIS_CHECK_COLLECTIVES: each rank all-reduces 8 + rank floats; a rank names both.
+        ("mismatch", ["--mismatch"],
+         [r"trellis: error: rank (\d): collectives differ on communicator world at its operation "
+          r"#\d+: world rank \1 issues all_reduce of (8|9|10) floats, world rank [012] "
+          r"all_reduce of (8|9|10) floats"]),
     ]
     for name, extra, needles in drills:
         rc, out, dt = run(base + ["-np", "3", exe] + extra, env, FAIL_WITHIN_S + 30)
         missing = [s for s in needles if not re.search(s, out)]
+        if "mismatched all-reduce returned" in out:
+            missing.append("no mismatched all-reduce returning")
         ok = rc is not None and rc != 0 and dt < FAIL_WITHIN_S and not missing
         detail = f"rc={rc}, {dt:.1f}s (limit {FAIL_WITHIN_S}s)"
         if missing:

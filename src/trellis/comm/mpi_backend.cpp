@@ -46,6 +46,10 @@ size_t g_max_chunk = static_cast<size_t>(INT_MAX);
 // TRELLIS_MPI_NO_RING takes MPI's own reduce-scatter in place of the ring, as an MPI whose
 // MPI_TAG_UB leaves the ring no tags does, so that tests reach that path.
 bool g_ring_allowed = true;
+// TRELLIS_CHECK_COLLECTIVES=1: before each collective every member shows the others what it is
+// about to issue (one small all-gather), and a mismatch ends the job naming both sides, where
+// MPI would hang, truncate or crash (a debugging aid: it doubles the collectives' latency).
+bool g_check_collectives = false;
 
 // What an operation was, for messages: "all_reduce #12 (1000 floats)".
 struct OpInfo {
@@ -260,6 +264,7 @@ class MpiCommunicator final : public Communicator {
     MPI_Group_free(&world);
     for (int i = 0; i < size_; ++i)
       if (i != rank_) peers_.push_back(global[size_t(i)]);
+    members_ = global;
     int* tag_ub = nullptr;
     int found = 0;
     // Cached on MPI_COMM_WORLD only (a split communicator has no such attribute in OpenMPI).
@@ -541,7 +546,45 @@ class MpiCommunicator final : public Communicator {
  private:
   std::unique_ptr<MpiWork> start(OpInfo info) {
     info.seq = ++seq_;
+    const bool p2p = std::strcmp(info.op, "send") == 0 || std::strcmp(info.op, "recv") == 0;
+    if (g_check_collectives && !p2p && size_ > 1) check_same_collective(info);
     return std::make_unique<MpiWork>(*this, info);
+  }
+
+  // TRELLIS_CHECK_COLLECTIVES: every member is about to issue the same collective (operation,
+  // element type, count, root), or the job ends naming the first member that differs.
+  void check_same_collective(const OpInfo& info) {
+    struct Signature {
+      char op[24], unit[24];
+      uint64_t n;
+      int64_t root;
+    };
+    static_assert(sizeof(Signature) == 64);
+    Signature mine{};
+    std::snprintf(mine.op, sizeof mine.op, "%s", info.op);
+    std::snprintf(mine.unit, sizeof mine.unit, "%s", info.unit);
+    mine.n = info.n;
+    mine.root = info.peer;
+    std::vector<Signature> all(static_cast<size_t>(size_));
+    MpiWork w(*this, OpInfo{"collective check", info.seq, 1, "signatures"});
+    MPI_Request r;
+    launch(w,
+           MPI_Iallgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, comm_,
+                          &r),
+           "MPI_Iallgather", r);
+    w.wait();
+    const auto text = [](const Signature& g) {
+      const std::string t = fmt::format("{} of {} {}", std::string(g.op, strnlen(g.op, 24)), g.n,
+                                        std::string(g.unit, strnlen(g.unit, 24)));
+      return g.root >= 0 ? t + fmt::format(" from root {}", g.root) : t;
+    };
+    for (int q = 0; q < size_; ++q)
+      if (std::memcmp(&all[size_t(q)], &mine, sizeof mine) != 0)
+        abort(fmt::format("collectives differ on communicator {} at its operation #{}: world rank "
+                          "{} issues {}, world rank {} {}",
+                          name_, info.seq, world_rank_, text(mine), members_[size_t(q)],
+                          text(all[size_t(q)])),
+              1);
   }
   // r by reference: it is read after the MPI call in the argument list has filled it in.
   void launch(MpiWork& w, int rc, const char* call, const MPI_Request& r) {
@@ -607,7 +650,8 @@ class MpiCommunicator final : public Communicator {
 
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1, world_rank_ = 0;
-  std::vector<int> peers_;  // world ranks of the other members
+  std::vector<int> peers_;    // world ranks of the other members
+  std::vector<int> members_;  // world rank of each member
   uint64_t seq_ = 0;        // operations issued on this communicator, for messages
   uint64_t ring_seq_ = 0;   // ring reduce-scatters issued (the same on every rank)
   int ring_tags_ = 0;       // tags above 32767 they cycle through (0: MPI has too few)
@@ -693,6 +737,7 @@ std::unique_ptr<Communicator> make_mpi_world_communicator(int* argc, char*** arg
     if (k > 0 && k < INT_MAX) g_max_chunk = static_cast<size_t>(k);
   }
   g_ring_allowed = std::getenv("TRELLIS_MPI_NO_RING") == nullptr;
+  if (const char* v = std::getenv("TRELLIS_CHECK_COLLECTIVES")) g_check_collectives = *v == '1';
   // The progress thread's poll interval. At 1 Gbit/s, 200 and 1000 us hid the same share of an
   // all-reduce (bench/RESULTS.md, "Communication that progresses during compute"); 500 wakes the
   // thread 2.5x less often than 200 while a pipeline send waits for its receiver.
