@@ -110,7 +110,9 @@ TEST(PlannerPublished, ZeroPaperFigure1FromTheMemoryModel) {
     ParamLayout layout(run.model);
     const double windows = double(gradient_window_bytes(layout, 1));
     EXPECT_NEAR(double(m.grads), n * 2 + windows, 0.001 * n) << "2 bytes and the windows";
-    EXPECT_NEAR(states, gb[1] - (n * 2 - windows) / 1e9, 0.01) << "ZeRO-1 saves 2 bytes each";
+    // 2 bytes a gradient less, the windows more, and the ring's scratch block in bf16.
+    EXPECT_NEAR(states, gb[1] - (n * 2 - windows + n / 64 * 2) / 1e9, 0.01)
+        << "ZeRO-1 saves 2 bytes each";
   }
 }
 

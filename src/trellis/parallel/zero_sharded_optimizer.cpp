@@ -43,7 +43,10 @@ ZeroFootprint ShardedOptimizerSync::footprint(const ParamLayout& layout, int dp,
   if (bf16_grads)
     f.grads = int64_t(s.padded * sizeof(uint16_t)) + gradient_window_bytes(layout, 1);
   f.owned = int64_t(s.end - s.begin);
-  f.shards = (1 + ring_scratch_blocks(dp)) * int64_t(s.shard * sizeof(float));
+  // The reduce-scatter's output (fp32, for the optimizer) and the ring's scratch block (bf16 with
+  // bf16 gradients).
+  f.shards = int64_t(s.shard * sizeof(float)) +
+             ring_scratch_blocks(dp) * int64_t(s.shard * (bf16_grads ? 2 : sizeof(float)));
   if (mixed) {
     // fp32 only where the kernels read it, bf16 bits of the whole buffer; the shard's masters
     // and the fp32-read elements' packed gather.

@@ -485,7 +485,7 @@ void Trainer::print_header() const {
                lm_data_.train_tokens(), lm_data_.val_tokens(), windows, T_);
   }
   fmt::print(
-      "trellis: world {} (dp {}, tp {}{}, pp {}{}, zero {}) | {} threads/rank, {} | batch {} "
+      "trellis: world {} (dp {}, tp {}{}, pp {}{}, zero {}{}) | {} threads/rank, {} | batch {} "
       "x {} tokens = {} per rank x {} micro-batches of {}{}\n",
       world_.size(), mesh_.dp(), mesh_.tp(), tp_->sequence_parallel() ? " + sequence parallel" : "",
       pp,
@@ -493,7 +493,13 @@ void Trainer::print_header() const {
           ? fmt::format(" {}{}", schedule_name(shape_.schedule),
                         shape_.virtual_stages > 1 ? fmt::format(" x{}", shape_.virtual_stages) : "")
           : "",
-      cfg_.zero, threads_, precision_name(compute_), G_, T_, per_rank_, shape_.accum,
+      cfg_.zero,
+      shape_.grad_dtype == GradReduceDtype::Bf16 && mesh_.dp() > 1
+          ? bf16_gradient_storage(zero_stage(cfg_.zero), shape_.grad_dtype, pp)
+                ? ", bf16 gradients"
+                : ", gradients reduced in bf16"
+          : "",
+      threads_, precision_name(compute_), G_, T_, per_rank_, shape_.accum,
       shape_.micro_batch, resumed_from_.empty() ? "" : " | resumed from " + resumed_from_);
   // Next-token targets are inputs an encoder sees (bidirectionally, or through cross-attention).
   if (!task_ && (!mc_.causal || mc_.encoder_decoder()))
