@@ -9,7 +9,6 @@
 #include "trellis/comm/communicator.h"
 #include "trellis/core/error.h"
 #include "trellis/model/family.h"
-#include "trellis/parallel/data_parallel.h"
 #include "trellis/plan/planner.h"
 
 namespace trellis {
@@ -170,6 +169,8 @@ void print_plan(const PlanArgs& a, const PlanRequest& req, const Machine& machin
 int run_plan(const PlanArgs& a) {
   TRELLIS_REQUIRE(a.precision == "fp32" || a.precision == "tf32" || a.precision == "bf16",
                   "--precision must be fp32, tf32 or bf16, not '{}'", a.precision);
+  TRELLIS_REQUIRE(a.grad_reduce_dtype == "fp32" || a.grad_reduce_dtype == "bf16",
+                  "--grad-reduce-dtype must be fp32 or bf16, not '{}'", a.grad_reduce_dtype);
   TRELLIS_REQUIRE(a.top >= 1, "--top must be positive");
   const Machine machine = load_machine(a.machine);
   machine.peak(a.precision);
@@ -182,7 +183,7 @@ int run_plan(const PlanArgs& a) {
   req.batch = a.batch;
   req.seq_len = a.seq_len;
   req.precision = a.precision;
-  req.bf16_grad_reduce = grad_reduce_dtype(a.grad_reduce_dtype) == GradReduceDtype::Bf16;
+  req.bf16_grad_reduce = a.grad_reduce_dtype == "bf16";
   const Plan plan = make_plan(req, machine);
   const double n_params = double(ParamLayout(req.model).count());
   if (a.json) {

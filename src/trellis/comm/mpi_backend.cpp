@@ -30,7 +30,7 @@
 
 #include "trellis/comm/communicator.h"
 #include "trellis/core/error.h"
-#include "trellis/kernels/cpu/bf16_lanes.h"
+#include "trellis/core/bf16.h"
 
 namespace trellis {
 namespace detail {
@@ -84,11 +84,11 @@ void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
   const auto* a = static_cast<const uint16_t*>(in);
   auto* b = static_cast<uint16_t*>(inout);
   for (int i = 0; i < *len; ++i)
-    b[i] = simd::round_bf16(simd::widen_bf16(a[i]) + simd::widen_bf16(b[i]));
+    b[i] = round_bf16(widen_bf16(a[i]) + widen_bf16(b[i]));
 }
 void add_bf16(uint16_t* sum, const uint16_t* own, size_t n) {
   for (size_t i = 0; i < n; ++i)
-    sum[i] = simd::round_bf16(simd::widen_bf16(sum[i]) + simd::widen_bf16(own[i]));
+    sum[i] = round_bf16(widen_bf16(sum[i]) + widen_bf16(own[i]));
 }
 void add_floats(float* sum, const float* own, size_t n) {
   for (size_t i = 0; i < n; ++i) sum[i] += own[i];

@@ -2,23 +2,17 @@
 // bf16 bits <-> float lanes for the element-wise kernels that keep their tensors in bf16 (a bf16
 // model's GEMM outputs): values are widened exactly, computed on in fp32 and rounded once on
 // store, nearest even, as ops::to_bf16 rounds.
-#include <bit>
 #include <cstdint>
 #include <cstring>
 
+#include "trellis/core/bf16.h"
 #include "trellis/kernels/cpu/simd_math.h"
 
 namespace trellis::simd {
 
-// Round to nearest, ties to even; NaN stays a (quiet) NaN. Branch-free so loops vectorise; unlike
-// vcvtneps2bf16 it keeps subnormals, as PyTorch's conversion does.
-inline uint16_t round_bf16(float f) {
-  const uint32_t u = std::bit_cast<uint32_t>(f);
-  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
-  return uint16_t(nan ? (u >> 16) | 0x40u : rounded);
-}
-inline float widen_bf16(uint16_t b) { return std::bit_cast<float>(uint32_t(b) << 16); }
+// One value at a time: core/bf16.h's.
+using trellis::round_bf16;
+using trellis::widen_bf16;
 
 using u8 = uint32_t __attribute__((vector_size(32)));
 using h8 = uint16_t __attribute__((vector_size(16)));
