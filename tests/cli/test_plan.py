@@ -60,6 +60,8 @@ with open(bad, "w") as f:
 expect_error(base + ["--machine", bad], "bad.json", "device.peak_flops.bf16")
 expect_error(base + ["--machine", os.path.join(TMP, "plan", "missing.json")], "missing.json")
 expect_error(base + ["--machine", a100, "--precision", "fp16"], "--precision")
+expect_error(base + ["--machine", a100, "--grad-reduce-dtype", "fp16"], "--grad-reduce-dtype",
+             "fp16")
 expect_error(["plan", "--model", "gpt9", "--world", 8, "--batch-size", 8, "--seq-len", 64,
               "--machine", a100], "gpt9")
 expect_error(["plan", "--model", "layers=2,width=64,heads=3", "--world", 1, "--batch-size", 8,

@@ -40,6 +40,17 @@ std::unique_ptr<DataParallelSync> make_data_parallel_sync(Communicator& dp, Zero
   return nullptr;
 }
 
+std::vector<int> unit_index_by_layer(const std::vector<ZeroUnit>& units) {
+  std::vector<int> out;
+  for (size_t i = 0; i < units.size(); ++i) {
+    const int layer = units[i].layer;
+    if (layer < 0) continue;
+    if (out.size() <= size_t(layer)) out.resize(size_t(layer) + 1, -1);
+    out[size_t(layer)] = int(i);
+  }
+  return out;
+}
+
 int64_t gradient_window_bytes(const ParamLayout& layout, int blocks) {
   const int64_t page = int64_t(sysconf(_SC_PAGESIZE));
   int64_t root = 0, block = 0;

@@ -57,6 +57,8 @@ struct ZeroUnit {
   int layer;
 };
 std::vector<ZeroUnit> zero_units(const ParamLayout& layout);
+// Index into `units` of each block's unit, by layer; -1 for a layer not in them.
+std::vector<int> unit_index_by_layer(const std::vector<ZeroUnit>& units);
 
 // The bytes DataParallelSync holds at its peak within a step, for `--dry-run` and the planner:
 // the parameter and gradient buffers as resident (ZeRO-3: the root and two blocks, the one running

@@ -25,13 +25,10 @@ ShardedGradientsSync::ShardedGradientsSync(Communicator& dp, const ParamLayout& 
 
 void ShardedGradientsSync::build_units(const ParamLayout& layout) {
   size_t at = 0;
-  for (const ZeroUnit& z : zero_units(layout)) {
-    if (z.layer >= 0) {
-      if (unit_of_layer_.size() <= size_t(z.layer)) unit_of_layer_.resize(size_t(z.layer) + 1, -1);
-      unit_of_layer_[size_t(z.layer)] = int(units_.size());
-    }
+  const std::vector<ZeroUnit> zs = zero_units(layout);
+  unit_of_layer_ = unit_index_by_layer(zs);
+  for (const ZeroUnit& z : zs)
     units_.push_back({z.begin, z.end, (z.end - z.begin) / size_t(dp_size_), z.layer, 0});
-  }
   for (Unit& u : units_) {
     u.owned_at = at;
     const size_t lo = u.begin + u.chunk * size_t(dp_rank_);

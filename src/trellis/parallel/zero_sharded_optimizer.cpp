@@ -26,12 +26,7 @@ ShardedOptimizerSync::ShardedOptimizerSync(Communicator& dp, const ParamLayout& 
   // The fp32 pages stay uncommitted outside the windows the hooks open.
   grad_bits_.assign(shard_.padded, 0);
   units_ = zero_units(layout);
-  for (size_t i = 0; i < units_.size(); ++i) {
-    const int layer = units_[i].layer;
-    if (layer < 0) continue;
-    if (unit_of_layer_.size() <= size_t(layer)) unit_of_layer_.resize(size_t(layer) + 1, -1);
-    unit_of_layer_[size_t(layer)] = int(i);
-  }
+  unit_of_layer_ = unit_index_by_layer(units_);
 }
 
 ZeroFootprint ShardedOptimizerSync::footprint(const ParamLayout& layout, int dp, int dp_rank,
@@ -66,16 +61,24 @@ void ShardedOptimizerSync::begin_step() {
     std::fill(grad_bits_.begin(), grad_bits_.end(), uint16_t{0});
 }
 
+// layer -1 opens (closes) the micro-batch's backward: the root units; else the block's unit.
 void ShardedOptimizerSync::before_backward(int layer) {
-  for (size_t i = 0; i < units_.size(); ++i)
-    if (layer < 0 ? units_[i].layer < 0 : int(i) == unit_of_layer_.at(size_t(layer)))
-      grads_.commit(units_[i].begin, units_[i].end);
+  if (layer >= 0) {
+    const ZeroUnit& u = units_[size_t(unit_of_layer_.at(size_t(layer)))];
+    grads_.commit(u.begin, u.end);
+    return;
+  }
+  for (const ZeroUnit& u : units_)
+    if (u.layer < 0) grads_.commit(u.begin, u.end);
 }
 
 void ShardedOptimizerSync::after_backward(int layer) {
-  for (size_t i = 0; i < units_.size(); ++i)
-    if (layer < 0 ? units_[i].layer < 0 : int(i) == unit_of_layer_.at(size_t(layer)))
-      fold(units_[i]);
+  if (layer >= 0) {
+    fold(units_[size_t(unit_of_layer_.at(size_t(layer)))]);
+    return;
+  }
+  for (const ZeroUnit& u : units_)
+    if (u.layer < 0) fold(u);
 }
 
 void ShardedOptimizerSync::fold(const ZeroUnit& u) {
