@@ -40,9 +40,9 @@ print(f"load average before: {os.getloadavg()}")
 print(f"{a.model}, dp {a.dp}, batch {a.batch_size} x {a.seq_len} tokens, {a.steps} steps, "
       f"{a.precision}, gradients reduced in {a.grad_reduce_dtype}, "
       "MiB of the largest rank\n")
-print("| zero | recompute | params | grads | optimizer | shards | bf16 copies | activations "
-      "| workspace | predicted | measured | error | peak RSS | losses | step s |")
-print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+print("| zero | recompute | params | grads | optimizer | shards | bf16 copies | buffers "
+      "| activations | workspace | predicted | measured | error | peak RSS | losses | step s |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
 for zero in a.zero.split(","):
     for policy in a.recompute.split(","):
         layout = ["--zero", zero, "--recompute", policy]
@@ -59,8 +59,8 @@ for zero in a.zero.split(","):
         rss = max(r["peak_rss_bytes_max"] for r in rows)
         step_s = sorted(r["step_ms"] for r in rows)[len(rows) // 2] / 1000
         cells = [top.get(k, 0) / mib for k in ("params", "grads", "optimizer", "shards",
-                                               "weight_copies", "activations", "workspace",
-                                               "total")]
+                                               "weight_copies", "buffers", "activations",
+                                               "workspace", "total")]
         losses = " → ".join(f"{r['loss']:.3f}" for r in (rows[0], rows[-1]))
         print(f"| {zero} | {policy} | " + " | ".join(f"{c:,.0f}" for c in cells) +
               f" | {measured / mib:,.0f} | {100 * (measured / top['total'] - 1):+.1f}% "

@@ -1,19 +1,20 @@
 """grad_reduce_dtype = bf16: gradients cross the data-parallel group as bf16 (rounded, summed in
-fp32, each partial sum rounded) and are widened back; storage, accumulation and the optimizer stay
-fp32. The arithmetic of the sums is checked bit for bit by tests/mpi/comm_check.cpp; here the
-wiring into every ZeRO stage, on tiny GPT-2, fp32 compute:
+fp32, each partial sum rounded) and are widened back; ZeRO-0 and ZeRO-1 also keep them as bf16
+(each micro-batch's fp32 gradients added into the bf16 buffer, rounded once), ZeRO-2/3 accumulate
+fp32 shards. The arithmetic of the sums is checked bit for bit by tests/mpi/comm_check.cpp; here
+the wiring into every ZeRO stage, on tiny GPT-2, fp32 compute:
 
 (a) At dp2 with one micro-batch each element's reduced gradient is the same rounded sum in every
-    stage (two ranks: one order; ZeRO-1's bf16 gradient storage rounds the same micro-batch sum
-    once), so dp2 ZeRO-1, 2 and 3 equal dp2 ZeRO-0 with the same key to the fp32 layout tolerance
-    (1e-5: only the optimizer's and the norm's summation order differs). With accumulation
-    ZeRO-1 adds each micro-batch into its bf16 gradients (one more rounding each) where ZeRO-0
-    accumulates in fp32: they differ, within bf16's layout tolerance (below).
+    stage (two ranks: one order; the bf16 gradient storage rounds the same micro-batch sum once),
+    so dp2 ZeRO-1, 2 and 3 equal dp2 ZeRO-0 with the same key to the fp32 layout tolerance (1e-5:
+    only the optimizer's and the norm's summation order differs). With accumulation ZeRO-0 and
+    ZeRO-1 add each micro-batch into their bf16 gradients (one more rounding each) and still agree
+    to 1e-5, while ZeRO-2 accumulates in fp32: it differs, within bf16's layout tolerance (below).
 (b) bf16 reduction changes the run (the comparison compares something) and stays within bf16's
     layout tolerance of the fp32 reduction (5e-3, test_bf16_layouts' rule), at dp2 and dp4.
 (c) One process has nothing to reduce: the key leaves it bitwise unchanged.
-(d) A run with bf16 reduction resumes bitwise (ZeRO-0's buckets, ZeRO-1's bf16 gradients,
-    ZeRO-2's per-unit reductions).
+(d) A run with bf16 reduction resumes bitwise (ZeRO-0's and ZeRO-1's bf16 gradients, ZeRO-2's
+    per-unit reductions).
 (e) An unknown type exits 2 with one line naming the key."""
 import os
 
@@ -44,11 +45,12 @@ micro = ["--micro-batch-size", 2]
 zero0_micro = fresh_dir("dp2_zero0_micro2")
 mpirun(2, common + bf16 + micro + ["--dp", 2, "--out", zero0_micro])
 ref.base = ref._result(zero0_micro)
-ref.tol = TOL_BF16
 ref.check("dp2_zero1_micro2", 2, ["--dp", 2, "--zero", 1] + micro)
-_, _, gap = compare_params(ref._result(os.path.join(TMP, "dp2_zero1_micro2"))[2], ref.base[2], 32)
-check(gap > 0, f"dp2_zero1_micro2: ZeRO-1 accumulates in its bf16 gradients ({gap:.1e} from "
-      "ZeRO-0's fp32 accumulation)")
+ref.tol = TOL_BF16
+ref.check("dp2_zero2_micro2", 2, ["--dp", 2, "--zero", 2] + micro)
+_, _, gap = compare_params(ref._result(os.path.join(TMP, "dp2_zero2_micro2"))[2], ref.base[2], 32)
+check(gap > 0, f"dp2_zero2_micro2: ZeRO-2 accumulates in fp32 ({gap:.1e} from ZeRO-0's bf16 "
+      "gradients)")
 
 # (b) against the fp32 reduction
 for dp in (2, 4):

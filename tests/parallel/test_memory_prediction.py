@@ -33,8 +33,10 @@ layouts = {
 os.environ.pop("TRELLIS_ISA", None)
 for zero in (0, 1, 2, 3):
     layouts[f"bf16_dp2_zero{zero}"] = ["--dp", 2, "--zero", zero, "--precision", "bf16"]
-# grad_reduce_dtype = bf16: ZeRO-1 keeps 2-byte gradients and fp32 windows of the root and a block.
-layouts["bf16_dp2_zero1_bf16grads"] = layouts["bf16_dp2_zero1"] + ["--grad-reduce-dtype", "bf16"]
+# grad_reduce_dtype = bf16: ZeRO-0/1 keep 2-byte gradients and fp32 windows of the root and a block.
+for zero in (0, 1):
+    layouts[f"bf16_dp2_zero{zero}_bf16grads"] = (layouts[f"bf16_dp2_zero{zero}"] +
+                                                 ["--grad-reduce-dtype", "bf16"])
 peaks = {}
 for name, args in layouts.items():
     world = 1
@@ -73,5 +75,7 @@ b = [peaks[f"bf16_dp2_zero{z}"] for z in (0, 1, 2, 3)]
 check(b[3] < b[2] < b[1] < b[0], f"bf16 dp2: the high-water mark falls with the stage: {b}")
 check(b[1] < peaks["dp2_zero1"],
       f"bf16 dp2 ZeRO-1 peak {b[1]} below fp32 dp2 ZeRO-1's {peaks['dp2_zero1']}")
-g = peaks["bf16_dp2_zero1_bf16grads"]
-check(g < b[1], f"bf16 dp2 ZeRO-1 peak with bf16 gradients {g} below fp32 gradients' {b[1]}")
+for zero in (0, 1):
+    g = peaks[f"bf16_dp2_zero{zero}_bf16grads"]
+    check(g < b[zero], f"bf16 dp2 ZeRO-{zero} peak with bf16 gradients {g} below fp32 "
+          f"gradients' {b[zero]}")

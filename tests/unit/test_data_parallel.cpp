@@ -120,7 +120,8 @@ RankRun train(Communicator& comm, ZeroStage stage, const ParamLayout& layout,
   const int n_layer = layout.config().n_layer;
   const std::vector<ZeroUnit> units = zero_units(layout);
   std::unique_ptr<DataParallelSync> sync = make_data_parallel_sync(
-      comm, stage, layout, kBucketBytes, false, dtype, bf16_gradient_storage(stage, dtype, 1));
+      comm, stage, layout, kBucketBytes, false, dtype,
+      bf16_gradient_storage(stage, dtype, comm.size(), 1, 1));
   init_params(layout, kSeed, sync->params());
   sync->adopt_params(true);
   Optimizer opt(OptimConfig{}, layout, sync->owned());
@@ -135,9 +136,17 @@ RankRun train(Communicator& comm, ZeroStage stage, const ParamLayout& layout,
                     [&](size_t i) { return grad_of(step, comm.rank(), m, i); });
     }
     sync->reduce_gradients();
-    const float* g = sync->owned_grads();
-    run.owned_grads.emplace_back(g, g + total_size(run.owned));
-    opt.step_compact(sync->owned_params(), sync->owned_grads(), kLr, step);
+    const size_t owned = total_size(run.owned);
+    if (const uint16_t* bits = sync->owned_grad_bits()) {  // ZeRO-0's bf16 gradients
+      std::vector<float> g(owned);
+      ops::from_bf16(g.data(), bits, int64_t(owned));
+      run.owned_grads.push_back(g);
+      opt.step_compact(sync->owned_params(), bits, kLr, step);
+    } else {
+      const float* g = sync->owned_grads();
+      run.owned_grads.emplace_back(g, g + owned);
+      opt.step_compact(sync->owned_params(), sync->owned_grads(), kLr, step);
+    }
     sync->gather_parameters();
     run.params.push_back(visible_params(*sync, units, layout.size(), n_layer));
   }
@@ -254,33 +263,37 @@ INSTANTIATE_TEST_SUITE_P(DataParallelSync, EveryStrategy,
                                                              {ZeroStage::ShardedParameters, 3},
                                                              {ZeroStage::ShardedParameters, 4},
                                                              {ZeroStage::Replicated, 2, true},
+                                                             {ZeroStage::Replicated, 3, true},
                                                              {ZeroStage::ShardedOptimizer, 1, true},
                                                              {ZeroStage::ShardedOptimizer, 3, true},
                                                              {ZeroStage::ShardedGradients, 3, true},
                                                              {ZeroStage::ShardedParameters, 2, true}}),
                          case_name);
 
-// ZeRO-1 with bf16 reduction keeps 2 bytes a gradient (the windows are returned after each
-// block): between steps it holds 2 bytes an element less than with fp32 gradients, but for the
-// partial pages at the units' edges, which a release keeps.
-TEST(DataParallelSync, ZeroOneWithBf16ReductionKeepsBf16Gradients) {
+// ZeRO-0 and ZeRO-1 with bf16 reduction keep 2 bytes a gradient (the windows are returned after
+// each block): between steps they hold 2 bytes an element less than with fp32 gradients, but for
+// the partial pages at the units' edges, which a release keeps.
+TEST(DataParallelSync, ZeroZeroAndOneWithBf16ReductionKeepBf16Gradients) {
   ModelConfig cfg = model_preset("tiny");
   cfg.vocab_size = 16;
   cfg.n_embd = 256;  // units of megabytes: the edges' pages are a small part
   cfg.validate();
   const ParamLayout layout(cfg);
   const int64_t edges = 2 * int64_t(zero_units(layout).size()) * 4096;
-  int64_t resident[2] = {0, 0};
-  for (int bf16 = 0; bf16 < 2; ++bf16) {
-    fake::ThreadGroup group(2);
-    group.run([&](Communicator& c) {
-      const RankRun run = train(c, ZeroStage::ShardedOptimizer, layout,
-                                bf16 ? GradReduceDtype::Bf16 : GradReduceDtype::Fp32);
-      if (c.rank() == 0) resident[bf16] = run.resident_bytes;
-    });
+  for (const ZeroStage stage : {ZeroStage::Replicated, ZeroStage::ShardedOptimizer}) {
+    SCOPED_TRACE("zero " + std::to_string(int(stage)));
+    int64_t resident[2] = {0, 0};
+    for (int bf16 = 0; bf16 < 2; ++bf16) {
+      fake::ThreadGroup group(2);
+      group.run([&](Communicator& c) {
+        const RankRun run =
+            train(c, stage, layout, bf16 ? GradReduceDtype::Bf16 : GradReduceDtype::Fp32);
+        if (c.rank() == 0) resident[bf16] = run.resident_bytes;
+      });
+    }
+    EXPECT_GE(resident[0] - resident[1], int64_t(layout.size() * 2) - edges)
+        << "fp32 gradients " << resident[0] << " bytes, bf16 " << resident[1];
   }
-  EXPECT_GE(resident[0] - resident[1], int64_t(layout.size() * 2) - edges)
-      << "fp32 gradients " << resident[0] << " bytes, bf16 " << resident[1];
 }
 
 // Mixed-precision state (bf16 under ZeRO-1/2/3, parallel/working_weights.h): each rank's fp32

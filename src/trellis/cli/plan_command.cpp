@@ -95,9 +95,11 @@ nlohmann::json candidate_json(const Candidate& c) {
                         {"grads", c.memory.grads},
                         {"optimizer", c.memory.optimizer},
                         {"shards", c.memory.shards},
+                        {"weight_copies", c.memory.weight_copies},
+                        {"model_states", c.memory.model_states()},
+                        {"buffers", c.memory.buffers},
                         {"activations", c.memory.activations},
                         {"workspace", c.memory.workspace},
-                        {"weight_copies", c.memory.weight_copies},
                         {"contexts", c.memory.contexts},
                         {"total", c.memory.total()}}}};
   if (c.fits) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "trellis/core/bf16.h"
 #include "trellis/core/error.h"
 
 namespace trellis {
@@ -128,6 +129,15 @@ void Optimizer::step(float* params, const float* grads, float lr, int64_t t, flo
 }
 
 void Optimizer::step_compact(float* p, const float* g, float lr, int64_t t, float grad_mul) {
+  sweep(p, g, nullptr, lr, t, grad_mul);
+}
+
+void Optimizer::step_compact(float* p, const uint16_t* g, float lr, int64_t t, float grad_mul) {
+  sweep(p, nullptr, g, lr, t, grad_mul);
+}
+
+void Optimizer::sweep(float* p, const float* g32, const uint16_t* g16, float lr, int64_t t,
+                      float grad_mul) {
   const size_t n = m_.size();
   float* m = m_.data();
   float* v = v_.data();
@@ -148,15 +158,20 @@ void Optimizer::step_compact(float* p, const float* g, float lr, int64_t t, floa
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < chunks; ++c) {
     const size_t lo = size_t(c) * kChunk, hi = std::min(n, lo + kChunk);
+    // bf16 gradients are widened a chunk at a time (the ZeRO-0 bf16 storage keeps no fp32 copy).
+    float widened[kChunk];
+    if (g16)
+      for (size_t k = lo; k < hi; ++k) widened[k - lo] = widen_bf16(g16[k]);
+    const float* g = g16 ? widened : g32 + lo;  // the chunk's gradients, from lo
     // First run that ends after lo (runs are sorted and cover [0, n)).
     auto r = std::upper_bound(runs_.begin(), runs_.end(), lo,
                               [](size_t x, const Run& run) { return x < run.hi; });
     for (size_t i = lo; i < hi; ++r) {
       const size_t j = std::min(hi, r->hi);
       if (adamw)
-        adam(p + i, g + i, m + i, v + i, j - i, r->decay);
+        adam(p + i, g + (i - lo), m + i, v + i, j - i, r->decay);
       else
-        sgd(p + i, g + i, m + i, j - i, r->decay);
+        sgd(p + i, g + (i - lo), m + i, j - i, r->decay);
       i = j;
     }
   }

@@ -51,6 +51,9 @@ class Optimizer {
   // left unchanged.
   void step_compact(float* params, const float* grads, float lr, int64_t step,
                     float grad_mul = 1.0f);
+  // The same from gradients kept as bf16 bits (ZeRO-0's bf16 storage), widened as they are read.
+  void step_compact(float* params, const uint16_t* grads, float lr, int64_t step,
+                    float grad_mul = 1.0f);
   // The same over whole flat buffers (indexed like the layout) when one range is owned.
   void step(float* params, const float* grads, float lr, int64_t step, float grad_mul = 1.0f);
   // State tensors for checkpoints: "exp_avg"/"exp_avg_sq" (adamw) or "momentum_buffer" (sgd),
@@ -65,6 +68,10 @@ class Optimizer {
   static int state_tensors(const std::string& name);
 
  private:
+  // step_compact's sweep over either kind of gradient (one of g32, g16 is null).
+  void sweep(float* params, const float* g32, const uint16_t* g16, float lr, int64_t step,
+             float grad_mul);
+
   OptimConfig cfg_;
   std::vector<FlatRange> owned_;
   // Runs of the compact state (offsets into it) with the same weight-decay flag, in order.

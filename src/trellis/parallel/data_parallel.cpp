@@ -102,9 +102,10 @@ std::unique_ptr<Work> reduce_scatter_bf16_grads(Communicator& c, const uint16_t*
 }
 
 GradReducer::GradReducer(Communicator& dp, float* grads, size_t n, size_t bucket_bytes,
-                         std::vector<size_t> ready_points, GradReduceDtype dtype)
-    : comm_(dp), grads_(grads), n_(n), dtype_(dtype) {
-  TRELLIS_CHECK(grads != nullptr || n == 0, "gradient buffer of {} floats is null", n);
+                         std::vector<size_t> ready_points, GradReduceDtype dtype,
+                         uint16_t* bits)
+    : comm_(dp), grads_(grads), bits_(bits), n_(n), dtype_(dtype) {
+  TRELLIS_CHECK(grads != nullptr || bits != nullptr || n == 0, "gradient buffer of {} is null", n);
   // Boundaries depend only on (n, bucket_bytes, the layout's ready points), so every rank issues
   // the same all-reduces in the same order. Buckets are cut from the end: backward finishes the
   // last parameters first. A bucket that crossed a ready point would start only with the block
@@ -130,7 +131,8 @@ void GradReducer::ready_from(size_t offset) {
   const auto t0 = std::chrono::steady_clock::now();
   while (next_ < buckets_.size() && buckets_[next_].begin >= offset) {
     Bucket& b = buckets_[next_++];
-    b.work = all_reduce_grads(comm_, grads_ + b.begin, b.end - b.begin, dtype_);
+    b.work = bits_ ? comm_.all_reduce_bf16_async(bits_ + b.begin, b.end - b.begin)
+                   : all_reduce_grads(comm_, grads_ + b.begin, b.end - b.begin, dtype_);
     b.launched = true;
   }
   // Non-blocking collectives only advance while the library is entered: poll them here, unless

@@ -18,7 +18,7 @@ namespace trellis {
 // bf16 for half the bytes (PyTorch DDP's bf16 compression hook, Megatron's bf16 reduction). A
 // bf16 reduction rounds the fp32 gradients to bf16, sums them in fp32 and rounds each partial sum
 // (Communicator's bf16 reductions), and widens the result back into the fp32 buffer: storage,
-// accumulation over micro-batches and the optimizer stay fp32 (but ZeRO-1's storage:
+// accumulation over micro-batches and the optimizer stay fp32 (but ZeRO-0/1's storage:
 // bf16_gradient_storage in parallel/zero.h).
 enum class GradReduceDtype : uint8_t { Fp32, Bf16 };
 // Input error naming the key for anything but "fp32" or "bf16".
@@ -40,10 +40,11 @@ class GradReducer {
   // grads: the flat gradient buffer of n floats; bucket_bytes: the largest bucket; ready_points:
   // the offsets ready_from will be called with (a bucket never spans one, so none waits for
   // gradients finished later than most of it), unless bucket_bytes holds all n floats: then one
-  // bucket, launched when backward ends.
+  // bucket, launched when backward ends. bits: gradients kept as bf16 bits instead (ZeRO-0's
+  // bf16 storage; grads null), each bucket's all-reduced as they are.
   GradReducer(Communicator& dp, float* grads, size_t n, size_t bucket_bytes,
               std::vector<size_t> ready_points = {},
-              GradReduceDtype dtype = GradReduceDtype::Fp32);
+              GradReduceDtype dtype = GradReduceDtype::Fp32, uint16_t* bits = nullptr);
   // Called during the last micro-batch's backward: gradients in [offset, n) are final. Launches
   // every bucket that lies entirely inside that range and polls in-flight ones for progress.
   void ready_from(size_t offset);
@@ -62,6 +63,7 @@ class GradReducer {
   };
   Communicator& comm_;
   float* grads_;
+  uint16_t* bits_;
   size_t n_;
   GradReduceDtype dtype_;
   std::vector<Bucket> buckets_;  // buckets_[0] ends at n (launched first)

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "trellis/core/bf16.h"
 #include "trellis/core/error.h"
 #include "trellis/model/model_chunk.h"
 #include "trellis/parallel/zero_strategies.h"
@@ -24,11 +25,11 @@ std::unique_ptr<DataParallelSync> make_data_parallel_sync(Communicator& dp, Zero
                                                           GradReduceDtype grad_dtype,
                                                           bool bf16_grads) {
   TRELLIS_CHECK(!mixed || mixed_precision_state(stage, true), "mixed-precision state under ZeRO-0");
-  TRELLIS_CHECK(!bf16_grads || bf16_gradient_storage(stage, grad_dtype, 1),
-                "bf16 gradient storage outside ZeRO-1 with bf16 reduction");
+  TRELLIS_CHECK(!bf16_grads || bf16_gradient_storage(stage, grad_dtype, dp.size(), 1, 1),
+                "bf16 gradient storage without bf16 reduction at ZeRO-0/1");
   switch (stage) {
     case ZeroStage::Replicated:
-      return std::make_unique<ReplicatedSync>(dp, layout, bucket_bytes, grad_dtype);
+      return std::make_unique<ReplicatedSync>(dp, layout, bucket_bytes, grad_dtype, bf16_grads);
     case ZeroStage::ShardedOptimizer:
       return std::make_unique<ShardedOptimizerSync>(dp, layout, mixed, grad_dtype, bf16_grads);
     case ZeroStage::ShardedGradients:
@@ -64,15 +65,44 @@ int64_t gradient_window_bytes(const ParamLayout& layout, int blocks) {
   return std::min(page_bytes(layout.size()), root + blocks * block);
 }
 
-bool bf16_gradient_storage(ZeroStage stage, GradReduceDtype grad_dtype, int pp) {
-  return stage == ZeroStage::ShardedOptimizer && grad_dtype == GradReduceDtype::Bf16 && pp == 1;
+bool bf16_gradient_storage(ZeroStage stage, GradReduceDtype grad_dtype, int dp, int tp, int pp) {
+  if (grad_dtype != GradReduceDtype::Bf16 || dp == 1 || pp > 1) return false;
+  return stage == ZeroStage::ShardedOptimizer || (stage == ZeroStage::Replicated && tp == 1);
+}
+
+Bf16GradientBits::Bf16GradientBits(const ParamLayout& layout, size_t padded)
+    : bits_(padded, 0), units_(zero_units(layout)), unit_of_layer_(unit_index_by_layer(units_)),
+      open_(units_.size(), 0) {}
+
+void Bf16GradientBits::open(int layer, PageBuffer& grads) {
+  for (size_t i = 0; i < units_.size(); ++i) {
+    const ZeroUnit& u = units_[i];
+    if (u.layer != layer) continue;
+    grads.commit(u.begin, u.end);
+    open_[i] = 1;
+  }
+}
+
+void Bf16GradientBits::fold(int layer, PageBuffer& grads) {
+  // A block folds the root pieces above it too: backward has finished them (the head's), and
+  // ZeRO-0's buckets above the block's start are reduced once it ends.
+  const size_t from = layer >= 0 ? units_[size_t(unit_of_layer_.at(size_t(layer)))].begin : 0;
+  for (size_t i = 0; i < units_.size(); ++i) {
+    const ZeroUnit& u = units_[i];
+    if (!open_[i] || u.begin < from || (u.layer >= 0 && u.layer != layer)) continue;
+    const float* g = grads.data();
+    uint16_t* bits = bits_.data();
+    for (size_t k = u.begin; k < u.end; ++k) bits[k] = round_bf16(widen_bf16(bits[k]) + g[k]);
+    grads.release(u.begin, u.end);
+    open_[i] = 0;
+  }
 }
 
 ZeroFootprint zero_footprint(const ParamLayout& layout, int dp, int dp_rank, ZeroStage stage,
                              bool mixed, bool bf16_grads) {
   switch (stage) {
     case ZeroStage::Replicated:
-      return ReplicatedSync::footprint(layout, dp);
+      return ReplicatedSync::footprint(layout, dp, bf16_grads);
     case ZeroStage::ShardedOptimizer:
       return ShardedOptimizerSync::footprint(layout, dp, dp_rank, mixed, bf16_grads);
     case ZeroStage::ShardedGradients:

@@ -60,19 +60,23 @@ std::vector<ZeroUnit> zero_units(const ParamLayout& layout);
 // Index into `units` of each block's unit, by layer; -1 for a layer not in them.
 std::vector<int> unit_index_by_layer(const std::vector<ZeroUnit>& units);
 
-// The bytes DataParallelSync holds at its peak within a step, for `--dry-run` and the planner:
-// the parameter and gradient buffers as resident (ZeRO-3: the root and two blocks, the one running
-// and the one prefetched or being reduced), the compact shards and communication staging, and the
-// optimizer's floats per state tensor (its owned elements).
+// The bytes DataParallelSync holds at its peak within a step, for `--dry-run` and the planner, in
+// the ZeRO paper's two kinds: model states, which persist from step to step (params: the weights
+// every rank holds, ZeRO-3 the root's only; grads: the gradients kept, whole or this rank's shard;
+// shards: ZeRO's compact fp32 master weights), and temporary buffers, which a step fills and
+// empties (the fp32 gradient windows backward writes into, ZeRO-3's two gathered blocks, the
+// collectives' outputs, staging and ring scratch). The optimizer's floats per state tensor cover
+// its owned elements.
 struct ZeroFootprint {
   int64_t params = 0, grads = 0, shards = 0;
+  int64_t buffers = 0;
   int64_t owned = 0;  // elements
 };
 // Bytes of the fp32 gradient pages of the root units and `blocks` of the largest block units
 // (each unit's floats and the partial pages at its two ends), at most the whole buffer's: what
-// ZeRO-2/3 and ZeRO-1's bf16 gradient storage keep committed at once.
+// ZeRO-2/3 and ZeRO-0/1's bf16 gradient storage keep committed at once.
 int64_t gradient_window_bytes(const ParamLayout& layout, int blocks);
-// mixed: a bf16 run's mixed-precision state (mixed_precision_state); bf16_grads: ZeRO-1's bf16
+// mixed: a bf16 run's mixed-precision state (mixed_precision_state); bf16_grads: ZeRO-0/1's bf16
 // gradient storage (bf16_gradient_storage).
 ZeroFootprint zero_footprint(const ParamLayout& layout, int dp, int dp_rank, ZeroStage stage,
                              bool mixed = false, bool bf16_grads = false);
@@ -82,13 +86,16 @@ ZeroFootprint zero_footprint(const ParamLayout& layout, int dp, int dp_rank, Zer
 // replicas keep whole fp32 weights and the model's own bf16 copies.
 bool mixed_precision_state(ZeroStage stage, bool bf16);
 
-// Whether ZeRO-1 keeps its gradients as bf16 (grad_reduce_dtype = bf16 without a pipeline): the
-// ZeRO paper's 2-byte gradients. Backward writes a block's gradients into an fp32 window of its
-// range, which is added into the bf16 buffer and returned when the block's backward ends (the
-// root's when the micro-batch's does); a pipeline interleaves micro-batches across a block's
-// backward, so it keeps fp32 gradients. ZeRO-0 keeps fp32 gradients (its optimizer reads them
-// whole), ZeRO-2/3 fp32 shards (FSDP's keep_low_precision_grads = False).
-bool bf16_gradient_storage(ZeroStage stage, GradReduceDtype grad_dtype, int pp);
+// Whether ZeRO-0/1 keep their gradients as bf16 (grad_reduce_dtype = bf16 on more than one
+// data-parallel rank, without a pipeline; ZeRO-0 also without tensor parallelism): the ZeRO
+// paper's 2-byte gradients. Backward writes a block's gradients into an fp32 window of its range,
+// which is added into the bf16 buffer and returned when the block's backward ends (the root's when
+// the micro-batch's does). A pipeline interleaves micro-batches across a block's backward, so it
+// keeps fp32 gradients; so does ZeRO-0 under tensor parallelism (its sequence-parallel sums read
+// the replicated tensors' gradients in fp32); ZeRO-2/3 keep fp32 shards (FSDP's
+// keep_low_precision_grads = False). ZeRO-0's optimizer widens the reduced bits a chunk at a time
+// (owned_grad_bits); ZeRO-1 widens its shard as the reduce-scatter completes.
+bool bf16_gradient_storage(ZeroStage stage, GradReduceDtype grad_dtype, int dp, int tp, int pp);
 
 class DataParallelSync {
  public:
@@ -108,7 +115,10 @@ class DataParallelSync {
   // be read into them alone; else they are the buffers' own range.
   virtual bool owned_apart() const { return false; }
   virtual float* owned_params() { return params_.data() + owned_[0].begin; }
+  // Null where the owned gradients are kept as bf16 bits instead (owned_grad_bits).
   virtual float* owned_grads() { return grads_.data() + owned_[0].begin; }
+  // ZeRO-0's bf16 gradient storage: the reduced gradients, compact, as bf16 bits; else null.
+  virtual const uint16_t* owned_grad_bits() { return nullptr; }
   // Mixed precision: the bf16 working weights, laid out as params() (whose fp32 values then
   // exist for the fp32-read tensors only); null otherwise.
   const uint16_t* working_bits() { return working_ ? working_->bits() : nullptr; }

@@ -54,13 +54,13 @@ ZeroFootprint ShardedGradientsSync::footprint(const ParamLayout& layout, int dp,
     f.owned += int64_t(chunk + (size_t(dp_rank) < len - chunk * size_t(dp) ? 1 : 0));
     largest_chunk = std::max(largest_chunk, int64_t(chunk));
   }
-  // Gradients: the root and two blocks, the one being written and the one being reduced.
-  f.params = page_bytes(n);
-  f.grads = gradient_window_bytes(layout, 2);
-  // Compact parameters and gradients; two reductions' outputs and padded rests in flight, and
+  // Compact parameters and gradients. Gradient windows of the root and two blocks, the one being
+  // written and the one being reduced; two reductions' outputs and padded rests in flight, and
   // their ring scratch.
-  f.shards =
-      2 * f.owned * int64_t(sizeof(float)) +
+  f.params = page_bytes(n);
+  f.grads = f.shards = f.owned * int64_t(sizeof(float));
+  f.buffers =
+      gradient_window_bytes(layout, 2) +
       2 * ((1 + ring_scratch_blocks(dp)) * (largest_chunk + 1) + dp) * int64_t(sizeof(float));
   if (mixed) {
     // fp32 only where the kernels read it, bf16 bits of every unit; two units' packed gathers of
@@ -74,7 +74,7 @@ ZeroFootprint ShardedGradientsSync::footprint(const ParamLayout& layout, int dp,
           std::max(gather, WorkingWeights::gather_floats(
                                fp32, {u.begin, chunk, u.end - u.begin - chunk * size_t(dp)}, dp));
     }
-    f.shards += 2 * gather * int64_t(sizeof(float));
+    f.buffers += 2 * gather * int64_t(sizeof(float));
   }
   return f;
 }

@@ -2,7 +2,6 @@
 #include <algorithm>
 
 #include "trellis/core/clock.h"
-#include "trellis/kernels/cpu/bf16_lanes.h"
 #include "trellis/model/model_chunk.h"
 #include "trellis/parallel/zero_strategies.h"
 
@@ -24,9 +23,7 @@ ShardedOptimizerSync::ShardedOptimizerSync(Communicator& dp, const ParamLayout& 
     return;
   }
   // The fp32 pages stay uncommitted outside the windows the hooks open.
-  grad_bits_.assign(shard_.padded, 0);
-  units_ = zero_units(layout);
-  unit_of_layer_ = unit_index_by_layer(units_);
+  bits_ = std::make_unique<Bf16GradientBits>(layout, shard_.padded);
 }
 
 ZeroFootprint ShardedOptimizerSync::footprint(const ParamLayout& layout, int dp, int dp_rank,
@@ -35,66 +32,41 @@ ZeroFootprint ShardedOptimizerSync::footprint(const ParamLayout& layout, int dp,
   const ShardRange s = shard_range(layout.size(), dp, dp_rank);
   f.params = f.grads = page_bytes(s.padded);
   // bf16 gradients: 2 bytes each, and the fp32 windows of the root and the block in backward.
-  if (bf16_grads)
-    f.grads = int64_t(s.padded * sizeof(uint16_t)) + gradient_window_bytes(layout, 1);
+  if (bf16_grads) {
+    f.grads = int64_t(s.padded * sizeof(uint16_t));
+    f.buffers = gradient_window_bytes(layout, 1);
+  }
   f.owned = int64_t(s.end - s.begin);
   // The reduce-scatter's output (fp32, for the optimizer) and the ring's scratch block (bf16 with
   // bf16 gradients).
-  f.shards = int64_t(s.shard * sizeof(float)) +
-             ring_scratch_blocks(dp) * int64_t(s.shard * (bf16_grads ? 2 : sizeof(float)));
+  f.buffers += int64_t(s.shard * sizeof(float)) +
+               ring_scratch_blocks(dp) * int64_t(s.shard * (bf16_grads ? 2 : sizeof(float)));
   if (mixed) {
     // fp32 only where the kernels read it, bf16 bits of the whole buffer; the shard's masters
     // and the fp32-read elements' packed gather.
     const std::vector<FlatRange> fp32 = fp32_read_ranges(layout);
     f.params =
         WorkingWeights::fp32_page_bytes(fp32, 0, layout.size()) + page_bytes((s.padded + 1) / 2);
-    f.shards += int64_t(s.shard * sizeof(float)) +
-                WorkingWeights::gather_floats(fp32, {0, s.shard, 0}, dp) * int64_t(sizeof(float));
+    f.shards = int64_t(s.shard * sizeof(float));
+    f.buffers +=
+        WorkingWeights::gather_floats(fp32, {0, s.shard, 0}, dp) * int64_t(sizeof(float));
   }
   return f;
 }
 
 void ShardedOptimizerSync::begin_step() {
-  if (grad_bits_.empty())
-    std::fill_n(grads_.data(), grads_.size(), 0.0f);
+  if (bits_)
+    bits_->clear();
   else
-    std::fill(grad_bits_.begin(), grad_bits_.end(), uint16_t{0});
-}
-
-// layer -1 opens (closes) the micro-batch's backward: the root units; else the block's unit.
-void ShardedOptimizerSync::before_backward(int layer) {
-  if (layer >= 0) {
-    const ZeroUnit& u = units_[size_t(unit_of_layer_.at(size_t(layer)))];
-    grads_.commit(u.begin, u.end);
-    return;
-  }
-  for (const ZeroUnit& u : units_)
-    if (u.layer < 0) grads_.commit(u.begin, u.end);
-}
-
-void ShardedOptimizerSync::after_backward(int layer) {
-  if (layer >= 0) {
-    fold(units_[size_t(unit_of_layer_.at(size_t(layer)))]);
-    return;
-  }
-  for (const ZeroUnit& u : units_)
-    if (u.layer < 0) fold(u);
-}
-
-void ShardedOptimizerSync::fold(const ZeroUnit& u) {
-  const float* g = grads_.data();
-  uint16_t* bits = grad_bits_.data();
-  for (size_t i = u.begin; i < u.end; ++i)
-    bits[i] = simd::round_bf16(simd::widen_bf16(bits[i]) + g[i]);
-  grads_.release(u.begin, u.end);
+    std::fill_n(grads_.data(), grads_.size(), 0.0f);
 }
 
 double ShardedOptimizerSync::reduce_gradients() {
   const auto t0 = Clock::now();
-  if (!grad_bits_.empty()) {
-    // Rank r's shard of the sum, widened into staging_ (owned_grads); one rank: a copy.
-    reduce_scatter_bf16_grads(dp_, grad_bits_.data(), staging_.data(), shard_.shard)->wait();
-    return dp_size_ == 1 ? 0.0 : seconds_since(t0);
+  if (bits_) {
+    // Rank r's shard of the sum, widened into staging_ (owned_grads).
+    reduce_scatter_bf16_grads(dp_, bits_->data(), staging_.data(), shard_.shard)->wait();
+    return seconds_since(t0);
   }
   if (dp_size_ == 1) return 0.0;
   // Under bf16 the reduction consumes grads_; only the owned range is read after it.
@@ -131,7 +103,7 @@ void ShardedOptimizerSync::adopt_params(bool whole_buffer) {
 int64_t ShardedOptimizerSync::resident_bytes() const {
   return DataParallelSync::resident_bytes() +
          int64_t((staging_.size() + masters_.size()) * sizeof(float)) +
-         int64_t(grad_bits_.size() * sizeof(uint16_t));
+         (bits_ ? bits_->bytes() : 0);
 }
 
 }  // namespace trellis

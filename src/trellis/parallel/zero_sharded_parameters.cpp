@@ -19,11 +19,14 @@ ShardedParametersSync::ShardedParametersSync(Communicator& dp, const ParamLayout
 ZeroFootprint ShardedParametersSync::footprint(const ParamLayout& layout, int dp, int dp_rank,
                                                bool mixed) {
   ZeroFootprint f = ShardedGradientsSync::footprint(layout, dp, dp_rank, mixed);
+  // Parameters: the root (a model state: it stays gathered) and two blocks (buffers), as the
+  // gradients' windows, or under mixed precision each as its fp32-read tensors' pages and its
+  // bf16 bits.
   if (!mixed) {
-    f.params = f.grads;  // as the gradients: the root and two blocks
+    f.params = gradient_window_bytes(layout, 0);
+    f.buffers += gradient_window_bytes(layout, 2) - f.params;
     return f;
   }
-  // The root and two blocks, each as its fp32-read tensors' pages and its bf16 bits.
   const std::vector<FlatRange> fp32 = fp32_read_ranges(layout);
   const int64_t page = int64_t(sysconf(_SC_PAGESIZE));
   int64_t root = 0, block = 0;
@@ -35,9 +38,11 @@ ZeroFootprint ShardedParametersSync::footprint(const ParamLayout& layout, int dp
     else
       block = std::max(block, bytes);
   }
-  f.params = std::min(WorkingWeights::fp32_page_bytes(fp32, 0, layout.size()) +
-                          int64_t(layout.size() * sizeof(uint16_t)) + 2 * page,
-                      root + 2 * block);
+  const int64_t all = std::min(WorkingWeights::fp32_page_bytes(fp32, 0, layout.size()) +
+                                   int64_t(layout.size() * sizeof(uint16_t)) + 2 * page,
+                               root + 2 * block);
+  f.params = std::min(root, all);
+  f.buffers += all - f.params;
   return f;
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 // The four DataParallelSync strategies (parallel/zero.h says what each does); only
 // make_data_parallel_sync and zero_footprint name them.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -17,29 +18,60 @@ int64_t page_bytes(size_t floats);
 // output while it runs (comm/mpi_backend.cpp): 1, else 0.
 int64_t ring_scratch_blocks(int dp);
 
+// bf16 gradient storage (bf16_gradient_storage): the padded buffer's gradients as bf16 bits.
+// Backward writes a unit's fp32 gradients into its window of the fp32 buffer, whose pages are
+// committed before the unit's backward (open) and, after it, added into the bits (rounded once a
+// micro-batch) and returned (fold). Layer -1 is the root units, which a micro-batch's backward
+// opens before the head; a block's fold also folds the root units above it, the embeddings' fold
+// the rest.
+class Bf16GradientBits {
+ public:
+  Bf16GradientBits(const ParamLayout& layout, size_t padded);
+  uint16_t* data() { return bits_.data(); }
+  void clear() { std::fill(bits_.begin(), bits_.end(), uint16_t{0}); }
+  void open(int layer, PageBuffer& grads);
+  void fold(int layer, PageBuffer& grads);
+  int64_t bytes() const { return int64_t(bits_.size() * sizeof(uint16_t)); }
+
+ private:
+  std::vector<uint16_t> bits_;
+  std::vector<ZeroUnit> units_;
+  std::vector<int> unit_of_layer_;  // index into units_ by layer; -1: not in this layout
+  std::vector<char> open_;          // per unit: its window is committed and not yet folded
+};
+
 // ZeRO-0: every rank holds and updates everything; gradients are all-reduced in buckets while
-// backward runs.
-class ReplicatedSync final : public DataParallelSync {
+// backward runs. bf16 gradients (bf16_gradient_storage): the buckets are ranges of the bits, each
+// all-reduced as bf16 once backward has folded it, and the optimizer widens them as it reads.
+class ReplicatedSync final : public DataParallelSync, public BlockHooks {
  public:
   ReplicatedSync(Communicator& dp, const ParamLayout& layout, size_t bucket_bytes,
-                 GradReduceDtype grad_dtype);
-  static ZeroFootprint footprint(const ParamLayout& layout, int dp);
+                 GradReduceDtype grad_dtype, bool bf16_grads);
+  static ZeroFootprint footprint(const ParamLayout& layout, int dp, bool bf16_grads);
 
   bool sharded() const override { return false; }
   bool overlaps() const override { return reducer_ != nullptr; }
+  float* owned_grads() override { return bits_ ? nullptr : DataParallelSync::owned_grads(); }
+  const uint16_t* owned_grad_bits() override { return bits_ ? bits_->data() : nullptr; }
+  BlockHooks* hooks() override { return bits_ ? this : nullptr; }
   void ready_from(size_t offset) override;
   void begin_step() override;
   double reduce_gradients() override;
   double gather_parameters() override { return 0.0; }
+  int64_t resident_bytes() const override;
+
+  void before_backward(int layer) override { bits_->open(layer, grads_); }
+  void after_backward(int layer) override { bits_->fold(layer, grads_); }
 
  private:
-  std::unique_ptr<GradReducer> reducer_;  // null on one rank
+  std::unique_ptr<Bf16GradientBits> bits_;  // bf16 gradients only
+  std::unique_ptr<GradReducer> reducer_;    // null on one rank
 };
 
 // ZeRO-1: whole buffers on every rank; the optimizer state and update of one shard_range each.
 // Mixed precision: the fp32 masters of the shard apart (owned_params), bf16 working weights whole.
-// bf16 gradients (bf16_gradient_storage): the block hooks fold each unit's fp32 window into
-// grad_bits_, which is reduce-scattered as bf16 into the shard (owned_grads).
+// bf16 gradients (bf16_gradient_storage): the block hooks fold each unit's fp32 window into the
+// bits, which are reduce-scattered as bf16 into the shard (owned_grads).
 class ShardedOptimizerSync final : public DataParallelSync, public BlockHooks {
  public:
   ShardedOptimizerSync(Communicator& dp, const ParamLayout& layout, bool mixed,
@@ -53,9 +85,9 @@ class ShardedOptimizerSync final : public DataParallelSync, public BlockHooks {
     return working_ ? masters_.data() : DataParallelSync::owned_params();
   }
   float* owned_grads() override {
-    return grad_bits_.empty() ? DataParallelSync::owned_grads() : staging_.data();
+    return bits_ ? staging_.data() : DataParallelSync::owned_grads();
   }
-  BlockHooks* hooks() override { return grad_bits_.empty() ? nullptr : this; }
+  BlockHooks* hooks() override { return bits_ ? this : nullptr; }
   void begin_step() override;
   double reduce_gradients() override;
   double gather_parameters() override;
@@ -63,19 +95,14 @@ class ShardedOptimizerSync final : public DataParallelSync, public BlockHooks {
   int64_t resident_bytes() const override;
 
   // bf16 gradients: a unit's fp32 window is committed before its backward and folded after.
-  void before_backward(int layer) override;
-  void after_backward(int layer) override;
+  void before_backward(int layer) override { bits_->open(layer, grads_); }
+  void after_backward(int layer) override { bits_->fold(layer, grads_); }
 
  private:
-  // Adds the unit's fp32 window into grad_bits_ (rounded once) and returns its pages.
-  void fold(const ZeroUnit& u);
-
   ShardRange shard_;
   std::vector<float> staging_;  // one shard: the reduce-scatter's output, the all-gather's input
   std::vector<float> masters_;  // mixed: the shard's fp32 master weights (shard_.shard floats)
-  std::vector<uint16_t> grad_bits_;  // bf16 gradients: the padded buffer's (empty: fp32)
-  std::vector<ZeroUnit> units_;      // bf16 gradients: the windows
-  std::vector<int> unit_of_layer_;   // index into units_ by layer; -1: not in this layout
+  std::unique_ptr<Bf16GradientBits> bits_;  // bf16 gradients only
 };
 
 // ZeRO-2: gradients reduce-scattered per unit as backward finishes it, into compact shards.

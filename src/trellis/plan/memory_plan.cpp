@@ -44,7 +44,8 @@ RankMemory rank_memory(const RunShape& run, const StageSpec& stage,
   const bool mixed = mixed_precision_state(zero_stage(run.zero), run.compute == DType::BF16);
   const ZeroFootprint z =
       zero_footprint(layout, run.dp, dp_rank, zero_stage(run.zero), mixed,
-                     bf16_gradient_storage(zero_stage(run.zero), run.grad_dtype, run.pp));
+                     bf16_gradient_storage(zero_stage(run.zero), run.grad_dtype, run.dp,
+                                           run.tp, run.pp));
   RankMemory m;
   m.rank = (pp_rank * run.dp + dp_rank) * run.tp + tp_rank;
   m.dp_rank = dp_rank;
@@ -53,6 +54,7 @@ RankMemory rank_memory(const RunShape& run, const StageSpec& stage,
   m.params = z.params;
   m.grads = z.grads;
   m.shards = z.shards;
+  m.buffers = z.buffers;
   m.optimizer = Optimizer::state_tensors(run.optimizer) * z.owned * int64_t(sizeof(float));
   for (int v = 0; v < run.virtual_stages; ++v) {
     const ActivationMemory a = activation_memory(

@@ -1,7 +1,7 @@
 #pragma once
 // The analytic memory of a training run, per rank, from its sizes alone (`trellis train
 // --dry-run`; the planner's memory model): parameters, gradients, optimizer state, ZeRO's compact
-// shards and staging, and activations (model/activation_memory: the Contexts a rank's schedule
+// shards and temporary buffers, and activations (model/activation_memory: the Contexts a rank's schedule
 // keeps alive at once, plus each model chunk's workspace). It sums the sizing functions the
 // runtime allocates by (rank_chunks, activation_layout, zero_footprint, Optimizer::state_tensors);
 // the metrics' allocator high-water mark (alloc_peak_bytes) is checked against it.
@@ -19,14 +19,16 @@ namespace trellis {
 
 struct RankMemory {
   int rank = 0, dp_rank = 0, tp_rank = 0, pp_rank = 0;
+  // Model states, as the ZeRO paper counts them (parallel/zero.h ZeroFootprint): what persists
+  // from step to step.
   int64_t params = 0, grads = 0, optimizer = 0, shards = 0;
-  int64_t activations = 0;  // Contexts alive at the schedule's peak
-  int64_t workspace = 0;    // the model chunks' shared scratch
   int64_t weight_copies = 0;  // bf16: the chunks' bf16 copies of their weights
+  int64_t buffers = 0;        // ZeRO's temporary buffers: gradient windows, gathers, staging
+  int64_t activations = 0;    // Contexts alive at the schedule's peak
+  int64_t workspace = 0;      // the model chunks' shared scratch
   int contexts = 0;           // that peak
-  int64_t total() const {
-    return params + grads + optimizer + shards + activations + workspace + weight_copies;
-  }
+  int64_t model_states() const { return params + grads + optimizer + shards + weight_copies; }
+  int64_t total() const { return model_states() + buffers + activations + workspace; }
 };
 
 // The model chunks of pipeline rank pp_rank (local chunk v is global chunk v * pp + pp_rank, as

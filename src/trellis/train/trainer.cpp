@@ -70,21 +70,33 @@ int64_t peak_rss_bytes() {
   return int64_t(ru.ru_maxrss) * 1024;
 }
 
-// Sum of squared gradients of the owned ranges (grads compact), counting parameters that are
-// replicated across the tensor-parallel group on its rank 0 only, and tied tensors on their owning
-// stage only (summed over the groups later).
+// Sum of squared gradients of the owned ranges (compact: fp32 values, or bf16 bits when bits is
+// not null), counting parameters that are replicated across the tensor-parallel group on its rank
+// 0 only, and tied tensors on their owning stage only (summed over the groups later).
 double grad_sum_squares(const ParamLayout& layout, const std::vector<FlatRange>& owned,
-                        const float* grads) {
+                        const float* grads, const uint16_t* bits) {
   double s = 0.0;
+  size_t at = 0;  // compact offset of the range
   for (const FlatRange& r : owned) {
     for (const auto& spec : layout.specs()) {
       if (spec.split_dim < 0 && layout.tp_rank() != 0) continue;
       if (spec.tied_copy) continue;
       const size_t lo = std::max(r.begin, spec.offset),
                    hi = std::min(r.end, spec.offset + spec.numel());
-      if (lo < hi) s += ops::sum_squares(grads + (lo - r.begin), int64_t(hi - lo));
+      if (lo >= hi) continue;
+      const size_t first = at + (lo - r.begin), n = hi - lo;
+      if (!bits) {
+        s += ops::sum_squares(grads + first, int64_t(n));
+        continue;
+      }
+      float widened[4096];
+      for (size_t k = 0; k < n; k += std::size(widened)) {
+        const size_t len = std::min(std::size(widened), n - k);
+        ops::from_bf16(widened, bits + first + k, int64_t(len));
+        s += ops::sum_squares(widened, int64_t(len));
+      }
     }
-    grads += r.size();
+    at += r.size();
   }
   return s;
 }
@@ -268,7 +280,8 @@ void Trainer::build_layout_and_strategies() {
                                      size_t(cfg_.bucket_mb * 1024 * 1024),
                                      mixed_precision_state(stage, compute_ == DType::BF16),
                                      shape_.grad_dtype,
-                                     bf16_gradient_storage(stage, shape_.grad_dtype, mesh_.pp()));
+                                     bf16_gradient_storage(stage, shape_.grad_dtype, mesh_.dp(),
+                                                           mesh_.tp(), mesh_.pp()));
   optimizer_ = std::make_unique<Optimizer>(cfg_.optim, *layout_, dp_sync_->owned());
   check_memory_plan();
 }
@@ -495,7 +508,8 @@ void Trainer::print_header() const {
           : "",
       cfg_.zero,
       shape_.grad_dtype == GradReduceDtype::Bf16 && mesh_.dp() > 1
-          ? bf16_gradient_storage(zero_stage(cfg_.zero), shape_.grad_dtype, pp)
+          ? bf16_gradient_storage(zero_stage(cfg_.zero), shape_.grad_dtype, mesh_.dp(),
+                                  mesh_.tp(), pp)
                 ? ", bf16 gradients"
                 : ", gradients reduced in bf16"
           : "",
@@ -558,7 +572,9 @@ StepStats Trainer::forward_backward_step(int64_t step) {
 void Trainer::optimizer_step(int64_t step, StepStats& st) {
   // Each rank sums its shard; the norm then sums over tp (slices), pp (stages) and, with ZeRO,
   // dp (shards).
-  double norm_sq = grad_sum_squares(*layout_, dp_sync_->owned(), dp_sync_->owned_grads());
+  const uint16_t* grad_bits = dp_sync_->owned_grad_bits();  // ZeRO-0's bf16 gradients
+  double norm_sq =
+      grad_sum_squares(*layout_, dp_sync_->owned(), dp_sync_->owned_grads(), grad_bits);
   if (mesh_.tp() > 1) mesh_.tp_comm().all_reduce_sum(&norm_sq, 1);
   if (mesh_.pp() > 1) mesh_.pp_comm().all_reduce_sum(&norm_sq, 1);
   if (dp_sync_->sharded()) mesh_.dp_comm().all_reduce_sum(&norm_sq, 1);
@@ -568,8 +584,11 @@ void Trainer::optimizer_step(int64_t step, StepStats& st) {
   const float grad_mul =
       clip > 0.0f && st.grad_norm > clip ? float(clip / (st.grad_norm + 1e-6)) : 1.0f;
   st.lr = learning_rate(cfg_.optim, step, cfg_.steps);
-  optimizer_->step_compact(dp_sync_->owned_params(), dp_sync_->owned_grads(), float(st.lr), step,
-                           grad_mul);
+  if (grad_bits)
+    optimizer_->step_compact(dp_sync_->owned_params(), grad_bits, float(st.lr), step, grad_mul);
+  else
+    optimizer_->step_compact(dp_sync_->owned_params(), dp_sync_->owned_grads(), float(st.lr),
+                             step, grad_mul);
   st.comm_exposed += dp_sync_->gather_parameters();
 }
 
@@ -974,8 +993,9 @@ int dry_run(const TrainConfig& cfg, bool json) {
                      {"tp_rank", m.tp_rank},     {"pp_rank", m.pp_rank},
                      {"params", m.params},       {"grads", m.grads},
                      {"optimizer", m.optimizer}, {"shards", m.shards},
-                     {"activations", m.activations}, {"contexts", m.contexts},
-                     {"workspace", m.workspace}, {"weight_copies", m.weight_copies},
+                     {"weight_copies", m.weight_copies}, {"model_states", m.model_states()},
+                     {"buffers", m.buffers}, {"activations", m.activations},
+                     {"contexts", m.contexts}, {"workspace", m.workspace},
                      {"total", m.total()}});
     fmt::print("{}\n", out.dump(1));
     return 0;
@@ -986,16 +1006,18 @@ int dry_run(const TrainConfig& cfg, bool json) {
              cfg.model, double(ParamLayout(run.model).count()) / 1e6, run.dp, run.tp,
              run.sequence_parallel ? " + sequence parallel" : "", run.pp, run.zero,
              recompute_name(run.recompute), run.micro_batch, run.seq_len, run.accum);
-  fmt::print("{:>5} {:>9} {:>10} {:>10} {:>10} {:>10} {:>12} {:>10} {:>11} {:>10}   (MiB)\n",
-             "rank", "dp/tp/pp", "params", "grads", "optimizer", "shards", "activations",
-             "workspace", "bf16 copies", "total");
+  fmt::print(
+      "{:>5} {:>9} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10} {:>12} {:>10} {:>10}   (MiB)\n",
+      "rank", "dp/tp/pp", "params", "grads", "optimizer", "shards", "bf16 copies", "buffers",
+      "activations", "workspace", "total");
   for (const RankMemory& m : ranks)
     fmt::print(
-        "{:>5} {:>9} {:>10.1f} {:>10.1f} {:>10.1f} {:>10.1f} {:>12} {:>10.1f} {:>11.1f} {:>10.1f}\n",
+        "{:>5} {:>9} {:>10.1f} {:>10.1f} {:>10.1f} {:>10.1f} {:>11.1f} {:>10.1f} {:>12} {:>10.1f} "
+        "{:>10.1f}\n",
         m.rank, fmt::format("{}/{}/{}", m.dp_rank, m.tp_rank, m.pp_rank), mib(m.params),
-        mib(m.grads), mib(m.optimizer), mib(m.shards),
+        mib(m.grads), mib(m.optimizer), mib(m.shards), mib(m.weight_copies), mib(m.buffers),
         fmt::format("{:.1f} ({}x)", mib(m.activations), m.contexts), mib(m.workspace),
-        mib(m.weight_copies), mib(m.total()));
+        mib(m.total()));
   const auto top = std::max_element(ranks.begin(), ranks.end(), [](auto& a, auto& b) {
     return a.total() < b.total();
   });
