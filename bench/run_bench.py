@@ -7,6 +7,9 @@ For each configuration and precision the two sides run alternately (trellis, tor
   baby  6L/6H/384, batch 8 x 256, vocab 256: trellis' built-in byte corpus
   gpt2  12L/12H/768 (124M), batch 4 x 64, vocab 50257: a data directory prepared from
         /usr/share/common-licenses with the GPT-2 tokenizer (tests/data/gpt2)
+  gpt2_long  the same model at batch 2 x 1024, its full context (issue 25's third shape; the
+        PyTorch peer's attention stores the T x T probabilities: Debian's torch 1.13 has no
+        scaled_dot_product_attention)
 
 Both train with AdamW (weight decay on 2-D weights, grad clip 1.0) and fp32 master weights.
 --precision fp32,bf16 (default both): fp32 runs everything in float32; bf16 is mixed precision,
@@ -40,7 +43,7 @@ PyTorch gets the setup a careful user would give it:
 trellis gets --threads threads.
 
   bench/setup_peer.sh    # once
-  /usr/bin/python3 bench/run_bench.py --steps 10 --repeats 3 [--configs baby,gpt2] \\
+  /usr/bin/python3 bench/run_bench.py --steps 10 --repeats 3 [--configs baby,gpt2,gpt2_long] \\
       [--precision fp32,bf16]
   /usr/bin/python3 bench/run_bench.py --quick   # 6-step runs, 4-step probes, 1 repeat
 """
@@ -63,6 +66,7 @@ PRECISIONS = ("fp32", "bf16")
 CONFIGS = {
     "baby": dict(label="baby (6L/384) 8x256", preset="baby", batch=8, seq=256, data=None),
     "gpt2": dict(label="gpt2 124M 4x64", preset="gpt2", batch=4, seq=64, data="gpt2"),
+    "gpt2_long": dict(label="gpt2 124M 2x1024", preset="gpt2", batch=2, seq=1024, data="gpt2"),
 }
 
 # glibc malloc for the torch process: no mmap for large blocks, no trimming (trellis: mallopt).
@@ -183,7 +187,8 @@ def main():
                     help="a run that fits a busy afternoon: --steps 6 --probe-steps 4 --repeats 1 "
                          "unless given")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--configs", default="baby,gpt2", help="comma list of: baby, gpt2")
+    ap.add_argument("--configs", default="baby,gpt2,gpt2_long",
+                    help="comma list of: baby, gpt2, gpt2_long")
     ap.add_argument("--precision", default="fp32,bf16", help="comma list of: fp32, bf16")
     ap.add_argument("--torch-setup", default="probe",
                     help="torch threads: probe every setup (default), or use one, tT-bB: T torch "

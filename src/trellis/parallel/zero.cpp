@@ -75,12 +75,16 @@ Bf16GradientBits::Bf16GradientBits(const ParamLayout& layout, size_t padded)
       open_(units_.size(), 0) {}
 
 void Bf16GradientBits::open(int layer, PageBuffer& grads) {
-  for (size_t i = 0; i < units_.size(); ++i) {
-    const ZeroUnit& u = units_[i];
-    if (u.layer != layer) continue;
-    grads.commit(u.begin, u.end);
+  auto commit = [&](size_t i) {
+    grads.commit(units_[i].begin, units_[i].end);
     open_[i] = 1;
+  };
+  if (layer >= 0) {
+    commit(size_t(unit_of_layer_.at(size_t(layer))));
+    return;
   }
+  for (size_t i = 0; i < units_.size(); ++i)
+    if (units_[i].layer < 0) commit(i);
 }
 
 void Bf16GradientBits::fold(int layer, PageBuffer& grads) {
