@@ -10,6 +10,10 @@ the wiring into every ZeRO stage, on tiny GPT-2, fp32 compute:
     only the optimizer's and the norm's summation order differs). With accumulation ZeRO-0 and
     ZeRO-1 add each micro-batch into their bf16 gradients (one more rounding each) and still agree
     to 1e-5, while ZeRO-2 accumulates in fp32: it differs, within bf16's layout tolerance (below).
+    The same equality on LLaMA (untied head: a root piece above the blocks, which a block's fold
+    must add before ZeRO-0's bucket above it is sent) and the encoder-decoder (root pieces between
+    the encoder's and the decoder's blocks): ZeRO-0 and ZeRO-1 against ZeRO-2, which keeps no bf16
+    gradients.
 (b) bf16 reduction changes the run (the comparison compares something) and stays within bf16's
     layout tolerance of the fp32 reduction (5e-3, test_bf16_layouts' rule), at dp2 and dp4.
 (c) One process has nothing to reduce: the key leaves it bitwise unchanged.
@@ -31,7 +35,9 @@ run(["prepare", "--input", corpus, "--out", data])
 common = ["train", "--model", "tiny", "--data", data, "--steps", STEPS, "--batch-size", 8,
           "--seq-len", 32, "--lr", 3e-3, "--warmup-steps", 4, "--val-every", 10, "--threads", 1,
           "--quiet", "--tensorboard", "false"]
-bf16 = ["--grad-reduce-dtype", "bf16"]
+# Buckets of 16 KiB: several a block, so ZeRO-0 sends some while backward still runs (one bucket
+# for the whole model would wait for the end of backward and hide a bucket sent too early).
+bf16 = ["--grad-reduce-dtype", "bf16", "--bucket-mb", 1 / 64]
 
 # (a) every stage against ZeRO-0, all with bf16 reduction
 ref = LayoutCheck.__new__(LayoutCheck)
@@ -51,6 +57,18 @@ ref.check("dp2_zero2_micro2", 2, ["--dp", 2, "--zero", 2] + micro)
 _, _, gap = compare_params(ref._result(os.path.join(TMP, "dp2_zero2_micro2"))[2], ref.base[2], 32)
 check(gap > 0, f"dp2_zero2_micro2: ZeRO-2 accumulates in fp32 ({gap:.1e} from ZeRO-0's bf16 "
       "gradients)")
+
+for model, extra in (("llama", ["--model", "llama-tiny", "--n-layer", 4, "--n-head", 4,
+                                 "--n-kv-head", 2]),
+                     ("encdec", ["--model", "encdec-tiny", "--n-head", 4, "--n-kv-head", 2])):
+    other = LayoutCheck.__new__(LayoutCheck)
+    other.args, other.n_embd, other.steps = common + bf16 + extra, 32, STEPS
+    other.tol, other.param_step = 1e-5, STEPS
+    zero2 = fresh_dir(f"{model}_dp2_zero2")
+    mpirun(2, other.args + ["--dp", 2, "--zero", 2, "--out", zero2])
+    other.base = other._result(zero2)
+    for zero in (0, 1):
+        other.check(f"{model}_dp2_zero{zero}", 2, ["--dp", 2, "--zero", zero])
 
 # (b) against the fp32 reduction
 for dp in (2, 4):
