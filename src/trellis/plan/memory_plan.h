@@ -1,8 +1,8 @@
 #pragma once
 // The analytic memory of a training run, per rank, from its sizes alone (`trellis train
 // --dry-run`; the planner's memory model): parameters, gradients, optimizer state, ZeRO's compact
-// shards and temporary buffers, and activations (model/activation_memory: the Contexts a rank's schedule
-// keeps alive at once, plus each model chunk's workspace). It sums the sizing functions the
+// shards and temporary buffers, and activations (model/activation_memory: the Contexts a rank's
+// schedule keeps alive at once, plus each model chunk's workspace). It sums the sizing functions the
 // runtime allocates by (rank_chunks, activation_layout, zero_footprint, Optimizer::state_tensors);
 // the metrics' allocator high-water mark (alloc_peak_bytes) is checked against it.
 #include <cstdint>
