@@ -74,6 +74,11 @@ Bf16GradientBits::Bf16GradientBits(const ParamLayout& layout, size_t padded)
     : bits_(padded, 0), units_(zero_units(layout)), unit_of_layer_(unit_index_by_layer(units_)),
       open_(units_.size(), 0) {}
 
+void Bf16GradientBits::footprint(ZeroFootprint& f, const ParamLayout& layout, size_t padded) {
+  f.grads = int64_t(padded * sizeof(uint16_t));
+  f.buffers += gradient_window_bytes(layout, 1);
+}
+
 void Bf16GradientBits::open(int layer, PageBuffer& grads) {
   auto commit = [&](size_t i) {
     grads.commit(units_[i].begin, units_[i].end);

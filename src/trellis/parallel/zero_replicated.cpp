@@ -31,11 +31,7 @@ ZeroFootprint ReplicatedSync::footprint(const ParamLayout& layout, int dp, bool 
   ZeroFootprint f;
   const size_t padded = shard_range(layout.size(), dp, 0).padded;
   f.params = f.grads = page_bytes(padded);
-  // bf16 gradients: 2 bytes each, and the fp32 windows of the root and the block in backward.
-  if (bf16_grads) {
-    f.grads = int64_t(padded * sizeof(uint16_t));
-    f.buffers = gradient_window_bytes(layout, 1);
-  }
+  if (bf16_grads) Bf16GradientBits::footprint(f, layout, padded);
   f.owned = int64_t(layout.size());
   return f;
 }

@@ -31,11 +31,7 @@ ZeroFootprint ShardedOptimizerSync::footprint(const ParamLayout& layout, int dp,
   ZeroFootprint f;
   const ShardRange s = shard_range(layout.size(), dp, dp_rank);
   f.params = f.grads = page_bytes(s.padded);
-  // bf16 gradients: 2 bytes each, and the fp32 windows of the root and the block in backward.
-  if (bf16_grads) {
-    f.grads = int64_t(s.padded * sizeof(uint16_t));
-    f.buffers = gradient_window_bytes(layout, 1);
-  }
+  if (bf16_grads) Bf16GradientBits::footprint(f, layout, s.padded);
   f.owned = int64_t(s.end - s.begin);
   // The reduce-scatter's output (fp32, for the optimizer) and the ring's scratch block (bf16 with
   // bf16 gradients).

@@ -32,6 +32,9 @@ class Bf16GradientBits {
   void open(int layer, PageBuffer& grads);
   void fold(int layer, PageBuffer& grads);
   int64_t bytes() const { return int64_t(bits_.size() * sizeof(uint16_t)); }
+  // For the memory model: the bits of a padded buffer (f.grads) and the fp32 windows of the root
+  // and the block in backward (added to f.buffers).
+  static void footprint(ZeroFootprint& f, const ParamLayout& layout, size_t padded);
 
  private:
   std::vector<uint16_t> bits_;
