@@ -79,11 +79,12 @@ TEST(PlannerPublished, ZeroPaperFigure1FromTheMemoryModel) {
     const RankMemory m = predict_rank_memory(run, 0, 0, 0);
     run.compute = DType::BF16;
     run.grad_dtype = GradReduceDtype::Fp32;
-    std::printf("ZeRO-%d, %s gradients: model states %.2f GB (params %.2f, grads %.2f, optimizer "
-                "%.2f, shards %.2f, bf16 copies %.2f), buffers %.2f GB\n",
-                run.zero, grads == GradReduceDtype::Bf16 ? "bf16" : "fp32",
-                m.model_states() / 1e9, m.params / 1e9, m.grads / 1e9, m.optimizer / 1e9,
-                m.shards / 1e9, m.weight_copies / 1e9, m.buffers / 1e9);
+    std::printf(
+        "ZeRO-%d, %s gradients: model states %.2f GB (params %.2f, grads %.2f, optimizer "
+        "%.2f, shards %.2f, bf16 copies %.2f), buffers %.2f GB\n",
+        run.zero, grads == GradReduceDtype::Bf16 ? "bf16" : "fp32", m.model_states() / 1e9,
+        m.params / 1e9, m.grads / 1e9, m.optimizer / 1e9, m.shards / 1e9, m.weight_copies / 1e9,
+        m.buffers / 1e9);
     return double(m.model_states());
   };
   const double tol = 0.03;
@@ -365,7 +366,7 @@ TEST(PlannerSearch, AModelThatFitsNowhereGetsTheSmallestWorld) {
 // rather than make it negative.
 TEST(PlannerCalibration, GemmFitRecoversItsCoefficients) {
   const GemmFit truth{500e9, 1e-10, 5e-6};
-  const double shapes[][3] = {{256, 384, 384},   {256, 1536, 384}, {2048, 64, 64},
+  const double shapes[][3] = {{256, 384, 384},   {256, 1536, 384},  {2048, 64, 64},
                               {1024, 1152, 384}, {4096, 768, 3072}, {1024, 1024, 1024}};
   std::vector<std::array<double, 4>> rows;
   for (const auto& s : shapes)
@@ -519,10 +520,11 @@ TEST(PlannerCalibration, MemoryBoundKernelsRunNoMatrixProduct) {
   EXPECT_GT(others_with_gradient, 0);
 }
 
-// The progress thread moves the data-parallel collectives while a rank computes, inside a node
-// and across nodes: ZeRO-0/2/3 hide behind the passes (at most all but one unit's share),
-// ZeRO-1 reduces and gathers after backward, unhidden. Sequence parallelism pays an all-gather
-// and a reduce-scatter at their own fits.
+// The progress thread moves the data-parallel collectives while a rank computes. Across nodes
+// ZeRO-0/2/3 hide behind the passes (at most all but one unit's share) and ZeRO-1 reduces and
+// gathers after backward, unhidden; inside a node a collective is the ranks' own copies through
+// shared memory and hides at no stage. Sequence parallelism pays an all-gather and a
+// reduce-scatter at their own fits.
 TEST(PlannerLinks, OverlapByZeroStageAndSequenceParallelCollectives) {
   Machine m = load_machine(hardware("dgx-a100-80gb.json"));
   CostInputs in;
@@ -537,10 +539,11 @@ TEST(PlannerLinks, OverlapByZeroStageAndSequenceParallelCollectives) {
       in.layout.zero = zero;
       const StepCost c = predict_step(in, m);
       EXPECT_GT(c.dp_comm_total_s, 0);
-      if (zero == 1) {
-        EXPECT_DOUBLE_EQ(c.dp_comm_s, c.dp_comm_total_s) << per_node;
+      if (zero == 1 || per_node == 2) {
+        EXPECT_DOUBLE_EQ(c.dp_comm_s, c.dp_comm_total_s)
+            << "zero " << zero << " per node " << per_node;
       } else {
-        EXPECT_LT(c.dp_comm_s, c.dp_comm_total_s) << "zero " << zero << " per node " << per_node;
+        EXPECT_LT(c.dp_comm_s, c.dp_comm_total_s) << "zero " << zero;
         EXPECT_GE(c.dp_comm_s, c.dp_comm_total_s / units * (1 - 1e-12));
       }
     }
@@ -591,8 +594,7 @@ TEST(PlannerLinks, Bf16GradientReductionHalvesTheGradientBytes) {
       EXPECT_NEAR(bf16.dp_comm_total_s, fp32.dp_comm_total_s / 2, 1e-12 * fp32.dp_comm_total_s);
     } else {
       // fp32 gather of fp32 parameters: the same bytes as the fp32 reduce-scatter.
-      EXPECT_NEAR(bf16.dp_comm_total_s, fp32.dp_comm_total_s * 3 / 4,
-                  1e-12 * fp32.dp_comm_total_s);
+      EXPECT_NEAR(bf16.dp_comm_total_s, fp32.dp_comm_total_s * 3 / 4, 1e-12 * fp32.dp_comm_total_s);
     }
   }
 }
@@ -642,13 +644,12 @@ TEST(PlannerLinks, PerStepTableSetsTheTimeOfEachMessageSize) {
   EXPECT_NEAR(predict_step(in, m).dp_comm_total_s, plain[0].dp_comm_total_s, 1e-9);
 }
 
-// Between nodes a stage's message leaves at the sender's next poll (a block boundary of the op it
-// runs next, or at once when it waits): on the same link GPipe's fill pays about one forward
-// block of the first stage more than inside a node (its drain's last message leaves at once, the
-// last stage then having nothing left to run).
-TEST(PlannerLinks, PipelineSendsBetweenNodesWaitForTheSendersNextPoll) {
+// A stage's message arrives its link's latency and transfer after the op that made it ends,
+// whatever the sender runs next (the progress thread moves it): on the same link, between nodes
+// costs what inside a node does, and a slower link costs more.
+TEST(PlannerLinks, PipelineSendsMoveWhileTheSenderComputes) {
   Machine m = load_machine(hardware("dgx-a100-80gb.json"));
-  m.inter = m.intra;  // the same link: only the progress rule differs
+  m.inter = m.intra;  // the same link
   CostInputs in;
   in.model = gpt2_sized("gpt2");  // 12 blocks: 6 per stage
   in.seq_len = 1024;
@@ -660,10 +661,12 @@ TEST(PlannerLinks, PipelineSendsBetweenNodesWaitForTheSendersNextPoll) {
   const StepCost inside = predict_step(in, m);
   in.ranks_per_node = 1;
   const StepCost across = predict_step(in, m);
-  const double block = across.compute_s / double(in.layout.accum) / 6;  // forward + backward
-  EXPECT_GT(across.pp_comm_s - inside.pp_comm_s, 0.25 * block);  // a forward block: ~1/3
-  EXPECT_LT(across.pp_comm_s - inside.pp_comm_s, 2.0 * block);
+  EXPECT_GT(inside.pp_comm_s, 0);
+  EXPECT_DOUBLE_EQ(across.pp_comm_s, inside.pp_comm_s);
   EXPECT_DOUBLE_EQ(across.compute_s, inside.compute_s);
+  m.inter.collectives.clear();
+  m.inter.bandwidth /= 10;
+  EXPECT_GT(predict_step(in, m).pp_comm_s, inside.pp_comm_s);
 }
 
 }  // namespace

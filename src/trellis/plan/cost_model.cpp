@@ -108,7 +108,6 @@ struct ChunkCost {
   // Weight op; its Input op is the rest, all of the communication included)
   double weight_compute = 0;
   double gemm_flops_fwd = 0, recompute_flops = 0;
-  int blocks = 1;  // polls between blocks (see SendModel)
   double fwd() const { return fwd_compute + fwd_comm; }
   double bwd() const { return bwd_compute + bwd_comm; }
   double seconds(Pass pass) const {
@@ -135,15 +134,11 @@ struct ChunkCost {
   }
 };
 
-// How a message between pipeline stages travels in the replay. By default it arrives `latency +
-// transfer` seconds after the producing op ends, whatever the sender does next. With
-// `sender_polls` (trellis between nodes: over TCP a message above the eager size moves only
-// inside the library's calls) the rest of it leaves once the receiver has posted its receive
-// and the handshake is back, at the sender's next poll: at once when it waits, else at the start
-// or the next block boundary of the op it is running (the Pipeline polls between blocks).
+// How a message between pipeline stages travels in the replay: it arrives `latency + transfer`
+// seconds after the producing op ends, whatever the sender does next (each rank's progress
+// thread moves it while the sender computes: docs/parallelism.md, MPI).
 struct SendModel {
   double latency = 0, transfer = 0;
-  bool sender_polls = false;
 };
 
 // Finish time of the last op when every rank runs its op list in order, an op starting once
@@ -154,30 +149,8 @@ double play_schedule(const std::vector<std::vector<PipeOp>>& ops, const std::vec
   std::vector<double> done_f(size_t(micro * G), -1), done_b(size_t(micro * G), -1);
   std::vector<size_t> next(size_t(pp), 0);
   std::vector<double> clock(size_t(pp), 0);
-  struct Span {
-    double start, end;
-    int blocks;
-  };
-  // Each rank's ops placed so far, in time order.
-  std::vector<std::vector<Span>> placed(static_cast<size_t>(pp));
-  // The first moment at or after t at which rank r enters the library.
-  const auto next_poll = [&](int r, double t) {
-    const auto& spans = placed[size_t(r)];
-    auto it = std::upper_bound(spans.begin(), spans.end(), t,
-                               [](double x, const Span& sp) { return x < sp.start; });
-    if (it == spans.begin()) return t;
-    const Span& sp = *(it - 1);
-    if (t >= sp.end) return t;  // idle: waiting polls all the time
-    const double step = (sp.end - sp.start) / std::max(1, sp.blocks);
-    return sp.start + std::ceil((t - sp.start) / step) * step;
-  };
-  // When the output of an op that ended at `d` on rank `from` reaches rank `to`, which posts its
-  // receive once it is free (clock[to]).
-  const auto arrival = [&](int from, double d, int to) {
-    if (!send.sender_polls) return d + send.latency + send.transfer;
-    const double handshake = std::max(d, clock[size_t(to)]) + 2 * send.latency;
-    return next_poll(from, handshake) + send.transfer;
-  };
+  // When the output of an op that ended at `d` reaches the next rank.
+  const auto arrival = [&](double d) { return d + send.latency + send.transfer; };
   size_t remaining = 0;
   for (const auto& o : ops) remaining += o.size();
   while (remaining > 0) {
@@ -194,7 +167,7 @@ double play_schedule(const std::vector<std::vector<PipeOp>>& ops, const std::vec
           if (g > 0) {
             const double d = done_f[at - 1];
             if (d < 0) break;
-            ready = arrival((g - 1) % pp, d, r);
+            ready = arrival(d);
           }
         } else if (g == G - 1) {
           if (done_f[at] < 0) break;
@@ -202,11 +175,10 @@ double play_schedule(const std::vector<std::vector<PipeOp>>& ops, const std::vec
         } else {
           const double d = done_b[at + 1];
           if (d < 0) break;
-          ready = arrival((g + 1) % pp, d, r);
+          ready = arrival(d);
         }
         const double start = std::max(clock[size_t(r)], ready);
         clock[size_t(r)] = start + c[size_t(g)].seconds(op.pass);
-        placed[size_t(r)].push_back({start, clock[size_t(r)], c[size_t(g)].blocks});
         if (op.pass != Pass::Weight) (op.forward() ? done_f : done_b)[at] = clock[size_t(r)];
         ++next[size_t(r)];
         --remaining;
@@ -235,9 +207,9 @@ double pipeline_makespan(ScheduleKind kind, int pp, int micro_batches, int virtu
 
 double block_memory_bound_bytes(const ModelConfig& cfg, bool decoder, int64_t b, int64_t s, int tp,
                                 bool sequence_parallel) {
-  return 6.0 * double(block_activation_bytes(cfg, decoder, b, s, tp, sequence_parallel,
-                                             Recompute::None) -
-                      block_attention_state_bytes(cfg, decoder, b, s, tp));
+  return 6.0 *
+         double(block_activation_bytes(cfg, decoder, b, s, tp, sequence_parallel, Recompute::None) -
+                block_attention_state_bytes(cfg, decoder, b, s, tp));
 }
 
 namespace {
@@ -361,8 +333,8 @@ void add_block(ChunkCost& c, const StepSetting& x, bool decoder) {
   // backward reads it and writes gradients of the same size (a third and two thirds of
   // block_memory_bound_bytes; Megatron: of its published activation bytes).
   const double memory_bound_s =
-      (x.megatron ? 6 * megatron_activation_per_layer(s, b, h, mc.n_head, t,
-                                                      x.L.sequence_parallel, Recompute::None)
+      (x.megatron ? 6 * megatron_activation_per_layer(s, b, h, mc.n_head, t, x.L.sequence_parallel,
+                                                      Recompute::None)
                   : block_memory_bound_bytes(mc, decoder, int64_t(b), x.in.seq_len, t,
                                              x.L.sequence_parallel)) /
       x.hbm;
@@ -377,8 +349,7 @@ void add_block(ChunkCost& c, const StepSetting& x, bool decoder) {
   c.bwd_comm += colls * x.tp_coll;
   // Half the backward GEMMs (the weight-gradient ones) and the gradients' accumulation.
   c.weight_compute += gemm_bwd_s / 2 + 2 * weights * 4 / x.stream;
-  const RecomputeCost re =
-      block_recompute(x, fl, gemm_s + attention_s + memory_bound_s / 3, colls);
+  const RecomputeCost re = block_recompute(x, fl, gemm_s + attention_s + memory_bound_s / 3, colls);
   c.recompute_flops += re.flops;
   c.recompute += re.time + re.comm;
   c.bwd_compute += re.time;
@@ -410,7 +381,6 @@ std::vector<ChunkCost> chunk_costs(const StepSetting& x,
   std::vector<ChunkCost> cost(static_cast<size_t>(x.G), ChunkCost{});
   for (int g = 0; g < x.G; ++g) {
     ChunkCost& c = cost[size_t(g)];
-    c.blocks = int(chunks[size_t(g)].size());
     for (int layer : chunks[size_t(g)])
       add_block(c, x, x.mc.encoder_decoder() && layer >= x.mc.n_layer);
     if (g == 0 && x.t > 1) c.fwd_comm += x.tp_coll;  // vocabulary-parallel embedding's sum
@@ -426,7 +396,6 @@ SendModel pipeline_sends(const StepSetting& x) {
     const double bytes = x.b * x.s * x.h * x.act / (x.megatron && x.t > 1 ? x.t : 1);
     send.latency = x.pp_link->step_seconds("send_recv", 0);
     send.transfer = x.pp_link->step_seconds("send_recv", bytes) - send.latency;
-    send.sender_polls = !x.megatron && x.pp_link == &x.machine.inter;
   }
   return send;
 }
@@ -538,14 +507,18 @@ void add_data_parallel_sync(StepCost& out, const StepSetting& x, double stage_fl
                              (L.zero == 3 ? released_blocks / units * refill(param_bytes) : 0));
   }
   out.dp_comm_s = out.dp_comm_total_s;
-  if (!x.megatron && x.pp == 1 && dp > 1 && L.zero != 1) {
-    // Each rank's progress thread moves non-blocking collectives while it computes, inside a
-    // node and across nodes alike (bench/RESULTS.md, communication that progresses during
-    // compute). A pass's collectives start at block boundaries and hide behind the rest of the
-    // pass, all but the last unit's share: ZeRO-0's buckets behind the last micro-batch's
-    // backward; ZeRO-2's reduce-scatters behind each backward and its gathers, prefetched a
-    // block ahead, behind the next forward; ZeRO-3's gathers behind forward and backward too.
-    // ZeRO-1 reduces and gathers after backward: nothing to hide behind.
+  // Inside a node a collective is copies through shared memory, made by the ranks' own cores
+  // (each rank's progress thread is bound to its rank's core): they take compute's time rather
+  // than hide behind it. Across nodes the time is the wire's, and that hides.
+  const bool across_nodes = x.dp_link == &machine.inter;
+  if (!x.megatron && x.pp == 1 && dp > 1 && L.zero != 1 && across_nodes) {
+    // Each rank's progress thread moves non-blocking collectives while it computes
+    // (bench/RESULTS.md, communication that progresses during compute). A pass's collectives
+    // start at block boundaries and hide behind the rest of the pass, all but the last unit's
+    // share: ZeRO-0's buckets behind the last micro-batch's backward; ZeRO-2's reduce-scatters
+    // behind each backward and its gathers, prefetched a block ahead, behind the next forward;
+    // ZeRO-3's gathers behind forward and backward too. ZeRO-1 reduces and gathers after
+    // backward: nothing to hide behind.
     const double blocks = double(x.mc.total_layers()) + 1;
     const auto exposed = [&](double comm, double pass) {
       return std::max(comm - pass * (blocks - 1) / blocks, comm / blocks);
