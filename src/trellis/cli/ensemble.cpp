@@ -10,6 +10,7 @@
 #include "trellis/core/atomic_file.h"
 #include "trellis/core/clock.h"
 #include "trellis/core/error.h"
+#include "trellis/data/augment.h"
 #include "trellis/eval/classification.h"
 #include "trellis/kernels/isa.h"
 #include "trellis/train/batches.h"
@@ -46,7 +47,8 @@ std::vector<std::string> expand_ensembles(const std::vector<std::string>& paths)
 
 void add_class_probabilities(CheckpointData& ck, const SequenceFormat& f, const ExampleSet& set,
                              int64_t n, int64_t batch_size, DType compute,
-                             std::vector<double>& sum, const std::string& tokenizer_dir) {
+                             std::vector<double>& sum, const std::string& tokenizer_dir,
+                             const TaskMeta* mirror) {
   const int64_t K = ck.model.num_classes;
   TRELLIS_REQUIRE(K > 0, "the checkpoint is not a classifier");
   TRELLIS_CHECK(int64_t(sum.size()) == n * K, "probabilities sized {} for {} x {}", sum.size(), n,
@@ -55,11 +57,16 @@ void add_class_probabilities(CheckpointData& ck, const SequenceFormat& f, const 
   Context ctx;
   local.model.prepare(ctx, batch_size, f.T);
   std::vector<double> p(static_cast<size_t>(K));
+  std::vector<uint32_t> mirrored;
   for (int64_t first = 0; first < n; first += batch_size) {
     const int64_t rows = std::min(batch_size, n - first);
     for (int64_t r = 0; r < batch_size; ++r) {
       const size_t i = size_t(first + r);
-      if (r < rows)
+      if (r < rows && mirror) {
+        mirrored.resize(set.source(i).size());
+        augment_image(*mirror, AugmentDraw{.flip = true}, set.source(i), mirrored);
+        f.put(ctx, r, mirrored, set.target(i), set.labels[i]);
+      } else if (r < rows)
         f.put(ctx, r, set.source(i), set.target(i), set.labels[i]);
       else
         f.put_padding(ctx, r);
@@ -74,15 +81,18 @@ void add_class_probabilities(CheckpointData& ck, const SequenceFormat& f, const 
 
 ClassificationMetrics ensemble_validation(
     const std::vector<std::string>& members, const TaskData& d, int64_t n, int64_t batch_size,
-    DType compute, const std::function<SequenceFormat(const CheckpointData&)>& format) {
+    DType compute, const std::function<SequenceFormat(const CheckpointData&)>& format,
+    bool tta_flip) {
   const int K = int(d.meta.classes.size());
   std::vector<double> sum(size_t(n * K), 0.0);
   for (const std::string& m : members) {
     CheckpointData ck = load_checkpoint(m, false);
-    add_class_probabilities(ck, format(ck), d.val, n, batch_size, compute, sum);
+    const SequenceFormat f = format(ck);
+    add_class_probabilities(ck, f, d.val, n, batch_size, compute, sum);
+    if (tta_flip) add_class_probabilities(ck, f, d.val, n, batch_size, compute, sum, "", &d.meta);
   }
   const std::vector<int> labels(d.val.labels.begin(), d.val.labels.begin() + n);
-  return ensemble_metrics(labels, sum, K, int(members.size()));
+  return ensemble_metrics(labels, sum, K, int(members.size()) * (tta_flip ? 2 : 1));
 }
 
 namespace {

@@ -20,6 +20,7 @@ struct ClassificationMetrics;
 struct ExampleSet;
 struct SequenceFormat;
 struct TaskData;
+struct TaskMeta;
 struct TrainConfig;
 
 inline constexpr const char* kEnsembleFile = "ensemble.json";
@@ -29,15 +30,20 @@ std::vector<std::string> expand_ensembles(const std::vector<std::string>& paths)
 
 // Adds the classifier ck's class probabilities for examples [0, n) of `set` to sum (n x classes,
 // row-major), run in batches of batch_size with GEMMs in `compute`. tokenizer_dir: as LocalModel's.
+// mirror: an image task's geometry, to classify each image mirrored left to right instead.
 void add_class_probabilities(CheckpointData& ck, const SequenceFormat& f, const ExampleSet& set,
                              int64_t n, int64_t batch_size, DType compute,
-                             std::vector<double>& sum, const std::string& tokenizer_dir = "");
+                             std::vector<double>& sum, const std::string& tokenizer_dir = "",
+                             const TaskMeta* mirror = nullptr);
 
 // The metrics of the classifiers `members` as an ensemble on the first n validation examples of
-// d; format(ck) is a member's sequence layout (and may check it against d).
+// d; format(ck) is a member's sequence layout (and may check it against d). tta_flip (image
+// tasks): each member also classifies every image mirrored, and its two probability vectors count
+// as two members' (test-time augmentation).
 ClassificationMetrics ensemble_validation(
     const std::vector<std::string>& members, const TaskData& d, int64_t n, int64_t batch_size,
-    DType compute, const std::function<SequenceFormat(const CheckpointData&)>& format);
+    DType compute, const std::function<SequenceFormat(const CheckpointData&)>& format,
+    bool tta_flip = false);
 
 // `trellis train` with ensemble > 1: member k (1-based) is cfg with seed + k - 1 and out
 // OUT/member_k. Under time_budget (the whole run's minutes) member k > 1 starts only when the

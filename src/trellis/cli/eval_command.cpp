@@ -38,6 +38,7 @@ struct EvalArgs {
   int64_t max_len = 0, examples = 0;
   bool document_mask = false;
   bool no_cache = false;  // translation: decode without the key/value cache
+  std::string tta;        // image classification: "flip" averages each image with its mirror
   // grad: dropout as a training step draws it (Context::dropout): the probabilities, the seed
   // and the global step; the batch's sequences are its global sequences 0, 1, ...
   float dropout = 0.0f, attn_dropout = 0.0f, classifier_dropout = 0.0f;
@@ -186,15 +187,24 @@ nlohmann::json evaluate_task(const EvalArgs& a) {
   TRELLIS_REQUIRE(d.meta.task == "classify" || members.size() == 1,
                   "{} checkpoints: an ensemble is of classifiers, {} holds {} examples",
                   members.size(), a.data, d.meta.task);
+  const bool flip = a.tta == "flip";
+  TRELLIS_REQUIRE(!flip || (d.meta.feature_dim > 0 && d.meta.image_height > 0),
+                  "--tta flip mirrors images; {} holds {} examples of tokens{}", a.data,
+                  d.meta.task,
+                  d.meta.feature_dim > 0 ? " (or images without their sizes: prepare it again)"
+                                         : "");
   if (d.meta.task == "classify") {
     if (a.threads > 0) omp_set_num_threads(a.threads);
-    nlohmann::json j = ensemble_validation(members, d, n, a.batch_size, compute_precision(a),
-                                           [&](const CheckpointData& ck) {
-                                             return task_format(ck, d.meta, a.data);
-                                           })
+    nlohmann::json j = ensemble_validation(
+                           members, d, n, a.batch_size, compute_precision(a),
+                           [&](const CheckpointData& ck) {
+                             return task_format(ck, d.meta, a.data);
+                           },
+                           flip)
                            .to_json();
     j.erase("confusion");
     if (members.size() > 1) j["members"] = members.size();
+    if (flip) j["tta"] = a.tta;
     return j;
   }
   CheckpointData ck = load_checkpoint(members[0], false);
@@ -235,13 +245,21 @@ Command add_eval_command(CLI::App& app) {
                 "translation: decode without the key/value cache (same BLEU, slower)");
   sub->add_option("--examples", a->examples,
                   "task directory: evaluate the first N validation examples (0 = all)");
+  sub->add_option("--tta", a->tta,
+                  "image classification: test-time augmentation; flip = the mean of each "
+                  "image's class probabilities and its left-right mirror's");
   return {sub, [a](Communicator&) {
             TRELLIS_REQUIRE(a->batches >= 1, "--batches must be >= 1");
             TRELLIS_REQUIRE(a->beam >= 1, "--beam must be >= 1");
+            TRELLIS_REQUIRE(a->tta.empty() || a->tta == "flip",
+                            "--tta '{}': unknown test-time augmentation (flip is the one there is)",
+                            a->tta);
             if (is_task_dir(a->data)) {
               fmt::print("{}\n", evaluate_task(*a).dump());
               return 0;
             }
+            TRELLIS_REQUIRE(a->tta.empty(), "--tta {} mirrors images; {} is a token shard",
+                            a->tta, a->data);
             const std::vector<std::string> members = expand_ensembles(a->checkpoints);
             TRELLIS_REQUIRE(members.size() == 1,
                             "{} checkpoints: an ensemble is of classifiers, {} is a token shard",
