@@ -9,11 +9,12 @@ prepared with `prepare --task classify`, and classifiers trained on them without
   mean is above the mean of the logs), and it differs from the plain loss;
 - it composes with an ensemble (two checkpoints, each with its mirror);
 - bad values exit 2 naming --tta: an unknown augmentation, text classification and translation
-  data."""
+  data, an image directory prepared without its image sizes."""
 import gzip
 import json
 import os
 import random
+import shutil
 import struct
 
 from trellis_test import TMP, check, fresh_dir, prepare_task_dirs, run
@@ -107,7 +108,16 @@ check(both["members"] == 2 and both == both_m and both["loss"] != tta["loss"],
       f"an ensemble of two, each with its mirror ({both} vs {both_m})")
 
 cls_dir, mt_dir = prepare_task_dirs()
+old = fresh_dir("img_old")  # prepared before meta.json recorded the image sizes
+for name in ("train.examples", "val.examples"):
+    shutil.copy(os.path.join(img, name), old)
+with open(os.path.join(img, "meta.json")) as f:
+    meta = json.load(f)
+del meta["image"]
+with open(os.path.join(old, "meta.json"), "w") as f:
+    json.dump(meta, f)
 bad = {
+    "old task directory": ([old, "--tta", "flip"], "prepare the data again"),
     "unknown augmentation": ([img, "--tta", "rotate"], "unknown test-time augmentation"),
     "text data": ([cls_dir, "--tta", "flip"], "mirrors images"),
     "translation data": ([mt_dir, "--tta", "flip"], "mirrors images"),

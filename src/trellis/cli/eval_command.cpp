@@ -188,11 +188,12 @@ nlohmann::json evaluate_task(const EvalArgs& a) {
                   "{} checkpoints: an ensemble is of classifiers, {} holds {} examples",
                   members.size(), a.data, d.meta.task);
   const bool flip = a.tta == "flip";
-  TRELLIS_REQUIRE(!flip || (d.meta.feature_dim > 0 && d.meta.image_height > 0),
-                  "--tta flip mirrors images; {} holds {} examples of tokens{}", a.data,
-                  d.meta.task,
-                  d.meta.feature_dim > 0 ? " (or images without their sizes: prepare it again)"
-                                         : "");
+  TRELLIS_REQUIRE(!flip || d.meta.feature_dim > 0,
+                  "--tta flip mirrors images; {} holds {} examples of tokens", a.data, d.meta.task);
+  TRELLIS_REQUIRE(!flip || d.meta.image_height > 0,
+                  "--tta flip: {}/meta.json does not record the image and patch sizes (prepared "
+                  "by an older trellis): prepare the data again",
+                  a.data);
   if (d.meta.task == "classify") {
     if (a.threads > 0) omp_set_num_threads(a.threads);
     nlohmann::json j = ensemble_validation(
