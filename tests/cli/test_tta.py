@@ -9,7 +9,7 @@ prepared with `prepare --task classify`, and classifiers trained on them without
   mean is above the mean of the logs), and it differs from the plain loss;
 - it composes with an ensemble (two checkpoints, each with its mirror);
 - bad values exit 2 naming --tta: an unknown augmentation, text classification and translation
-  data, an image directory prepared without its image sizes."""
+  data, a token shard, an image directory prepared without its image sizes."""
 import gzip
 import json
 import os
@@ -17,7 +17,7 @@ import random
 import shutil
 import struct
 
-from trellis_test import TMP, check, fresh_dir, prepare_task_dirs, run
+from trellis_test import TMP, check, fresh_dir, prepare_task_dirs, run, write_text_corpus
 
 ROWS, COLS = 8, 12
 
@@ -116,7 +116,12 @@ with open(os.path.join(img, "meta.json")) as f:
 del meta["image"]
 with open(os.path.join(old, "meta.json"), "w") as f:
     json.dump(meta, f)
+corpus = fresh_dir("corpus")
+write_text_corpus(os.path.join(corpus, "text.txt"), n_lines=50)
+tokens = os.path.join(TMP, "tokens")
+run(["prepare", "--input", corpus, "--out", tokens])
 bad = {
+    "token shard": ([os.path.join(tokens, "val_000000.bin"), "--tta", "flip"], "token shard"),
     "old task directory": ([old, "--tta", "flip"], "prepare the data again"),
     "unknown augmentation": ([img, "--tta", "rotate"], "unknown test-time augmentation"),
     "text data": ([cls_dir, "--tta", "flip"], "mirrors images"),

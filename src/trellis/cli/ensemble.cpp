@@ -31,11 +31,11 @@ std::vector<std::string> expand_ensembles(const std::vector<std::string>& paths)
     }
     std::ifstream in(manifest);
     const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-    TRELLIS_REQUIRE(j.is_object() && j.contains("members") && j["members"].is_array() &&
-                        !j["members"].empty(),
-                    "{}: not an ensemble manifest (a JSON object whose \"members\" lists "
-                    "checkpoint directories)",
-                    manifest);
+    TRELLIS_REQUIRE(
+        j.is_object() && j.contains("members") && j["members"].is_array() && !j["members"].empty(),
+        "{}: not an ensemble manifest (a JSON object whose \"members\" lists "
+        "checkpoint directories)",
+        manifest);
     for (const auto& m : j["members"]) {
       TRELLIS_REQUIRE(m.is_string(), "{}: \"members\" holds {}, not a directory name", manifest,
                       m.dump());
@@ -46,9 +46,8 @@ std::vector<std::string> expand_ensembles(const std::vector<std::string>& paths)
 }
 
 void add_class_probabilities(CheckpointData& ck, const SequenceFormat& f, const ExampleSet& set,
-                             int64_t n, int64_t batch_size, DType compute,
-                             std::vector<double>& sum, const std::string& tokenizer_dir,
-                             const TaskMeta* mirror) {
+                             int64_t n, int64_t batch_size, DType compute, std::vector<double>& sum,
+                             const std::string& tokenizer_dir, const TaskMeta* mirror) {
   const int64_t K = ck.model.num_classes;
   TRELLIS_REQUIRE(K > 0, "the checkpoint is not a classifier");
   TRELLIS_CHECK(int64_t(sum.size()) == n * K, "probabilities sized {} for {} x {}", sum.size(), n,
@@ -58,24 +57,33 @@ void add_class_probabilities(CheckpointData& ck, const SequenceFormat& f, const 
   local.model.prepare(ctx, batch_size, f.T);
   std::vector<double> p(static_cast<size_t>(K));
   std::vector<uint32_t> mirrored;
-  for (int64_t first = 0; first < n; first += batch_size) {
-    const int64_t rows = std::min(batch_size, n - first);
+  // One view of a batch (the images as stored, or mirrored) through the model, its
+  // probabilities added to sum.
+  const auto add_view = [&](int64_t first, int64_t rows, bool flip) {
     for (int64_t r = 0; r < batch_size; ++r) {
       const size_t i = size_t(first + r);
-      if (r < rows && mirror) {
-        mirrored.resize(set.source(i).size());
-        augment_image(*mirror, AugmentDraw{.flip = true}, set.source(i), mirrored);
-        f.put(ctx, r, mirrored, set.target(i), set.labels[i]);
-      } else if (r < rows)
-        f.put(ctx, r, set.source(i), set.target(i), set.labels[i]);
-      else
+      if (r >= rows) {
         f.put_padding(ctx, r);
+        continue;
+      }
+      std::span<const uint32_t> source = set.source(i);
+      if (flip) {
+        mirrored.resize(source.size());
+        augment_image(*mirror, AugmentDraw{.flip = true}, source, mirrored);
+        source = mirrored;
+      }
+      f.put(ctx, r, source, set.target(i), set.labels[i]);
     }
     local.model.forward(ctx, 0.0f);
     for (int64_t r = 0; r < rows; ++r) {
       softmax(ctx.class_logits_or_grad.f32() + r * K, K, p.data());
       for (int64_t k = 0; k < K; ++k) sum[size_t((first + r) * K + k)] += p[size_t(k)];
     }
+  };
+  for (int64_t first = 0; first < n; first += batch_size) {
+    const int64_t rows = std::min(batch_size, n - first);
+    add_view(first, rows, false);
+    if (mirror) add_view(first, rows, true);
   }
 }
 
@@ -87,9 +95,8 @@ ClassificationMetrics ensemble_validation(
   std::vector<double> sum(size_t(n * K), 0.0);
   for (const std::string& m : members) {
     CheckpointData ck = load_checkpoint(m, false);
-    const SequenceFormat f = format(ck);
-    add_class_probabilities(ck, f, d.val, n, batch_size, compute, sum);
-    if (tta_flip) add_class_probabilities(ck, f, d.val, n, batch_size, compute, sum, "", &d.meta);
+    add_class_probabilities(ck, format(ck), d.val, n, batch_size, compute, sum, "",
+                            tta_flip ? &d.meta : nullptr);
   }
   const std::vector<int> labels(d.val.labels.begin(), d.val.labels.begin() + n);
   return ensemble_metrics(labels, sum, K, int(members.size()) * (tta_flip ? 2 : 1));
@@ -118,12 +125,9 @@ void evaluate_ensemble(const TrainConfig& cfg, const std::vector<std::string>& m
                           [&](const CheckpointData& ck) {
                             return SequenceFormat(d.meta, ck.task.at("seq_len").get<int64_t>());
                           });
-  const nlohmann::ordered_json j = {{"members", members},
-                                    {"seeds", seeds},
-                                    {"val_loss", r.loss},
-                                    {"val_accuracy", r.accuracy},
-                                    {"val_macro_f1", r.macro_f1},
-                                    {"val_examples", n}};
+  const nlohmann::ordered_json j = {{"members", members},         {"seeds", seeds},
+                                    {"val_loss", r.loss},         {"val_accuracy", r.accuracy},
+                                    {"val_macro_f1", r.macro_f1}, {"val_examples", n}};
   const std::string path = cfg.out + "/" + kEnsembleFile;
   write_file_atomic(path, j.dump(2) + "\n");
   if (!cfg.quiet)
@@ -158,9 +162,10 @@ int train_ensemble(const TrainConfig& cfg, Communicator& world) {
       const double left = cfg.time_budget * 60.0 - clock[0];
       if (clock[1] > left) {
         if (lead && !cfg.quiet)
-          fmt::print("trellis: ensemble: {} of {} members fit time_budget {:g} min (member {} "
-                     "took {:.0f} s, {:.0f} s are left)\n",
-                     k - 1, cfg.ensemble, cfg.time_budget, k - 1, clock[1], std::max(left, 0.0));
+          fmt::print(
+              "trellis: ensemble: {} of {} members fit time_budget {:g} min (member {} "
+              "took {:.0f} s, {:.0f} s are left)\n",
+              k - 1, cfg.ensemble, cfg.time_budget, k - 1, clock[1], std::max(left, 0.0));
         break;
       }
     }

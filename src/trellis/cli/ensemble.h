@@ -30,7 +30,7 @@ std::vector<std::string> expand_ensembles(const std::vector<std::string>& paths)
 
 // Adds the classifier ck's class probabilities for examples [0, n) of `set` to sum (n x classes,
 // row-major), run in batches of batch_size with GEMMs in `compute`. tokenizer_dir: as LocalModel's.
-// mirror: an image task's geometry, to classify each image mirrored left to right instead.
+// mirror: an image task's geometry, to add each image's probabilities mirrored left to right too.
 void add_class_probabilities(CheckpointData& ck, const SequenceFormat& f, const ExampleSet& set,
                              int64_t n, int64_t batch_size, DType compute,
                              std::vector<double>& sum, const std::string& tokenizer_dir = "",

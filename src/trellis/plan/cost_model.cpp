@@ -134,23 +134,16 @@ struct ChunkCost {
   }
 };
 
-// How a message between pipeline stages travels in the replay: it arrives `latency + transfer`
-// seconds after the producing op ends, whatever the sender does next (each rank's progress
-// thread moves it while the sender computes: docs/parallelism.md, MPI).
-struct SendModel {
-  double latency = 0, transfer = 0;
-};
-
 // Finish time of the last op when every rank runs its op list in order, an op starting once
-// its rank is free and its input has arrived.
+// its rank is free and its input has arrived: send_s after the op that made it ended, whatever
+// the sender does next (each rank's progress thread moves the message while the sender
+// computes: docs/parallelism.md, MPI).
 double play_schedule(const std::vector<std::vector<PipeOp>>& ops, const std::vector<ChunkCost>& c,
-                     int pp, int V, int64_t micro, const SendModel& send) {
+                     int pp, int V, int64_t micro, double send_s) {
   const int G = pp * V;
   std::vector<double> done_f(size_t(micro * G), -1), done_b(size_t(micro * G), -1);
   std::vector<size_t> next(size_t(pp), 0);
   std::vector<double> clock(size_t(pp), 0);
-  // When the output of an op that ended at `d` reaches the next rank.
-  const auto arrival = [&](double d) { return d + send.latency + send.transfer; };
   size_t remaining = 0;
   for (const auto& o : ops) remaining += o.size();
   while (remaining > 0) {
@@ -167,7 +160,7 @@ double play_schedule(const std::vector<std::vector<PipeOp>>& ops, const std::vec
           if (g > 0) {
             const double d = done_f[at - 1];
             if (d < 0) break;
-            ready = arrival(d);
+            ready = d + send_s;
           }
         } else if (g == G - 1) {
           if (done_f[at] < 0) break;
@@ -175,7 +168,7 @@ double play_schedule(const std::vector<std::vector<PipeOp>>& ops, const std::vec
         } else {
           const double d = done_b[at + 1];
           if (d < 0) break;
-          ready = arrival(d);
+          ready = d + send_s;
         }
         const double start = std::max(clock[size_t(r)], ready);
         clock[size_t(r)] = start + c[size_t(g)].seconds(op.pass);
@@ -202,7 +195,7 @@ double pipeline_makespan(ScheduleKind kind, int pp, int micro_batches, int virtu
   std::vector<std::vector<PipeOp>> ops;
   for (int r = 0; r < pp; ++r)
     ops.push_back(build_schedule(kind, pp, r, micro_batches, virtual_stages));
-  return play_schedule(ops, cost, pp, virtual_stages, micro_batches, {});
+  return play_schedule(ops, cost, pp, virtual_stages, micro_batches, 0);
 }
 
 double block_memory_bound_bytes(const ModelConfig& cfg, bool decoder, int64_t b, int64_t s, int tp,
@@ -389,15 +382,11 @@ std::vector<ChunkCost> chunk_costs(const StepSetting& x,
   return cost;
 }
 
-// How an activation (or its gradient) travels between pipeline stages.
-SendModel pipeline_sends(const StepSetting& x) {
-  SendModel send;
-  if (x.pp > 1) {
-    const double bytes = x.b * x.s * x.h * x.act / (x.megatron && x.t > 1 ? x.t : 1);
-    send.latency = x.pp_link->step_seconds("send_recv", 0);
-    send.transfer = x.pp_link->step_seconds("send_recv", bytes) - send.latency;
-  }
-  return send;
+// The time an activation (or its gradient) takes from one pipeline stage to the next.
+double pipeline_send_seconds(const StepSetting& x) {
+  if (x.pp == 1) return 0;
+  const double bytes = x.b * x.s * x.h * x.act / (x.megatron && x.t > 1 ? x.t : 1);
+  return x.pp_link->step_seconds("send_recv", bytes);
 }
 
 // The busiest pipeline rank's compute, tensor-parallel communication and recomputation into
@@ -568,9 +557,9 @@ StepCost predict_step(const CostInputs& in, const Machine& machine) {
   std::vector<std::vector<PipeOp>> ops;
   for (int r = 0; r < x.pp; ++r)
     ops.push_back(build_schedule(x.L.schedule, x.pp, r, int(x.L.accum), x.V));
-  const double span0 = play_schedule(ops, cost, x.pp, x.V, x.L.accum, {});
+  const double span0 = play_schedule(ops, cost, x.pp, x.V, x.L.accum, 0);
   const double span =
-      x.pp > 1 ? play_schedule(ops, cost, x.pp, x.V, x.L.accum, pipeline_sends(x)) : span0;
+      x.pp > 1 ? play_schedule(ops, cost, x.pp, x.V, x.L.accum, pipeline_send_seconds(x)) : span0;
 
   StepCost out;
   const double busiest = take_busiest_rank(out, ops, cost, x.pp);
