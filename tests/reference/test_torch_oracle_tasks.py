@@ -23,6 +23,11 @@ Checks (loss and every gradient of `trellis grad` on the first B training exampl
   g. encoder-tiny --mlp none on idx images (2x3-pixel patches, features = pixel / 255,
      embed_features): as prepared (every image 4 patches: no padding), and with some images cut
      to fewer patches in train.examples (padding).
+  h. the same model with --patch-context 1 on 6x9-pixel images (a 3x3 grid of 2x3 patches):
+     each patch's input holds its 3x3 neighbourhood of patches, against the reference's
+     conv2d of the whole image (kernel 6x9, stride 2x3, zero padding 2x3) with
+     embed_features.weight as its kernel: a neighbour out of place, or missing, changes the
+     loss and embed_features' gradient.
 Training (10 AdamW steps of 8 examples, no shuffling, lr 1e-3 -> 1e-4 (warmup 2 + cosine),
 weight decay 0.1, clipping at 1.0 that triggers; per-step loss and grad norm, final parameters
 and AdamW moments; with test_torch_oracle.py's precondition that the reference in float32 and
@@ -42,7 +47,7 @@ Each grad case (but g's first) asserts that its batch holds padding (some length
 the padding matters: the reference's gradient with every position counted as real (lengths = T:
 no padding mask, pooling over all T) differs from the right one by more than 100 * 1e-5, so a
 trellis that ignored the lengths would fail. Every grad case also pins the seq_len trellis
-chose (the longest example; b: --seq-len 24; g: 4 patches).
+chose (the longest example; b: --seq-len 24; g: 4 patches; h: 9).
 
 Exception (as in test_torch_oracle.py): key biases have an exactly zero gradient (a shift shared
 by all keys of a softmax row, padding masks included), so they are checked to be zero up to
@@ -50,7 +55,7 @@ rounding on both sides (and, after AdamW steps, not to have moved) instead of co
 
 A case that compares nothing fails, and so does a run in which no case ran.
 
-Usage: test_torch_oracle_tasks.py [a b c d e f1 f2 f3 g]  (default: all cases)
+Usage: test_torch_oracle_tasks.py [a b c d e f1 f2 f3 g h]  (default: all cases)
 """
 
 import json
@@ -96,6 +101,8 @@ LLAMA_CLS = task_family("llama classifier", ["--model", "llama-tiny", "--n-kv-he
 ENCDEC_MT = task_family("encdec translation", ["--model", "encdec-tiny"], _task_encdec_zero_grad)
 ENC_IMG = task_family("encoder image classifier", ["--model", "encoder-tiny", "--mlp", "none"],
                       _encoder_zero_grad)
+ENC_IMG_CONTEXT = task_family("encoder image classifier, patch context",
+                              [*ENC_IMG.args, "--patch-context", 1], _encoder_zero_grad)
 
 # ---------------------------------------------------------------------------
 # data
@@ -168,8 +175,8 @@ def check_task_grad(case, fam, task_dir, B, seed=11, seq_len=0, want_T=None, pad
     want_T = want_T or natural_T(task_dir)
     if cfg.T != want_T:
         fail(f"{case}: the checkpoint's seq_len is {cfg.T}, expected {want_T}")
-    _, train, _ = torch_tasks.read_task(task_dir)
-    batch = torch_tasks.make_batch(cfg, train, range(B))
+    meta, train, _ = torch_tasks.read_task(task_dir)
+    batch = torch_tasks.make_batch(cfg, train, range(B), meta)
     loss = fam.loss(params, cfg, batch)
     loss.backward()
     if padded:
@@ -233,10 +240,12 @@ def main():
     write_classify_tsv(cls_tsv)
     write_translate_tsv(mt_tsv)
     write_idx_dir(os.path.join(inputs, "idx"))
+    write_idx_dir(os.path.join(inputs, "idx9"), rows=6, cols=9)
     cls_dir = os.path.join(oracle.TMP, "classify")
     mt_dir = os.path.join(oracle.TMP, "translate")
     img_dir = os.path.join(oracle.TMP, "images")
     img_cut = os.path.join(oracle.TMP, "images_cut")
+    img9_dir = os.path.join(oracle.TMP, "images9")
     oracle.run(["prepare", "--task", "classify", "--input", cls_tsv, "--out", cls_dir,
                 "--val-fraction", 0.2])
     oracle.run(["prepare", "--task", "translate", "--input", mt_tsv, "--out", mt_dir,
@@ -244,6 +253,8 @@ def main():
     oracle.run(["prepare", "--task", "classify", "--input", os.path.join(inputs, "idx"),
                 "--patch", "2x3", "--out", img_dir])
     cut_patches(img_dir, img_cut, 6)
+    oracle.run(["prepare", "--task", "classify", "--input", os.path.join(inputs, "idx9"),
+                "--patch", "2x3", "--out", img9_dir])
 
     def truncation_case():
         # T 24: texts of more than 22 bytes are cut, shorter ones padded; both in the batch
@@ -268,6 +279,8 @@ def main():
                                        want_T=4, padded=False),
                        check_task_grad("g (image features, 2-4 patches)", ENC_IMG, img_cut, 6,
                                        want_T=4))),
+        ("h", lambda: check_task_grad("h (image features, patch context 1)", ENC_IMG_CONTEXT,
+                                      img9_dir, 6, want_T=9, padded=False)),
     ]
     return oracle.run_cases(cases, "torch oracle tasks", t0)
 

@@ -132,14 +132,17 @@ def random_model(cfg, seed=0, dtype=torch.float32):
 # ---------------------------------------------------------------------------
 
 
-def encoder_hidden(params, cfg, idx=None, lengths=None, features=None):
-    """idx [B,T] int64 (or features [B,T,F]) -> layer_norm output [B,T,C]; lengths [B]: keys at
-    positions >= lengths[b] are masked."""
-    B, T = (features if features is not None else idx).shape[:2]
+def encoder_hidden(params, cfg, idx=None, lengths=None, features=None, embedded=None):
+    """idx [B,T] int64 (or features [B,T,F], or inputs already embedded [B,T,C]) -> layer_norm
+    output [B,T,C]; lengths [B]: keys at positions >= lengths[b] are masked."""
+    given = next(t for t in (embedded, features, idx) if t is not None)
+    B, T = given.shape[:2]
     C, H, hd = cfg.n_embd, cfg.n_head, cfg.head_dim
     if T > cfg.block_size:
         raise ValueError(f"sequence length {T} exceeds max_position_embeddings {cfg.block_size}")
-    if features is not None:
+    if embedded is not None:
+        x = embedded
+    elif features is not None:
         x = linear(features, params, "embed_features")
     else:
         x = params["embed_tokens.weight"][idx]

@@ -14,7 +14,12 @@ puts around them:
     classify (tokens):   [S] text [S], the text truncated to T - 2, then S up to T; length = the
                          real positions (text + 2); the label.
     classify (features): the example's patches, each pixel byte / 255, then zero patches up to T;
-                         length = the number of patches.
+                         length = the number of patches. With the checkpoint's patch_context
+                         (make_batch then needs the directory's meta for the image geometry) the
+                         batch holds the images instead, and `hidden` embeds them with
+                         torch.nn.functional.conv2d: kernel (2c+1) patches, stride one patch,
+                         zero padding c patches, its kernel embed_features.weight read as
+                         [C, 2c+1, 2c+1, patch rows, patch columns].
     translate:           encoder input source [S], decoder input [S] target, decoder targets
                          target [S]; each padded to T with S (targets with -1); length = the
                          source's real positions (source + 1).
@@ -117,6 +122,7 @@ class TaskConfig:
         self.T = int(task["seq_len"])
         self.special = int(task["special_token"])
         self.feature_dim = int(task.get("feature_dim", 0))
+        self.patch_context = int(task.get("patch_context", 0))
         blocks = tr.get("blocks", {})
         for key, value in _BLOCKS.get(self.family, {}).items():
             if blocks.get(key, value) != value:
@@ -131,8 +137,10 @@ class TaskConfig:
             self.base = torch_encoder.EncoderConfig(c)
         else:
             self.base = torch_encdec.EncDecConfig(c)
-        if self.feature_dim and getattr(self.base, "input_features", 0) != self.feature_dim:
-            raise ValueError(f"task feature_dim {self.feature_dim}, model input_features "
+        inputs = self.feature_dim * (2 * self.patch_context + 1) ** 2
+        if self.feature_dim and getattr(self.base, "input_features", 0) != inputs:
+            raise ValueError(f"task feature_dim {self.feature_dim} with patch_context "
+                             f"{self.patch_context}, model input_features "
                              f"{getattr(self.base, 'input_features', 0)}")
         if self.task == "classify":
             self.num_classes = int(c["num_labels"])
@@ -193,7 +201,19 @@ def load_model(checkpoint_dir, dtype=torch.float32, requires_grad=True):
 # ---------------------------------------------------------------------------
 
 
-def make_batch(cfg, examples, ids):
+def _images(meta, rows):
+    """[B, 1, H, W] float64 images (pixel / 255) rebuilt from the examples' patches, stored row
+    by row of patches, each patch row by row (src/trellis/data/examples.h)."""
+    im = meta["image"]
+    H, W, ph, pw = im["height"], im["width"], im["patch_height"], im["patch_width"]
+    out = torch.zeros(len(rows), 1, H, W, dtype=torch.float64)
+    for b, (_, source, _) in enumerate(rows):
+        p = torch.tensor(source, dtype=torch.float64).view(H // ph, W // pw, ph, pw) / 255.0
+        out[b, 0] = p.permute(0, 2, 1, 3).reshape(H, W)
+    return out
+
+
+def make_batch(cfg, examples, ids, meta=None):
     """The model inputs of examples[i] for i in ids (see the module comment)."""
     T, S = cfg.T, cfg.special
     rows = [examples[i] for i in ids]
@@ -202,7 +222,16 @@ def make_batch(cfg, examples, ids):
     batch = {"lengths": lengths}
     if cfg.task == "classify":
         batch["labels"] = torch.tensor([r[0] for r in rows], dtype=torch.int64)
-        if cfg.feature_dim:
+        if cfg.patch_context:
+            if meta is None or "image" not in meta:
+                raise ValueError("patch_context: make_batch needs the meta.json with the images")
+            batch["images"] = _images(meta, rows)
+            batch["patch_shape"] = (meta["image"]["patch_height"], meta["image"]["patch_width"])
+            n = batch["images"][0, 0].numel() // cfg.feature_dim
+            if n > T:
+                raise ValueError(f"images of {n} patches, more than T {T}")
+            lengths.fill_(n)
+        elif cfg.feature_dim:
             Fd = cfg.feature_dim
             feats = torch.zeros(B, T, Fd, dtype=torch.float64)
             for b, (_, source, _) in enumerate(rows):
@@ -247,10 +276,26 @@ def hidden(params, cfg, batch):
         return torch_gpt.gpt_hidden(params, b, batch["tokens"], lengths)
     if cfg.family == "llama":
         return torch_llama.llama_hidden(params, b, batch["tokens"], lengths)
+    if "images" in batch:
+        return torch_encoder.encoder_hidden(params, b, lengths=lengths,
+                                            embedded=conv_embedding(params, cfg, batch))
     feats = batch.get("features")
     if feats is not None:
         feats = feats.to(params["embed_features.weight"].dtype)
     return torch_encoder.encoder_hidden(params, b, batch.get("tokens"), lengths, feats)
+
+
+def conv_embedding(params, cfg, batch):
+    """[B, T, C]: the images through conv2d with embed_features as the kernel (module comment)."""
+    w, bias = params["embed_features.weight"], params["embed_features.bias"]
+    images = batch["images"].to(w.dtype)
+    c, k = cfg.patch_context, 2 * cfg.patch_context + 1
+    ph, pw = batch["patch_shape"]
+    kernel = w.view(-1, k, k, ph, pw).permute(0, 1, 3, 2, 4).reshape(-1, 1, k * ph, k * pw)
+    y = F.conv2d(images, kernel, bias, stride=(ph, pw), padding=(c * ph, c * pw))  # [B,C,h,w]
+    x = y.flatten(2).transpose(1, 2)
+    B, n, C = x.shape
+    return torch.cat([x, x.new_zeros(B, cfg.T - n, C)], 1)
 
 
 def pool(h, lengths, mode):

@@ -123,7 +123,8 @@ void evaluate_ensemble(const TrainConfig& cfg, const std::vector<std::string>& m
   const ClassificationMetrics r =
       ensemble_validation(paths, d, n, cfg.batch_size, choose_precision(cfg.precision).compute,
                           [&](const CheckpointData& ck) {
-                            return SequenceFormat(d.meta, ck.task.at("seq_len").get<int64_t>());
+                            return SequenceFormat(d.meta, ck.task.at("seq_len").get<int64_t>(),
+                                                  ck.task.value("patch_context", 0));
                           });
   const nlohmann::ordered_json j = {{"members", members},         {"seeds", seeds},
                                     {"val_loss", r.loss},         {"val_accuracy", r.accuracy},

@@ -143,7 +143,17 @@ SequenceFormat task_format(const CheckpointData& ck, const TaskMeta& meta, const
   TRELLIS_REQUIRE(ck.task.value("special_token", -1) == meta.special_token &&
                       ck.task.value("feature_dim", 0) == meta.feature_dim,
                   "{}: its tokens or features differ from the checkpoint's", dir);
-  return SequenceFormat(meta, ck.task.at("seq_len").get<int64_t>());
+  const int context = ck.task.value("patch_context", 0);
+  TRELLIS_REQUIRE(context == 0 || meta.image_height > 0,
+                  "{}: the checkpoint's patches see their neighbours (patch_context {}), and "
+                  "meta.json does not record the image sizes; prepare the directory again",
+                  dir, context);
+  SequenceFormat f(meta, ck.task.at("seq_len").get<int64_t>(), context);
+  TRELLIS_REQUIRE(ck.model.input_features == (meta.feature_dim > 0 ? f.input_features() : 0),
+                  "the checkpoint's model reads {} input features a position, its task record "
+                  "gives {} ({}-value patches, patch_context {})",
+                  ck.model.input_features, f.input_features(), meta.feature_dim, context);
+  return f;
 }
 
 // Loss of examples [0, n) of `set` in batches of a.batch_size (mean over their targets); with

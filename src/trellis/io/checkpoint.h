@@ -40,7 +40,7 @@ struct CheckpointData {
   OptimizerState optimizer;   // may be empty (model-only checkpoints)
   nlohmann::json state;       // step, seed, config, ...
   // What a task model needs to read its inputs and name its outputs (config.json's trellis.task:
-  // task, classes, special_token, feature_dim, seq_len); null for a language model.
+  // task, classes, special_token, feature_dim, patch_context, seq_len); null for a language model.
   nlohmann::json task;
 };
 

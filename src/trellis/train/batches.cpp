@@ -75,9 +75,9 @@ class LmBatches : public Batches {
 class TaskBatches : public Batches {
  public:
   TaskBatches(const TaskData& d, int64_t T, int64_t G, uint64_t seed, bool shuffle,
-              const Augment& augment)
+              const Augment& augment, int patch_context)
       : d_(d),
-        format_(d.meta, T),
+        format_(d.meta, T, patch_context),
         G_(G),
         seed_(seed),
         order_(int64_t(d.train.size()), G, seed, shuffle),
@@ -167,8 +167,22 @@ TaskData load_task_data(const std::string& dir) {
   return d;
 }
 
-SequenceFormat::SequenceFormat(const TaskMeta& meta, int64_t T_)
-    : task(meta.task), special(meta.special_token), feature_dim(meta.feature_dim), T(T_) {}
+SequenceFormat::SequenceFormat(const TaskMeta& meta, int64_t T_, int context)
+    : task(meta.task),
+      special(meta.special_token),
+      feature_dim(meta.feature_dim),
+      T(T_),
+      patch_context(context) {
+  if (context == 0) return;
+  TRELLIS_CHECK(meta.feature_dim > 0 && meta.image_height > 0,
+                "patch_context {} on data without image geometry", context);
+  grid_rows = meta.image_height / meta.patch_height;
+  grid_cols = meta.image_width / meta.patch_width;
+}
+
+int SequenceFormat::input_features() const {
+  return feature_dim * (2 * patch_context + 1) * (2 * patch_context + 1);
+}
 
 int64_t SequenceFormat::needed(std::span<const uint32_t> source,
                                std::span<const uint32_t> target) const {
@@ -188,8 +202,8 @@ void size_task_inputs(Context& ctx, const SequenceFormat& f) {
   if (ctx.lengths.size() != B) ctx.lengths.assign(B, 1);
   if (ctx.labels.size() != B) ctx.labels.assign(B, -1);
   if (f.task == "translate" && ctx.src_tokens.size() != BT) ctx.src_tokens.assign(BT, 0);
-  if (f.feature_dim > 0 && ctx.features.size() != BT * size_t(f.feature_dim))
-    ctx.features.assign(BT * size_t(f.feature_dim), 0.0f);
+  const size_t F = size_t(f.input_features());
+  if (F > 0 && ctx.features.size() != BT * F) ctx.features.assign(BT * F, 0.0f);
 }
 }  // namespace
 
@@ -204,9 +218,22 @@ void SequenceFormat::put(Context& ctx, int64_t r, std::span<const uint32_t> sour
   ctx.labels[size_t(r)] = label;
   if (feature_dim > 0) {  // patches of pixel bytes, scaled to [0, 1]
     const int64_t n = std::min<int64_t>(int64_t(source.size()) / feature_dim, T);
-    float* f = ctx.features.data() + r * T * feature_dim;
-    std::fill_n(f, T * feature_dim, 0.0f);
-    for (int64_t i = 0; i < n * feature_dim; ++i) f[i] = float(source[size_t(i)]) / 255.0f;
+    const int64_t F = input_features(), c = patch_context;
+    float* f = ctx.features.data() + r * T * F;
+    std::fill_n(f, T * F, 0.0f);
+    if (c == 0)
+      for (int64_t i = 0; i < n * F; ++i) f[i] = float(source[size_t(i)]) / 255.0f;
+    for (int64_t p = 0; c > 0 && p < n; ++p) {
+      const int64_t y = p / grid_cols, x = p % grid_cols;
+      float* out = f + p * F;
+      for (int64_t dy = -c; dy <= c; ++dy)
+        for (int64_t dx = -c; dx <= c; ++dx, out += feature_dim) {
+          if (y + dy < 0 || y + dy >= grid_rows || x + dx < 0 || x + dx >= grid_cols)
+            continue;  // off the image: zeros
+          const uint32_t* in = source.data() + ((y + dy) * grid_cols + x + dx) * feature_dim;
+          for (int64_t i = 0; i < feature_dim; ++i) out[i] = float(in[i]) / 255.0f;
+        }
+    }
     ctx.lengths[size_t(r)] = int32_t(n);
     return;
   }
@@ -246,10 +273,12 @@ int64_t task_seq_len(const TaskData& d) {
 }
 
 std::unique_ptr<Batches> make_task_batches(const TaskData& d, int64_t T, int64_t global_batch,
-                                           uint64_t seed, bool shuffle, const Augment& augment) {
+                                           uint64_t seed, bool shuffle, const Augment& augment,
+                                           int patch_context) {
   if (augment.any())
     TRELLIS_REQUIRE(d.meta.image_height > 0, "augment: {} holds no image geometry", d.dir);
-  return std::make_unique<TaskBatches>(d, T, global_batch, seed, shuffle, augment);
+  return std::make_unique<TaskBatches>(d, T, global_batch, seed, shuffle, augment,
+                                       patch_context);
 }
 
 }  // namespace trellis

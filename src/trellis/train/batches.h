@@ -52,7 +52,10 @@ struct TaskData {
 TaskData load_task_data(const std::string& dir);
 
 // How a task lays one example out in a row of a Context padded to T positions.
-//   classify:  [S] text [S] (text truncated to T - 2), or the patches of an image; label.
+//   classify:  [S] text [S] (text truncated to T - 2), or the patches of an image; label. With
+//              patch_context c, patch (y, x)'s input is patches (y + dy, x + dx) for dy, then
+//              dx, in [-c, c], zeros off the image: an overlapping patch embedding, the same as
+//              a convolution of kernel (2c + 1)P, stride P and zero padding cP.
 //   translate: source [S] for the encoder (ctx.src_tokens, ctx.lengths); [S] target as the
 //              decoder's input (ctx.tokens) and target [S] as its targets, padding -1.
 // S is the special token. Padding repeats S (masked out; its targets are -1).
@@ -61,8 +64,13 @@ struct SequenceFormat {
   int special = 0;
   int feature_dim = 0;  // > 0: features (pixel bytes / 255) instead of tokens
   int64_t T = 0;
+  // Images: each patch's input also holds the patches up to this many rows and columns away (the
+  // config key patch_context), with the grid of patches they are taken from.
+  int patch_context = 0, grid_rows = 0, grid_cols = 0;
   SequenceFormat() = default;
-  SequenceFormat(const TaskMeta& meta, int64_t T);
+  SequenceFormat(const TaskMeta& meta, int64_t T, int patch_context = 0);
+  // Values a position's input holds: feature_dim for each patch of its neighbourhood.
+  int input_features() const;
   // Positions an example needs (before truncation).
   int64_t needed(std::span<const uint32_t> source, std::span<const uint32_t> target) const;
   // Real targets the example adds to the loss's count (1 for a classifier).
@@ -81,6 +89,6 @@ int64_t task_seq_len(const TaskData& d);
 // (step * global_batch + j) / examples, as the order's.
 std::unique_ptr<Batches> make_task_batches(const TaskData& d, int64_t T, int64_t global_batch,
                                            uint64_t seed, bool shuffle,
-                                           const Augment& augment = {});
+                                           const Augment& augment = {}, int patch_context = 0);
 
 }  // namespace trellis

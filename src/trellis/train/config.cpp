@@ -232,6 +232,13 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
                "1/2), e.g. shift:2,flip; each example's draw is a function of (seed, epoch, "
                "example); empty = none",
                &c.augment),
+      in_range(make_key("patch_context",
+                        "image tasks: each patch's input also holds the patches up to this many "
+                        "rows and columns away (zeros off the image), projected by the same "
+                        "linear layer: an overlapping patch embedding, as a convolution of kernel "
+                        "(2c+1)P, stride P, zero padding cP; 0 = the patch alone",
+                        &c.patch_context),
+               0, 4),
       make_key("out",
                "output directory: metrics.jsonl, tb/, step_NNNNNNNN/ checkpoints (and best/ with "
                "keep_best)",

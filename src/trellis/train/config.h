@@ -50,6 +50,9 @@ struct TrainConfig {
   // Image tasks: augmentation of the training examples, e.g. "shift:2,flip" (data/augment.h);
   // empty = none.
   std::string augment;
+  // Image tasks: each patch's input also holds its neighbours up to this many patches away (an
+  // overlapping patch embedding, train/batches.h SequenceFormat); 0 = the patch alone.
+  int patch_context = 0;
   // run
   std::string out = "out";
   int64_t steps = 440;

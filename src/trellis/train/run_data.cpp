@@ -31,6 +31,18 @@ void load_sentencepiece(TokenizerInfo& info, int vocab_size, int special_token) 
   info.dir.clear();  // checkpoints record none: their own copy is the tokenizer
 }
 
+// patch_context needs images whose sizes meta.json records (meta: null for language-model data).
+void check_patch_context(const TrainConfig& cfg, const TaskMeta* meta) {
+  const bool images = meta && meta->feature_dim > 0 && meta->image_height > 0;
+  const char* holds = !meta                  ? "language-model shards"
+                      : meta->feature_dim > 0 ? "images without their sizes (prepare the data again)"
+                                              : "token examples";
+  TRELLIS_REQUIRE(cfg.patch_context == 0 || images,
+                  "config key 'patch_context' needs images whose sizes meta.json records "
+                  "(`trellis prepare --task classify` of an idx directory); {} holds {}",
+                  cfg.data.empty() ? "the built-in corpus" : cfg.data, holds);
+}
+
 }  // namespace
 
 RunData load_run_data(const TrainConfig& cfg) {
@@ -43,6 +55,7 @@ RunData load_run_data(const TrainConfig& cfg) {
                   task == "lm" ? "language-model shards" : task + " examples");
   if (!task_dir) {
     check_augment(cfg.augment, nullptr, cfg.data);
+    check_patch_context(cfg, nullptr);
     d.lm = cfg.data.empty() ? default_mixture() : load_mixture(cfg.data);
     d.tokenizer = {d.lm.tokenizer, d.lm.tokenizer_dir};
     if (d.tokenizer.kind == "sentencepiece") load_sentencepiece(d.tokenizer, d.lm.vocab_size, -1);
@@ -59,8 +72,9 @@ RunData load_run_data(const TrainConfig& cfg) {
   if (d.tokenizer.kind == "sentencepiece")
     load_sentencepiece(d.tokenizer, meta.vocab_size, meta.special_token);
   const bool classify = task == "classify";
-  d.model =
-      cfg.model_config(meta.vocab_size, classify ? int(meta.classes.size()) : 0, meta.feature_dim);
+  check_patch_context(cfg, &meta);
+  d.model = cfg.model_config(meta.vocab_size, classify ? int(meta.classes.size()) : 0,
+                             SequenceFormat(meta, 0, cfg.patch_context).input_features());
   TRELLIS_REQUIRE(classify != d.model.encoder_decoder(), "model {}: {} needs {}", cfg.model, task,
                   classify ? "an encoder or a decoder (encoder-*, gpt2*, llama*), not an "
                              "encoder-decoder"

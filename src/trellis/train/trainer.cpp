@@ -324,7 +324,8 @@ void Trainer::build_chunks() {
 }
 
 void Trainer::set_up_batches_and_logging() {
-  batches_ = task_ ? make_task_batches(*task_, T_, G_, cfg_.seed, cfg_.shuffle, augment_)
+  batches_ = task_ ? make_task_batches(*task_, T_, G_, cfg_.seed, cfg_.shuffle, augment_,
+                                       cfg_.patch_context)
                    : make_lm_batches(lm_data_, T_, G_, cfg_.seed, cfg_.shuffle, cfg_.document_mask);
   for (int i = 0; i < batches_->val_sets(); ++i) val_items_ += val_items_of(i);
   best_ =
@@ -755,6 +756,7 @@ std::string Trainer::save(int64_t step, const std::string& name) {
     task = {{"task", m.task}, {"special_token", m.special_token}, {"seq_len", T_}};
     if (!m.classes.empty()) task["classes"] = m.classes;
     if (m.feature_dim > 0) task["feature_dim"] = m.feature_dim;
+    if (cfg_.patch_context > 0) task["patch_context"] = cfg_.patch_context;
   }
   nlohmann::json conf;
   for (auto& k : config_keys(cfg_)) conf[k.name] = k.get();
