@@ -7,8 +7,9 @@ patches: a 2x4 grid) prepared with `prepare --task classify`:
 - `eval` rebuilds the same inputs from that record: on the checkpoint of the last step it gives
   the validation accuracy training logged there, and the loss to 1e-5 (with patch_context taken
   away from the record, it refuses the checkpoint, exit 2: the inputs would not fit the model);
-- with augmentation, the neighbours come from the augmented image: a dp2 run equals the
-  1-process run to <= 1e-5 (losses, validation losses, final parameters);
+- the inputs do not depend on the layout: with augmentation (the neighbours are cut from the
+  augmented image), a dp2 run equals the 1-process run to <= 1e-5 (losses, validation losses,
+  final parameters);
 - bad values exit 2 naming the key: out of range, text (token) data, language-model data, a task
   directory prepared without the image sizes; and `eval` of the checkpoint on such a directory.
 
