@@ -7,6 +7,7 @@ patches: a 2x4 grid) prepared with `prepare --task classify`:
 - `eval` rebuilds the same inputs from that record: on the checkpoint of the last step it gives
   the validation accuracy training logged there, and the loss to 1e-5 (with patch_context taken
   away from the record, it refuses the checkpoint, exit 2: the inputs would not fit the model);
+- a 2-member ensemble (`ensemble = 2`) reports in ensemble.json what `eval` of it gives;
 - the inputs do not depend on the layout: with augmentation (the neighbours are cut from the
   augmented image), a dp2 run equals the 1-process run to <= 1e-5 (losses, validation losses,
   final parameters);
@@ -61,6 +62,18 @@ with open(os.path.join(stripped, "config.json"), "w") as f:
     json.dump(config, f)
 expect_error(["eval", "--checkpoint", stripped, "--data", img], "reads 108 input features",
              "gives 12", what="a model whose task record lost patch_context")
+
+# An ensemble trained with it reports, in ensemble.json, what eval of its members gives.
+ens = fresh_dir("context_ensemble")
+run(common + ["--ensemble", 2, "--out", ens])
+with open(os.path.join(ens, "ensemble.json")) as f:
+    manifest = json.load(f)
+stdout, _ = run(["eval", "--checkpoint", ens, "--data", img])
+got = json.loads(stdout.strip().splitlines()[-1])
+check(got["accuracy"] == manifest["val_accuracy"] and
+      abs(got["loss"] - manifest["val_loss"]) <= 1e-5 * abs(manifest["val_loss"]),
+      f"the training's ensemble report equals eval of its members (accuracy {got['accuracy']}, "
+      f"loss {got['loss']:.7f} against {manifest['val_loss']:.7f})")
 
 # Layouts, with augmentation: the same neighbours on every rank.
 lc = LayoutCheck(common + ["--augment", "shift:2,flip"], n_embd=32, steps=STEPS,

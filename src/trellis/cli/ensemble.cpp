@@ -11,6 +11,7 @@
 #include "trellis/core/clock.h"
 #include "trellis/core/error.h"
 #include "trellis/data/augment.h"
+#include "trellis/data/sentencepiece.h"
 #include "trellis/eval/classification.h"
 #include "trellis/kernels/isa.h"
 #include "trellis/train/batches.h"
@@ -87,16 +88,50 @@ void add_class_probabilities(CheckpointData& ck, const SequenceFormat& f, const 
   }
 }
 
-ClassificationMetrics ensemble_validation(
-    const std::vector<std::string>& members, const TaskData& d, int64_t n, int64_t batch_size,
-    DType compute, const std::function<SequenceFormat(const CheckpointData&)>& format,
-    bool tta_flip) {
+SequenceFormat task_format(const CheckpointData& ck, const TaskMeta& meta, const std::string& dir) {
+  TRELLIS_REQUIRE(!ck.task.is_null(),
+                  "{}: the checkpoint is a language model; {} holds {} examples", dir, dir,
+                  meta.task);
+  TRELLIS_REQUIRE(ck.task.value("task", "") == meta.task,
+                  "{}: the checkpoint is a {} model, the directory holds {} examples", dir,
+                  ck.task.value("task", ""), meta.task);
+  TRELLIS_REQUIRE(ck.task.value("classes", std::vector<std::string>{}) == meta.classes,
+                  "{}: its classes differ from the checkpoint's", dir);
+  TRELLIS_REQUIRE(ck.tokenizer.kind == meta.tokenizer || meta.feature_dim > 0,
+                  "{}: its texts are encoded with the {} tokenizer, the checkpoint's with {}", dir,
+                  meta.tokenizer, ck.tokenizer.kind);
+  if (meta.tokenizer == "sentencepiece") {
+    const std::string mine =
+        (std::filesystem::path(ck.tokenizer.dir) / kSentencePieceFile).string();
+    const std::string theirs = (std::filesystem::path(dir) / kSentencePieceFile).string();
+    TRELLIS_REQUIRE(read_file(mine) == read_file(theirs),
+                    "{}: another SentencePiece model than the checkpoint's {}", theirs, mine);
+  }
+  TRELLIS_REQUIRE(ck.task.value("special_token", -1) == meta.special_token &&
+                      ck.task.value("feature_dim", 0) == meta.feature_dim,
+                  "{}: its tokens or features differ from the checkpoint's", dir);
+  const int context = ck.task.value("patch_context", 0);
+  TRELLIS_REQUIRE(context == 0 || meta.image_height > 0,
+                  "{}: the checkpoint's patches see their neighbours (patch_context {}), and "
+                  "meta.json does not record the image sizes; prepare the directory again",
+                  dir, context);
+  SequenceFormat f(meta, ck.task.at("seq_len").get<int64_t>(), context);
+  TRELLIS_REQUIRE(ck.model.input_features == (meta.feature_dim > 0 ? f.input_features() : 0),
+                  "the checkpoint's model reads {} input features a position, its task record "
+                  "gives {} ({}-value patches, patch_context {})",
+                  ck.model.input_features, f.input_features(), meta.feature_dim, context);
+  return f;
+}
+
+ClassificationMetrics ensemble_validation(const std::vector<std::string>& members,
+                                          const TaskData& d, int64_t n, int64_t batch_size,
+                                          DType compute, bool tta_flip) {
   const int K = int(d.meta.classes.size());
   std::vector<double> sum(size_t(n * K), 0.0);
   for (const std::string& m : members) {
     CheckpointData ck = load_checkpoint(m, false);
-    add_class_probabilities(ck, format(ck), d.val, n, batch_size, compute, sum, "",
-                            tta_flip ? &d.meta : nullptr);
+    add_class_probabilities(ck, task_format(ck, d.meta, d.dir), d.val, n, batch_size, compute, sum,
+                            "", tta_flip ? &d.meta : nullptr);
   }
   const std::vector<int> labels(d.val.labels.begin(), d.val.labels.begin() + n);
   return ensemble_metrics(labels, sum, K, int(members.size()) * (tta_flip ? 2 : 1));
@@ -121,11 +156,7 @@ void evaluate_ensemble(const TrainConfig& cfg, const std::vector<std::string>& m
   std::vector<std::string> paths;
   for (const std::string& m : members) paths.push_back(cfg.out + "/" + m);
   const ClassificationMetrics r =
-      ensemble_validation(paths, d, n, cfg.batch_size, choose_precision(cfg.precision).compute,
-                          [&](const CheckpointData& ck) {
-                            return SequenceFormat(d.meta, ck.task.at("seq_len").get<int64_t>(),
-                                                  ck.task.value("patch_context", 0));
-                          });
+      ensemble_validation(paths, d, n, cfg.batch_size, choose_precision(cfg.precision).compute);
   const nlohmann::ordered_json j = {{"members", members},         {"seeds", seeds},
                                     {"val_loss", r.loss},         {"val_accuracy", r.accuracy},
                                     {"val_macro_f1", r.macro_f1}, {"val_examples", n}};

@@ -7,7 +7,6 @@
 //
 // OUT/ensemble.json names the members' checkpoints (relative to OUT) and the ensemble's
 // validation metrics; `eval` and `classify` take OUT as --checkpoint, or the members' directories.
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -32,18 +31,22 @@ std::vector<std::string> expand_ensembles(const std::vector<std::string>& paths)
 // row-major), run in batches of batch_size with GEMMs in `compute`. tokenizer_dir: as LocalModel's.
 // mirror: an image task's geometry, to add each image's probabilities mirrored left to right too.
 void add_class_probabilities(CheckpointData& ck, const SequenceFormat& f, const ExampleSet& set,
-                             int64_t n, int64_t batch_size, DType compute,
-                             std::vector<double>& sum, const std::string& tokenizer_dir = "",
+                             int64_t n, int64_t batch_size, DType compute, std::vector<double>& sum,
+                             const std::string& tokenizer_dir = "",
                              const TaskMeta* mirror = nullptr);
 
+// A task checkpoint's sequence layout (its seq_len and patch_context) for the task directory dir
+// holding `meta`, checked against it: task, classes, tokenizer, features. The one place a
+// checkpoint's inputs are rebuilt from its record (eval, grad, ensembles).
+SequenceFormat task_format(const CheckpointData& ck, const TaskMeta& meta, const std::string& dir);
+
 // The metrics of the classifiers `members` as an ensemble on the first n validation examples of
-// d; format(ck) is a member's sequence layout (and may check it against d). tta_flip (image
-// tasks): each member also classifies every image mirrored, and its two probability vectors count
-// as two members' (test-time augmentation).
-ClassificationMetrics ensemble_validation(
-    const std::vector<std::string>& members, const TaskData& d, int64_t n, int64_t batch_size,
-    DType compute, const std::function<SequenceFormat(const CheckpointData&)>& format,
-    bool tta_flip = false);
+// d, each member's inputs laid out as task_format gives. tta_flip (image tasks): each member also
+// classifies every image mirrored, and its two probability vectors count as two members'
+// (test-time augmentation).
+ClassificationMetrics ensemble_validation(const std::vector<std::string>& members,
+                                          const TaskData& d, int64_t n, int64_t batch_size,
+                                          DType compute, bool tta_flip = false);
 
 // `trellis train` with ensemble > 1: member k (1-based) is cfg with seed + k - 1 and out
 // OUT/member_k. Under time_budget (the whole run's minutes) member k > 1 starts only when the

@@ -120,42 +120,6 @@ double windows_loss(const EvalArgs& a, int64_t rows, bool with_grad, CheckpointD
   return sum / double(rows * a.seq_len);
 }
 
-// The task checkpoint's sequence layout, checked against a task directory's.
-SequenceFormat task_format(const CheckpointData& ck, const TaskMeta& meta, const std::string& dir) {
-  TRELLIS_REQUIRE(!ck.task.is_null(),
-                  "{}: the checkpoint is a language model; {} holds {} examples", dir, dir,
-                  meta.task);
-  TRELLIS_REQUIRE(ck.task.value("task", "") == meta.task,
-                  "{}: the checkpoint is a {} model, the directory holds {} examples", dir,
-                  ck.task.value("task", ""), meta.task);
-  TRELLIS_REQUIRE(ck.task.value("classes", std::vector<std::string>{}) == meta.classes,
-                  "{}: its classes differ from the checkpoint's", dir);
-  TRELLIS_REQUIRE(ck.tokenizer.kind == meta.tokenizer || meta.feature_dim > 0,
-                  "{}: its texts are encoded with the {} tokenizer, the checkpoint's with {}", dir,
-                  meta.tokenizer, ck.tokenizer.kind);
-  if (meta.tokenizer == "sentencepiece") {
-    const std::string mine =
-        (std::filesystem::path(ck.tokenizer.dir) / kSentencePieceFile).string();
-    const std::string theirs = (std::filesystem::path(dir) / kSentencePieceFile).string();
-    TRELLIS_REQUIRE(read_file(mine) == read_file(theirs),
-                    "{}: another SentencePiece model than the checkpoint's {}", theirs, mine);
-  }
-  TRELLIS_REQUIRE(ck.task.value("special_token", -1) == meta.special_token &&
-                      ck.task.value("feature_dim", 0) == meta.feature_dim,
-                  "{}: its tokens or features differ from the checkpoint's", dir);
-  const int context = ck.task.value("patch_context", 0);
-  TRELLIS_REQUIRE(context == 0 || meta.image_height > 0,
-                  "{}: the checkpoint's patches see their neighbours (patch_context {}), and "
-                  "meta.json does not record the image sizes; prepare the directory again",
-                  dir, context);
-  SequenceFormat f(meta, ck.task.at("seq_len").get<int64_t>(), context);
-  TRELLIS_REQUIRE(ck.model.input_features == (meta.feature_dim > 0 ? f.input_features() : 0),
-                  "the checkpoint's model reads {} input features a position, its task record "
-                  "gives {} ({}-value patches, patch_context {})",
-                  ck.model.input_features, f.input_features(), meta.feature_dim, context);
-  return f;
-}
-
 // Loss of examples [0, n) of `set` in batches of a.batch_size (mean over their targets); with
 // grads, the gradient of that mean accumulates there.
 double examples_loss(const EvalArgs& a, CheckpointData& ck, const SequenceFormat& f,
@@ -206,13 +170,8 @@ nlohmann::json evaluate_task(const EvalArgs& a) {
                   a.data);
   if (d.meta.task == "classify") {
     if (a.threads > 0) omp_set_num_threads(a.threads);
-    nlohmann::json j = ensemble_validation(
-                           members, d, n, a.batch_size, compute_precision(a),
-                           [&](const CheckpointData& ck) {
-                             return task_format(ck, d.meta, a.data);
-                           },
-                           flip)
-                           .to_json();
+    nlohmann::json j =
+        ensemble_validation(members, d, n, a.batch_size, compute_precision(a), flip).to_json();
     j.erase("confusion");
     if (members.size() > 1) j["members"] = members.size();
     if (flip) j["tta"] = a.tta;
@@ -269,8 +228,8 @@ Command add_eval_command(CLI::App& app) {
               fmt::print("{}\n", evaluate_task(*a).dump());
               return 0;
             }
-            TRELLIS_REQUIRE(a->tta.empty(), "--tta {} mirrors images; {} is a token shard",
-                            a->tta, a->data);
+            TRELLIS_REQUIRE(a->tta.empty(), "--tta {} mirrors images; {} is a token shard", a->tta,
+                            a->data);
             const std::vector<std::string> members = expand_ensembles(a->checkpoints);
             TRELLIS_REQUIRE(members.size() == 1,
                             "{} checkpoints: an ensemble is of classifiers, {} is a token shard",
