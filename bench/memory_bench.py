@@ -1,8 +1,10 @@
 """Per-rank memory of a model across ZeRO stages and recompute policies (issue 12): for each
 (zero, recompute) the `train --dry-run --json` prediction of the largest rank (parameters,
 gradients, optimizer state, ZeRO shards, activations, workspace) next to what training measures
-(alloc_peak_bytes_max: the largest rank's allocator high-water mark; peak_rss_bytes_max), and
-the losses, so a run that only fits is also seen to train.
+(alloc_peak_bytes_max: the largest rank's allocator high-water mark; peak_rss_bytes_max), the
+predicted model states (what persists between steps) next to what the data-parallel sync and the
+optimizer hold before the first step (mem_bytes_max), and the losses, so a run that only fits is
+also seen to train.
 
 usage: python3 bench/memory_bench.py TRELLIS_BIN DATA_DIR OUT [--model gpt2-medium] [--dp 2]
   [--zero 0,1,2,3] [--recompute none,selective,full] [--seq-len 512] [--batch-size 2] [--steps 2]
@@ -41,8 +43,9 @@ print(f"{a.model}, dp {a.dp}, batch {a.batch_size} x {a.seq_len} tokens, {a.step
       f"{a.precision}, gradients reduced in {a.grad_reduce_dtype}, "
       "MiB of the largest rank\n")
 print("| zero | recompute | params | grads | optimizer | shards | bf16 copies | buffers "
-      "| activations | workspace | predicted | measured | error | peak RSS | losses | step s |")
-print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+      "| activations | workspace | predicted | measured | error | peak RSS | model states "
+      "| held before step 1 | losses | step s |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
 for zero in a.zero.split(","):
     for policy in a.recompute.split(","):
         layout = ["--zero", zero, "--recompute", policy]
@@ -57,6 +60,9 @@ for zero in a.zero.split(","):
             rows = [r for r in map(json.loads, f) if "loss" in r]
         measured = max(r["alloc_peak_bytes_max"] for r in rows)
         rss = max(r["peak_rss_bytes_max"] for r in rows)
+        held = max(r["mem_bytes_max"] for r in rows)  # what the sync and optimizer hold at setup
+        states = sum(top.get(k, 0) for k in ("params", "grads", "optimizer", "shards",
+                                             "weight_copies"))
         step_s = sorted(r["step_ms"] for r in rows)[len(rows) // 2] / 1000
         cells = [top.get(k, 0) / mib for k in ("params", "grads", "optimizer", "shards",
                                                "weight_copies", "buffers", "activations",
@@ -64,6 +70,7 @@ for zero in a.zero.split(","):
         losses = " → ".join(f"{r['loss']:.3f}" for r in (rows[0], rows[-1]))
         print(f"| {zero} | {policy} | " + " | ".join(f"{c:,.0f}" for c in cells) +
               f" | {measured / mib:,.0f} | {100 * (measured / top['total'] - 1):+.1f}% "
-              f"| {rss / mib:,.0f} | {losses} | {step_s:.1f} |", flush=True)
+              f"| {rss / mib:,.0f} | {states / mib:,.0f} | {held / mib:,.0f} | {losses} "
+              f"| {step_s:.1f} |", flush=True)
         shutil.rmtree(out, ignore_errors=True)  # gigabytes of checkpoint per run
 print(f"\nload average after: {os.getloadavg()}")

@@ -5,6 +5,8 @@
 // parameters only while the block computes, or until the next pass, which starts with it.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <functional>
@@ -57,6 +59,7 @@ const ZeroUnit& block_unit(const std::vector<ZeroUnit>& units, int layer) {
 // where the block computes.
 void forward_pass(DataParallelSync& sync, int n_layer, const std::function<void(int)>& in_block) {
   BlockHooks* hooks = sync.hooks();
+  if (hooks) hooks->before_forward(-1);
   for (int l = 0; l < n_layer; ++l) {
     if (hooks) hooks->before_forward(l);
     if (in_block) in_block(l);
@@ -92,17 +95,20 @@ void backward_pass(DataParallelSync& sync, const std::vector<ZeroUnit>& units, i
   if (last_micro && sync.overlaps()) sync.ready_from(0);
 }
 
-// The whole parameter buffer as the model sees it: the root directly, each block between its
-// forward hooks (ZeRO-3 gathers it there).
+// The whole parameter buffer as the model sees it: the root and each block between their forward
+// hooks (ZeRO-3 gathers them there).
 std::vector<float> visible_params(DataParallelSync& sync, const std::vector<ZeroUnit>& units,
                                   size_t n, int n_layer) {
   std::vector<float> out(n, 0.0f);
   auto copy = [&](const ZeroUnit& u) {
     std::copy(sync.params() + u.begin, sync.params() + u.end, out.begin() + ptrdiff_t(u.begin));
   };
-  for (const ZeroUnit& u : units)
-    if (u.layer < 0) copy(u);
-  forward_pass(sync, n_layer, [&](int l) { copy(block_unit(units, l)); });
+  forward_pass(sync, n_layer, [&](int l) {
+    if (l == 0)
+      for (const ZeroUnit& u : units)
+        if (u.layer < 0) copy(u);
+    copy(block_unit(units, l));
+  });
   return out;
 }
 
@@ -337,7 +343,7 @@ MixedRun train_mixed(Communicator& comm, ZeroStage stage, const ParamLayout& lay
     sync->gather_parameters();
     const float* mp = sync->owned_params();
     run.masters.emplace_back(mp, mp + total_size(run.owned));
-    // The root as it is, each block between its forward hooks (ZeRO-3 gathers it there).
+    // The root and each block between their forward hooks (ZeRO-3 gathers them there).
     std::vector<uint16_t> bits(layout.size(), 0);
     std::vector<float> f32(layout.size(), 0.0f);
     auto copy = [&](const ZeroUnit& u) {
@@ -346,9 +352,12 @@ MixedRun train_mixed(Communicator& comm, ZeroStage stage, const ParamLayout& lay
       std::copy(sync->params() + u.begin, sync->params() + u.end,
                 f32.begin() + ptrdiff_t(u.begin));
     };
-    for (const ZeroUnit& u : units)
-      if (u.layer < 0) copy(u);
-    forward_pass(*sync, n_layer, [&](int l) { copy(block_unit(units, l)); });
+    forward_pass(*sync, n_layer, [&](int l) {
+      if (l == 0)
+        for (const ZeroUnit& u : units)
+          if (u.layer < 0) copy(u);
+      copy(block_unit(units, l));
+    });
     run.bits.push_back(bits);
     run.fp32_read.push_back(gather_ranges(f32, fp32));
   }
@@ -418,13 +427,22 @@ TEST(DataParallelSync, ZeroThreeHoldsABlockOnlyWhileItComputesOrRunsNext) {
   init_params(layout, kSeed, init.data());
   constexpr int dp = 2;
   // Per rank: blocks found gathered while they computed (forward and backward), blocks found
-  // released after adopt_params, the forward, the backward and gather_parameters (which gathers
-  // the root and starts the first block's gather); and the bytes held.
+  // released after adopt_params, the forward, the backward and gather_parameters (which starts
+  // the first block's gather); root units found released after the update and gathered when the
+  // next forward opens; and the bytes held.
   struct Seen {
-    int present = 0, absent = 0;
-    int64_t before = 0, after = 0;
+    int present = 0, absent = 0, root_absent = 0, root_present = 0;
+    int64_t before = 0, after = 0, reduced = 0, updated = 0, root_bytes = 0;
     std::vector<int64_t> during;
   };
+  const size_t page = size_t(sysconf(_SC_PAGESIZE)) / sizeof(float);
+  // A root unit's whole pages (a release keeps the pages it shares with a block).
+  std::vector<ZeroUnit> root_pages;
+  for (const ZeroUnit& u : units) {
+    const size_t lo = (u.begin + page - 1) / page * page, hi = u.end / page * page;
+    if (u.layer < 0 && lo < hi) root_pages.push_back({lo, hi, -1});
+  }
+  ASSERT_FALSE(root_pages.empty());
   std::vector<Seen> seen(dp);
   fake::ThreadGroup group(dp);
   group.run([&](Communicator& c) {
@@ -454,8 +472,19 @@ TEST(DataParallelSync, ZeroThreeHoldsABlockOnlyWhileItComputesOrRunsNext) {
         *sync, units, n_layer, true, [](size_t) { return 0.0f; }, count_present);
     count_absent();
     sync->reduce_gradients();
+    s.reduced = sync->resident_bytes();
     sync->gather_parameters();
     count_absent();
+    s.updated = sync->resident_bytes();
+    for (const ZeroUnit& u : root_pages) {
+      s.root_absent += all_zero(p, u);
+      s.root_bytes += int64_t((u.end - u.begin) * sizeof(float));
+    }
+    forward_pass(*sync, n_layer, [&](int l) {
+      if (l == 0)
+        for (const ZeroUnit& u : root_pages)
+          s.root_present += std::equal(p + u.begin, p + u.end, init.begin() + ptrdiff_t(u.begin));
+    });
   });
   for (int r = 0; r < dp; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
@@ -472,6 +501,10 @@ TEST(DataParallelSync, ZeroThreeHoldsABlockOnlyWhileItComputesOrRunsNext) {
     for (int64_t bytes : s.during) EXPECT_GT(bytes, s.before);
     EXPECT_GT(s.after, s.before);
     EXPECT_EQ(s.after, s.during.back());
+    // Between steps a rank holds no root (the paper's 16/d bytes per parameter).
+    EXPECT_EQ(s.root_absent, int(root_pages.size())) << "root released at the update";
+    EXPECT_EQ(s.root_present, int(root_pages.size())) << "root gathered when a forward opens";
+    EXPECT_LE(s.updated, s.reduced - s.root_bytes) << "the root's pages returned";
   }
 }
 

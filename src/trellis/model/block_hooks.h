@@ -7,8 +7,9 @@
 
 namespace trellis {
 
-// Each call gets the block's global layer index. before_backward(-1) opens a micro-batch's
-// backward (before the head), after_backward(-1) closes it (after the embeddings). A hook left
+// Each call gets the block's global layer index. before_forward(-1) opens a forward (before the
+// embeddings; ZeRO-3 gathers its root there), before_backward(-1) a micro-batch's backward
+// (before the head), after_backward(-1) closes it (after the embeddings). A hook left
 // alone does nothing. A split backward (zero-bubble schedules) calls before_backward before the
 // block's input-gradient part, after_input_backward after it and after_backward only once the
 // weight-gradient part has written the block's gradients for this micro-batch (other blocks and

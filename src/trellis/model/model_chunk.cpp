@@ -640,6 +640,7 @@ int64_t ModelChunk::weight_copy_bytes() const {
 }
 
 void ModelChunk::blocks_forward(Context& ctx) {
+  run_hooks(&BlockHooks::before_forward, -1);
   if (chunk_.embedding) {
     const bool src = cfg_.encoder_decoder() && !ctx.src_tokens.empty();
     embed(src ? ctx.src_tokens.data() : ctx.tokens.data(), pos_, ctx.embedded.f32(), ctx);

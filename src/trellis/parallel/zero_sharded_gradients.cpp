@@ -192,6 +192,7 @@ void ShardedGradientsSync::finish_reductions() {
 // ---- Block hooks ----------------------------------------------------------------------------
 
 void ShardedGradientsSync::before_forward(int layer) {
+  if (layer < 0) return;  // the root was gathered after the update
   ensure_gathered(unit_of(layer));
   prefetch(unit_of(layer + 1));  // moves (progress thread) while this block computes
 }

@@ -1,7 +1,7 @@
 // ZeRO-3 (FSDP): ZeRO-2, and a block's parameters resident only while it runs: gathered before
 // its forward and again before its backward (the next block prefetched meanwhile), released
-// after, except a pass's last block, which the next pass starts with (held_). The root unit
-// stays gathered.
+// after, except a pass's last block, which the next pass starts with (held_). The root units are
+// gathered when a forward opens and released at the update: between steps only shards remain.
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,12 +19,12 @@ ShardedParametersSync::ShardedParametersSync(Communicator& dp, const ParamLayout
 ZeroFootprint ShardedParametersSync::footprint(const ParamLayout& layout, int dp, int dp_rank,
                                                bool mixed) {
   ZeroFootprint f = ShardedGradientsSync::footprint(layout, dp, dp_rank, mixed);
-  // Parameters: the root (a model state: it stays gathered) and two blocks (buffers), as the
-  // gradients' windows, or under mixed precision each as its fp32-read tensors' pages and its
-  // bf16 bits.
+  // Parameters: the root and two blocks, all buffers (gathered during a step, released at the
+  // update), as the gradients' windows, or under mixed precision each as its fp32-read tensors'
+  // pages and its bf16 bits.
+  f.params = 0;
   if (!mixed) {
-    f.params = gradient_window_bytes(layout, 0);
-    f.buffers += gradient_window_bytes(layout, 2) - f.params;
+    f.buffers += gradient_window_bytes(layout, 2);
     return f;
   }
   const std::vector<FlatRange> fp32 = fp32_read_ranges(layout);
@@ -38,11 +38,9 @@ ZeroFootprint ShardedParametersSync::footprint(const ParamLayout& layout, int dp
     else
       block = std::max(block, bytes);
   }
-  const int64_t all = std::min(WorkingWeights::fp32_page_bytes(fp32, 0, layout.size()) +
-                                   int64_t(layout.size() * sizeof(uint16_t)) + 2 * page,
-                               root + 2 * block);
-  f.params = std::min(root, all);
-  f.buffers += all - f.params;
+  f.buffers += std::min(WorkingWeights::fp32_page_bytes(fp32, 0, layout.size()) +
+                            int64_t(layout.size() * sizeof(uint16_t)) + 2 * page,
+                        root + 2 * block);
   return f;
 }
 
@@ -69,6 +67,14 @@ void ShardedParametersSync::drop_held_except(int u) {
 }
 
 void ShardedParametersSync::before_forward(int layer) {
+  if (layer < 0) {
+    // The root, released at the update: after the first block's gather, which moved while the
+    // step began (one gather in flight at a time).
+    if (prefetch_) ensure_gathered(prefetch_->unit);
+    for (size_t u = 0; u < units_.size(); ++u)
+      if (units_[u].layer < 0) ensure_gathered(int(u));
+    return;
+  }
   drop_held_except(unit_of(layer));
   ensure_gathered(unit_of(layer));
   prefetch(unit_of(layer + 1));
@@ -96,11 +102,16 @@ void ShardedParametersSync::after_backward(int layer) {
 }
 
 double ShardedParametersSync::gather_parameters() {
-  // The root now; the first block's updated parameters start moving into the pages it kept,
-  // as under ZeRO-2 (any other held block is out of date: released).
+  // Every unit is out of date. The root's pages go until the next forward gathers it; the first
+  // block's updated parameters start moving into the pages it kept, as under ZeRO-2 (any other
+  // held block is released).
   const auto t0 = Clock::now();
   drop_held_except(unit_of(0));
-  gather_root();
+  for (size_t u = 0; u < units_.size(); ++u)
+    if (units_[u].layer < 0)
+      release_params(int(u));
+    else
+      gathered_[u] = 0;
   prefetch(unit_of(0));
   return seconds_since(t0);
 }
@@ -108,16 +119,8 @@ double ShardedParametersSync::gather_parameters() {
 void ShardedParametersSync::adopt_params(bool whole_buffer) {
   if (whole_buffer) take_owned(params_.data(), owned_params_.data());
   held_ = -1;
-  for (size_t u = 0; u < units_.size(); ++u)
-    if (units_[u].layer >= 0) release_params(int(u));
-  if (working_) {
-    // The root's bits from the initial model every rank holds, as ZeRO-2 (working_weights.h).
-    if (whole_buffer)
-      for (size_t u = 0; u < units_.size(); ++u)
-        if (units_[u].layer < 0) working_->round_whole(u, params_.data());
-    working_->release_multiplied(params_);
-  }
-  if (!whole_buffer) gather_root();
+  // Only the shards stay: the first forward gathers the root, and each block's hook its block.
+  for (size_t u = 0; u < units_.size(); ++u) release_params(int(u));
 }
 
 }  // namespace trellis

@@ -190,7 +190,9 @@ class ShardedGradientsSync : public DataParallelSync, public BlockHooks {
 // ZeRO-3: ZeRO-2, and each block's parameters gathered around its forward and its backward.
 // A pass's last block stays gathered into the pass that starts with it (the last block from its
 // forward into its backward, the first from its backward into the next forward), as FSDP keeps
-// the last block it ran: that gather would be the one nothing was prefetched before.
+// the last block it ran: that gather would be the one nothing was prefetched before. The root is
+// gathered when a forward opens and released at the update, as FSDP reshards everything after
+// backward: between steps a rank holds its shards only.
 class ShardedParametersSync final : public ShardedGradientsSync {
  public:
   ShardedParametersSync(Communicator& dp, const ParamLayout& layout, bool mixed,
