@@ -16,7 +16,8 @@ output gradient). So, per family, on checkpoint C and C' = C with its tables rou
   4. in fp32 the key changes nothing: `grad --precision fp32 --bf16-embeddings` on C equals
      `grad --precision fp32` on C.
 Families: GPT-2 (tied head, learned positions), LLaMA (untied head, RoPE: the token table
-alone) and the encoder-decoder (the decoder's own position table, a tied head)."""
+alone), the encoder-decoder (the decoder's own position table, a tied head) and an encoder
+classifier with subword n-grams (the n-gram table, on GPT-2 tokens)."""
 import json
 import os
 import shutil
@@ -35,6 +36,7 @@ import torch  # noqa: E402
 from reference import test_torch_oracle as oracle  # noqa: E402
 from reference.test_torch_oracle import GPT2, LLAMA, fail  # noqa: E402
 from reference.test_torch_oracle_encdec import ENCDEC  # noqa: E402
+from reference.test_torch_oracle_subword import ENC_NGRAM, write_tsv  # noqa: E402
 from reference.torch_ref import load_safetensors  # noqa: E402
 
 T, B = 32, 4
@@ -74,10 +76,11 @@ def round_tables(src, dst, tables):
 
 
 def grad(name, ckpt, data, precision, extra=()):
+    """`trellis grad` on a token shard's first B windows of T, or a task's first B examples."""
     path = os.path.join(oracle.TMP, f"{name}.safetensors")
-    out = oracle.run(["grad", "--checkpoint", ckpt, "--data", data, "--seq-len", T,
-                      "--batch-size", B, "--threads", oracle.THREADS, "--precision", precision,
-                      "--out", path, *extra])
+    batch = ["--batch-size", B] if os.path.isdir(data) else ["--seq-len", T, "--batch-size", B]
+    out = oracle.run(["grad", "--checkpoint", ckpt, "--data", data, *batch, "--threads",
+                      oracle.THREADS, "--precision", precision, "--out", path, *extra])
     return json.loads(out.strip().splitlines()[-1])["loss"], load_safetensors(path)
 
 
@@ -90,8 +93,9 @@ def bitwise(a, b):
     return bad + [k for k in sorted(ga) if ga[k].tobytes() != gb[k].tobytes()]
 
 
-def check_family(case, fam, data_dir, tables):
-    data = os.path.join(data_dir, "train_000000.bin")
+def check_family(case, fam, data_dir, tables, data=None):
+    """data: what grad reads (default: data_dir's first training shard)."""
+    data = data or os.path.join(data_dir, "train_000000.bin")
     c = train_init(f"{case}_C", fam, data_dir)
     with open(os.path.join(c, "index.json")) as f:
         names = set(json.load(f)["tensors"])
@@ -146,19 +150,27 @@ def check_family(case, fam, data_dir, tables):
 
 
 def main():
-    if oracle.setup("bf16_embeddings", fresh=True) is None:
+    src = oracle.setup("bf16_embeddings", fresh=True)
+    if src is None:
         return 2
     t0 = time.time()
     text = os.path.join(oracle.TMP, "corpus.txt")
     oracle.corpus(text)
     data = os.path.join(oracle.TMP, "data")
     oracle.run(["prepare", "--input", text, "--out", data, "--tokenizer", "byte"])
+    tsv, task = os.path.join(oracle.TMP, "texts.tsv"), os.path.join(oracle.TMP, "classify")
+    write_tsv(tsv)
+    oracle.run(["prepare", "--task", "classify", "--input", tsv, "--out", task, "--val-fraction",
+                0.2, "--tokenizer", "gpt2", "--tokenizer-dir", os.path.join(src, "tests", "data",
+                                                                            "gpt2")])
     cases = [
         ("gpt2", lambda: check_family("gpt2", GPT2, data, ["wte.weight", "wpe.weight"])),
         ("llama", lambda: check_family("llama", LLAMA, data, ["model.embed_tokens.weight"])),
         ("encdec", lambda: check_family("encdec", ENCDEC, data, [
             "model.shared.weight", "model.encoder.embed_positions.weight",
             "model.decoder.embed_positions.weight"])),
+        ("ngrams", lambda: check_family("ngrams", ENC_NGRAM, task, [
+            "embed_tokens.weight", "embed_positions.weight", "embed_ngrams.weight"], task)),
     ]
     return oracle.run_cases(cases, "bf16 embeddings", t0)
 
