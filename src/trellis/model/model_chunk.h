@@ -215,13 +215,13 @@ class ModelChunk {
     Linear qkv, proj, xq, xkv, xproj, up, down;  // up/down empty: no MLP
   };
   // l in block_* is the position of the block within this chunk.
-  // out = token embedding of `tokens` (+ learned positions: the decoder's table or the first
-  // one), this rank's rows.
+  // out = token embedding of `tokens` (+ learned positions: an encoder-decoder's decoder table
+  // when `decoder`, else the model's), this rank's rows.
   void embed(const int32_t* tokens, bool decoder, float* out, const Context& ctx);
-  // The lookups of the tables (bf16 copies with bf16_embeddings): out[n, C] = the rows of this
-  // rank's vocabulary slice (zero for other tokens); out += the rows of the positions (rows
-  // row0.. of T-position rows, or as positions says) of the decoder's table or the first one
-  // (none under RoPE).
+  // The lookups (of bf16 copies with bf16_embeddings): out[n, C] = the tokens' rows of this
+  // rank's vocabulary slice (zero for other tokens); out += the position rows of rows row0..
+  // (position (row0 + i) % T, or as `positions` says) from the table `embed` would use (none
+  // under RoPE).
   void lookup_tokens(float* out, const int32_t* tokens, int64_t n);
   void add_positions(float* out, bool decoder, int64_t row0, int64_t rows, int64_t T,
                      const int32_t* positions);
