@@ -97,12 +97,13 @@ Backend timed_table(const Backend& base) {
   TRELLIS_TIME(embedding_forward);
   TRELLIS_TIME(embedding_backward), TRELLIS_TIME(position_forward);
   TRELLIS_TIME(position_backward), TRELLIS_TIME(cross_entropy), TRELLIS_TIME(dropout);
+  TRELLIS_TIME(embedding_forward_bf16), TRELLIS_TIME(position_forward_bf16);
   TRELLIS_TIME(cross_entropy_bf16);
   TRELLIS_TIME(accumulate);
   TRELLIS_TIME(zero);
 #undef TRELLIS_TIME
   // The device and one pointer per op: an op added to Backend must be added above too.
-  static_assert(sizeof(Backend) == (1 + 35) * sizeof(void*), "time every op of Backend");
+  static_assert(sizeof(Backend) == (1 + 37) * sizeof(void*), "time every op of Backend");
   return t;
 }
 

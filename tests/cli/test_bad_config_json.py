@@ -60,6 +60,7 @@ cases = [
     ("n_inner", 2 ** 40, "between 0 and"),
     ("trellis.vocab_multiple", 0, "vocab_multiple"),
     ("trellis.vocab_multiple", 2 ** 62, "vocab_multiple"),
+    ("trellis.bf16_embeddings", "yes", "wrong type"),
 ]
 for i, (key, value, why) in enumerate(cases):
     ck = broken_checkpoint(f"c{i}", setter(key, value))

@@ -12,9 +12,14 @@ LLaMA (llama-tiny: an untied head, no biases):
     gathered from the shards) is bitwise the uninterrupted run.
 (c) A bf16 ZeRO-3 checkpoint resumes in one process (ZeRO-0) and at dp2 ZeRO-1: both go on as
     the uninterrupted dp2 ZeRO-3 run, to the same tolerance.
+(d) With bf16_embeddings (the lookups read the tables' bf16 working weights, and no rank keeps
+    their fp32 values) dp2 ZeRO-2 and ZeRO-3 equal one bf16 process with the key, as (a) checks
+    the stages (its checkpoint records the key); test_memory_prediction checks the pages it
+    saves.
 
 On a CPU without AVX512-BF16 --precision bf16 runs the emulated bf16 GEMM: what is checked here is
 the state's layout, not the GEMM's speed."""
+import json
 import os
 
 from trellis_test import (LayoutCheck, TMP, bf16_layout_models, check, compare_params, fresh_dir,
@@ -51,6 +56,21 @@ for model, args in models.items():
         check(whole <= GAP_FRACTION * gap,
               f"{name}: all parameters {whole:.1e} from ZeRO-0, {whole / gap:.2f} of the fp32 "
               f"run's distance {gap:.1e} (<= {GAP_FRACTION})")
+
+    # (d) bf16_embeddings: one process against dp2 ZeRO-2/3
+    keyed = LayoutCheck(args + ["--precision", "bf16", "--bf16-embeddings", "true"], n_embd=32,
+                        steps=STEPS, tol=TOL, name=f"{model}_emb")
+    with open(os.path.join(TMP, f"{model}_emb", f"step_{STEPS:08d}", "config.json")) as f:
+        check(json.load(f)["trellis"].get("bf16_embeddings") is True,
+              f"{model}_emb: the checkpoint records bf16_embeddings")
+    _, _, gap = compare_params(keyed.base[2], fp32_params, 32)
+    for zero in (2, 3):
+        name = f"{model}_emb_zero{zero}"
+        keyed.check(name, 2, ["--dp", 2, "--zero", zero])
+        _, _, whole = compare_params(keyed._result(os.path.join(TMP, name))[2], keyed.base[2], 32)
+        check(whole <= GAP_FRACTION * gap,
+              f"{name}: all parameters {whole:.1e} from one process, {whole / gap:.2f} of the "
+              f"fp32 run's distance {gap:.1e} (<= {GAP_FRACTION})")
 
     # (b) bitwise resume
     for zero in (1, 3):

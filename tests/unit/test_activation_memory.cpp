@@ -364,15 +364,23 @@ namespace trellis {
 namespace {
 
 // A bf16 model keeps the saved inputs of its linear layers (the norms' outputs) in bf16 with the
-// results of keeping them in fp32 and rounding at each GEMM; and it keeps one bf16 copy of each weight it multiplies, as weight_copy_bytes predicts
-// (every family and chunk kind; none for fp32 or with copies off); the copies give the bits of
-// rounding at each GEMM call (Off) over two steps of two micro-batches each, with the weights
-// changed between them; and they are really read: a step whose weight change goes unannounced
-// gives other losses.
+// results of keeping them in fp32 and rounding at each GEMM; and it keeps one bf16 copy of each
+// weight it multiplies, as weight_copy_bytes predicts (every family and chunk kind; none for fp32
+// or with copies off); the copies give the bits of rounding at each GEMM call (Off) over two steps
+// of two micro-batches each, with the weights changed between them; and they are really read: a
+// step whose weight change goes unannounced gives other losses. Each case again with
+// bf16_embeddings: the lookup tables join the copies (under Off each lookup rounds its table) and a
+// chunk that looks one up keeps more.
 TEST(WeightCopies, PredictedAndBitwiseTheRoundingAtEachCall) {
   const int64_t B = 2, T = 8;
   int compared = 0;
-  for (const Case& c : cases()) {
+  std::vector<Case> all = cases();
+  for (Case c : cases()) {
+    c.name += " bf16_embeddings";
+    c.cfg.bf16_embeddings = true;
+    all.push_back(c);
+  }
+  for (const Case& c : all) {
     for (const StageSpec& chunk : chunks(c.cfg)) {
       SCOPED_TRACE(c.name + " layers " + std::to_string(chunk.layers.front()) + ".." +
                    std::to_string(chunk.layers.back()));
@@ -428,10 +436,20 @@ TEST(WeightCopies, PredictedAndBitwiseTheRoundingAtEachCall) {
       EXPECT_EQ(run(DType::BF16, P::Off, true, true), each_call);  // bf16 inputs: the same bits
       EXPECT_NE(run(DType::BF16, P::UntilChanged, false), each_call);  // stale copies
       run(DType::F32, P::UntilChanged, true);                          // holds none
+      if (c.cfg.bf16_embeddings) {
+        ModelConfig without = c.cfg;
+        without.bf16_embeddings = false;
+        const int64_t fewer = weight_copy_bytes(ParamLayout(without, 1, 0, &chunk), chunk);
+        const ChunkRole role = chunk_role(c.cfg, chunk);
+        if ((chunk.embedding && c.cfg.input_features == 0) || role.decoder_start)
+          EXPECT_GT(weight_copy_bytes(layout, chunk), fewer);
+        else
+          EXPECT_EQ(weight_copy_bytes(layout, chunk), fewer);
+      }
       ++compared;
     }
   }
-  EXPECT_EQ(compared, 18);
+  EXPECT_EQ(compared, 36);
 }
 
 }  // namespace

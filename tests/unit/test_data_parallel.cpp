@@ -364,16 +364,10 @@ MixedRun train_mixed(Communicator& comm, ZeroStage stage, const ParamLayout& lay
   return run;
 }
 
-class MixedPrecisionState : public testing::TestWithParam<Case> {};
-
-TEST_P(MixedPrecisionState, MastersInTheShardBf16WorkingWeightsFp32OnlyWhereRead) {
-  const auto [stage, dp, bf16_reduction] = GetParam();
-  ASSERT_FALSE(bf16_reduction) << "fp32 reductions only";
-  // A vocabulary whose embedding spans several ranks' chunks and is gathered in place
-  // (WorkingWeights::kDirect), beside norms and biases gathered packed.
-  ModelConfig cfg = model_preset("tiny");
-  cfg.vocab_size = 512;
-  cfg.validate();
+// cfg: GPT-2 with a vocabulary whose embedding spans several ranks' chunks and is gathered in
+// place (WorkingWeights::kDirect), beside norms and biases gathered packed; or its tables read
+// in bf16 (bf16_embeddings), so that only norms and biases are.
+void check_mixed_state(ZeroStage stage, int dp, const ModelConfig& cfg) {
   const ParamLayout layout(cfg);
   ASSERT_GE(size_t(cfg.vocab_size * cfg.n_embd), 2 * WorkingWeights::kDirect);
   std::vector<MixedRun> runs(static_cast<size_t>(dp));
@@ -402,6 +396,35 @@ TEST_P(MixedPrecisionState, MastersInTheShardBf16WorkingWeightsFp32OnlyWhereRead
           << "an fp32-read tensor differs from one rank's step";
     }
   }
+}
+
+class MixedPrecisionState : public testing::TestWithParam<Case> {};
+
+ModelConfig mixed_state_model(bool bf16_embeddings) {
+  ModelConfig cfg = model_preset("tiny");
+  cfg.vocab_size = 512;
+  cfg.bf16_embeddings = bf16_embeddings;
+  cfg.validate();
+  return cfg;
+}
+
+TEST_P(MixedPrecisionState, MastersInTheShardBf16WorkingWeightsFp32OnlyWhereRead) {
+  const auto [stage, dp, bf16_reduction] = GetParam();
+  ASSERT_FALSE(bf16_reduction) << "fp32 reductions only";
+  check_mixed_state(stage, dp, mixed_state_model(false));
+}
+
+// With bf16_embeddings the token and position tables leave the fp32 ranges: their fp32 values
+// are released too, and the model reads their working weights.
+TEST_P(MixedPrecisionState, Bf16EmbeddingsKeepNoFp32Tables) {
+  const auto [stage, dp, bf16_reduction] = GetParam();
+  ASSERT_FALSE(bf16_reduction) << "fp32 reductions only";
+  const ModelConfig cfg = mixed_state_model(true);
+  const ParamLayout with(cfg), without(mixed_state_model(false));
+  const size_t tables =
+      with.find(Slot::TokEmbed, -1)->numel() + with.find(Slot::PosEmbed, -1)->numel();
+  EXPECT_EQ(total_size(fp32_read_ranges(with)) + tables, total_size(fp32_read_ranges(without)));
+  check_mixed_state(stage, dp, cfg);
 }
 
 INSTANTIATE_TEST_SUITE_P(DataParallelSync, MixedPrecisionState,

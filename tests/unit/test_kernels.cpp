@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "kernel_case.h"
+#include "trellis/core/bf16.h"
 #include "trellis/core/error.h"
 #include "trellis/kernels/isa.h"
 #include "trellis/kernels/ops.h"
@@ -1386,6 +1387,57 @@ TEST(KernelsEmbedding, VocabularySlicesSumToTheWholeLookup) {
     for (int64_t c = 0; c < C; ++c) EXPECT_EQ(pos[sz(i * C + c)], wpe[sz(((3 + i) % kT) * C + c)]);
 }
 
+TEST(KernelsEmbedding, Bf16TablesReadTheirBitsWidened) {
+  // bf16_embeddings' lookups against a plain loop over the bits: a vocabulary slice (tokens
+  // outside it give zero rows, written over what was there), positions added to what is there,
+  // by (row0 + i) % T or given; and equal to the fp32 kernels over the widened table.
+  const int64_t n = kB * kT, C = kC, V = 12, start = 4, rows = 6, T = kT;
+  std::mt19937 rng(71);
+  std::uniform_int_distribution<int32_t> tok(0, int32_t(V - 1)), at(0, int32_t(T - 1));
+  std::vector<int32_t> tokens(sz(n)), positions(sz(n));
+  for (auto& t : tokens) t = tok(rng);
+  for (auto& p : positions) p = at(rng);
+  const Vec wte = randn(rng, sz(rows * C)), wpe = randn(rng, sz(T * C)),
+            base = randn(rng, sz(n * C));
+  std::vector<uint16_t> wte16(wte.size()), wpe16(wpe.size());
+  for (size_t i = 0; i < wte.size(); ++i) wte16[i] = trellis::round_bf16(wte[i]);
+  for (size_t i = 0; i < wpe.size(); ++i) wpe16[i] = trellis::round_bf16(wpe[i]);
+  Vec wide_te(wte.size()), wide_pe(wpe.size());
+  for (size_t i = 0; i < wte.size(); ++i) wide_te[i] = trellis::widen_bf16(wte16[i]);
+  for (size_t i = 0; i < wpe.size(); ++i) wide_pe[i] = trellis::widen_bf16(wpe16[i]);
+  ASSERT_NE(wide_te, wte) << "the table is not bf16-representable already";
+
+  Vec got = base, fp32 = base;
+  ops::embedding_forward_bf16(got.data(), tokens.data(), wte16.data(), start, rows, n, C);
+  ops::embedding_forward(fp32.data(), tokens.data(), wide_te.data(), start, rows, n, C);
+  int64_t inside = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t r = tokens[sz(i)] - start;
+    inside += r >= 0 && r < rows;
+    for (int64_t c = 0; c < C; ++c)
+      ASSERT_EQ(got[sz(i * C + c)],
+                r >= 0 && r < rows ? trellis::widen_bf16(wte16[sz(r * C + c)]) : 0.0f)
+          << "row " << i << ", column " << c;
+  }
+  EXPECT_GT(inside, 0);
+  EXPECT_LT(inside, n);
+  EXPECT_EQ(got, fp32);
+
+  for (const int32_t* pos : std::vector<const int32_t*>{nullptr, positions.data()}) {
+    const int64_t row0 = 3;
+    got = base, fp32 = base;
+    ops::position_forward_bf16(got.data(), wpe16.data(), row0, n - row0, T, C, pos);
+    ops::position_forward(fp32.data(), wide_pe.data(), row0, n - row0, T, C, pos);
+    for (int64_t i = 0; i < n - row0; ++i) {
+      const int64_t p = pos ? pos[row0 + i] : (row0 + i) % T;
+      for (int64_t c = 0; c < C; ++c)
+        ASSERT_EQ(got[sz(i * C + c)],
+                  base[sz(i * C + c)] + trellis::widen_bf16(wpe16[sz(p * C + c)]))
+            << (pos ? "given" : "implied") << " positions, row " << i << ", column " << c;
+    }
+    EXPECT_EQ(got, fp32);
+  }
+}
 
 // ---------------------------------------------------------------------------------------------
 // cross_entropy

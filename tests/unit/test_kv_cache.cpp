@@ -11,10 +11,11 @@
 #include <span>
 #include <vector>
 
+#include "trellis/core/bf16.h"
 #include "trellis/core/error.h"
 #include "trellis/model/config.h"
-#include "trellis/model/params.h"
 #include "trellis/model/model_chunk.h"
+#include "trellis/model/params.h"
 #include "trellis/tensor_parallel/operators.h"
 
 namespace trellis {
@@ -23,10 +24,12 @@ namespace {
 constexpr int kVocab = 61;
 
 struct Model {
-  explicit Model(const std::string& preset, DType compute = DType::F32)
+  explicit Model(const std::string& preset, DType compute = DType::F32,
+                 bool bf16_embeddings = false)
       : cfg([&] {
           ModelConfig c = model_preset(preset);
           c.vocab_size = kVocab;
+          c.bf16_embeddings = bf16_embeddings;
           c.validate();
           return c;
         }()),
@@ -205,6 +208,41 @@ TEST(Bf16, HeadOutputIsBf16OnEveryPath) {
     ASSERT_EQ(got.size(), size_t(kVocab));
     for (int v = 0; v < kVocab; ++v)
       EXPECT_TRUE(is_bf16(got[size_t(v)])) << "decode's logit " << v << " = " << got[size_t(v)];
+  }
+}
+
+// bf16_embeddings on the cached paths (encode, decode): a bf16 model with the key gives, bit for
+// bit, the logits of the model without it whose tables hold their bf16 values (rounding those
+// again changes nothing, and no GEMM reads them otherwise), and not those of the plain model.
+TEST(Bf16, CachedDecodingLooksTheTablesUpInBf16) {
+  for (const std::string preset : {"tiny", "llama-tiny", "encdec-tiny"}) {
+    SCOPED_TRACE(preset);
+    Model keyed(preset, DType::BF16, true), plain(preset, DType::BF16),
+        rounded(preset, DType::BF16);
+    int tables = 0;
+    for (const ParamSpec& s : rounded.layout.specs()) {
+      if (s.slot != Slot::TokEmbed && s.slot != Slot::PosEmbed && s.slot != Slot::DecPosEmbed)
+        continue;
+      ++tables;
+      for (float& w : std::span(rounded.params.data() + s.offset, s.numel()))
+        w = widen_bf16(round_bf16(w));
+    }
+    EXPECT_EQ(tables, preset == "tiny" ? 2 : preset == "llama-tiny" ? 1 : 3);
+    const std::vector<int32_t> src_t = tokens(5, 2);
+    const std::vector<uint32_t> source(src_t.begin(), src_t.end());
+    const std::vector<std::vector<int32_t>> rows = {tokens(7, 1)}, next = {{4}};
+    auto logits = [&](Model& m) {
+      KVCache cache = keyed.cfg.encoder_decoder()
+                          ? m.model.encode({std::span<const uint32_t>(source)}, 12, kVocab - 1)
+                          : m.model.start_cache(1, 12);
+      std::vector<float> out = m.model.decode(cache, spans(rows));
+      const std::vector<float>& more = m.model.decode(cache, spans(next));
+      out.insert(out.end(), more.begin(), more.end());
+      return out;
+    };
+    const std::vector<float> got = logits(keyed);
+    EXPECT_EQ(got, logits(rounded));
+    EXPECT_NE(got, logits(plain));
   }
 }
 

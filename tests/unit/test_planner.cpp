@@ -118,6 +118,24 @@ TEST(PlannerPublished, ZeroPaperFigure1FromTheMemoryModel) {
       << "ZeRO-2: fp32 gradient shards and the lookup's fp32 embeddings";
   EXPECT_NEAR(bf16_grads[3], n * 16 / d, slack) << "ZeRO-3: the shards only";
   EXPECT_NEAR(bf16_grads[3] / 1e9, paper[3], tol * paper[3]) << "ZeRO-3: 16/d";
+
+  // bf16_embeddings: the lookup reads the working weights, so no rank keeps the fp32 tables;
+  // ZeRO-1 and 2 are then the paper's, ZeRO-0 keeps its replica (and a bf16 copy of the
+  // position table beside the tied head's of the token table), ZeRO-3 holds shards either way.
+  run.model.bf16_embeddings = true;
+  double keyed[4];
+  for (int zero = 0; zero <= 3; ++zero) {
+    run.zero = zero;
+    keyed[zero] = model_states(DType::BF16, GradReduceDtype::Bf16);
+  }
+  EXPECT_NEAR(keyed[0], bf16_grads[0] + double(run.model.block_size) * 4096 * 2, slack);
+  EXPECT_NEAR(keyed[1], n * (4 + 12 / d), slack) << "ZeRO-1: 2 + 2 + 12/d";
+  EXPECT_NEAR(keyed[2], n * (2 + 16 / d), slack) << "ZeRO-2: 2 + 16/d";
+  for (int zero = 1; zero <= 2; ++zero) {
+    EXPECT_NEAR(keyed[zero] / 1e9, paper[zero], tol * paper[zero]) << "ZeRO-" << zero;
+    EXPECT_NEAR(bf16_grads[zero] - keyed[zero], lookup, slack) << "ZeRO-" << zero;
+  }
+  EXPECT_DOUBLE_EQ(keyed[3], bf16_grads[3]);
 }
 
 // Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",

@@ -45,6 +45,7 @@ struct EvalArgs {
   uint64_t dropout_seed = 0;
   int64_t dropout_step = 0;
   float label_smoothing = 0.0f;  // grad: the training loss's (eval reports the plain loss)
+  bool bf16_embeddings = false;  // grad: as training's key (else the checkpoint's)
 };
 
 void add_eval_options(CLI::App* sub, EvalArgs& a, bool ensemble) {
@@ -261,6 +262,9 @@ Command add_grad_command(CLI::App& app) {
                   "label smoothing in [0, 1) of the loss and gradients, as training's "
                   "label_smoothing")
       ->capture_default_str();
+  sub->add_flag("--bf16-embeddings", a->bf16_embeddings,
+                "with --precision bf16, look the embedding tables up in bf16, as training's "
+                "bf16_embeddings (default: what the checkpoint was trained with)");
   return {sub, [a](Communicator&) {
             TRELLIS_REQUIRE(a->label_smoothing >= 0.0f && a->label_smoothing < 1.0f,
                             "--label-smoothing {} is outside [0, 1)", a->label_smoothing);
@@ -268,6 +272,7 @@ Command add_grad_command(CLI::App& app) {
             ck.model.dropout = a->dropout;
             ck.model.attn_dropout = a->attn_dropout;
             ck.model.classifier_dropout = a->classifier_dropout;
+            ck.model.bf16_embeddings |= a->bf16_embeddings;
             ck.model.validate();  // the probabilities in [0, 1)
             const ParamLayout layout(ck.model);
             std::vector<float> grads(layout.size(), 0.0f);

@@ -19,7 +19,7 @@ struct PlanArgs {
   std::string model, machine, precision = "bf16", grad_reduce_dtype = "fp32";
   int world = 0, ranks_per_node = 0, top = 10;
   int64_t batch = 0, seq_len = 0, vocab = 50257;
-  bool json = false;
+  bool json = false, bf16_embeddings = false;
 };
 
 // A preset name, or sizes: layers=L,width=H,heads=A[,kv_heads=K][,ffn=F][,arch=gpt2|llama].
@@ -178,6 +178,7 @@ int run_plan(const PlanArgs& a) {
   machine.peak(a.precision);
   PlanRequest req;
   req.model = parse_model(a.model, a.vocab);
+  req.model.bf16_embeddings = a.bf16_embeddings;
   if (req.model.positions != PositionKind::Rope)
     req.model.block_size = std::max<int>(req.model.block_size, int(a.seq_len));
   req.world = a.world;
@@ -189,12 +190,18 @@ int run_plan(const PlanArgs& a) {
   const Plan plan = make_plan(req, machine);
   const double n_params = double(ParamLayout(req.model).count());
   if (a.json) {
-    nlohmann::json j = {{"machine", machine.name},    {"model_params", n_params},
-                        {"world", req.world},         {"ranks_per_node", req.ranks_per_node},
-                        {"batch_size", req.batch},    {"seq_len", req.seq_len},
-                        {"precision", req.precision}, {"grad_reduce_dtype", a.grad_reduce_dtype},
+    nlohmann::json j = {{"machine", machine.name},
+                        {"model_params", n_params},
+                        {"world", req.world},
+                        {"ranks_per_node", req.ranks_per_node},
+                        {"batch_size", req.batch},
+                        {"seq_len", req.seq_len},
+                        {"precision", req.precision},
+                        {"grad_reduce_dtype", a.grad_reduce_dtype},
+                        {"bf16_embeddings", a.bf16_embeddings},
                         {"device_memory", machine.memory_bytes},
-                        {"fitting", plan.fitting},    {"layouts", nlohmann::json::array()}};
+                        {"fitting", plan.fitting},
+                        {"layouts", nlohmann::json::array()}};
     for (const Candidate& c : plan.candidates) j["layouts"].push_back(candidate_json(c));
     if (plan.smallest_world) {
       j["smallest_world"] = plan.smallest_world;
@@ -229,6 +236,9 @@ Command add_plan_command(CLI::App& app) {
   sub->add_option("--precision", a->precision, "GEMM precision: fp32 | tf32 | bf16");
   sub->add_option("--grad-reduce-dtype", a->grad_reduce_dtype,
                   "what gradients cross the data-parallel group in: fp32 | bf16 (half the bytes)");
+  sub->add_flag("--bf16-embeddings", a->bf16_embeddings,
+                "bf16: the model looks its embedding tables up in bf16 (training's "
+                "bf16_embeddings), so ZeRO keeps no fp32 copy of them on every rank");
   sub->add_option("--machine", a->machine, "machine description (hardware/*.json)")->required();
   sub->add_option("--top", a->top, "layouts to print (default 10)");
   sub->add_flag("--json", a->json, "every layout, as JSON");

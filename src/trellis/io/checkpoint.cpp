@@ -81,6 +81,7 @@ nlohmann::json hf_config(const ModelConfig& m, const TokenizerInfo& tok,
                   {"vocab_multiple", m.vocab_multiple},
                   {"blocks", block_choices(m)}};
   if (tok.vocab > 0) j["trellis"]["tokenizer_vocab"] = tok.vocab;
+  if (m.bf16_embeddings) j["trellis"]["bf16_embeddings"] = true;
   if (!task.is_null()) j["trellis"]["task"] = task;
   if (task.contains("classes")) {  // Hugging Face's names for a sequence classifier's labels
     j["num_labels"] = task["classes"].size();
@@ -137,6 +138,8 @@ ModelConfig model_config_from_json(const nlohmann::json& cfg, const std::string&
                     "{}: key 'trellis.vocab_multiple' is {}; it must be between 1 and {}", cfg_path,
                     multiple, kMaxVocab);
     m.vocab_multiple = int(multiple);
+    if (t.contains("bf16_embeddings"))
+      m.bf16_embeddings = json_get<bool>(t, "bf16_embeddings", cfg_path);
     if (t.contains("blocks")) {
       set_block_choices(t["blocks"], m, cfg_path + " trellis.blocks");
       // trellis wrote both parts: they must still describe the same model.

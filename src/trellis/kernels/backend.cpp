@@ -40,6 +40,8 @@ const Backend kCpu = {
     ops::embedding_backward,
     ops::position_forward,
     ops::position_backward,
+    ops::embedding_forward_bf16,
+    ops::position_forward_bf16,
     ops::cross_entropy,
     ops::cross_entropy_bf16,
     ops::dropout,

@@ -45,6 +45,8 @@ struct Backend {
   decltype(&ops::embedding_backward) embedding_backward;
   decltype(&ops::position_forward) position_forward;
   decltype(&ops::position_backward) position_backward;
+  decltype(&ops::embedding_forward_bf16) embedding_forward_bf16;
+  decltype(&ops::position_forward_bf16) position_forward_bf16;
   decltype(&ops::cross_entropy) cross_entropy;
   decltype(&ops::cross_entropy_bf16) cross_entropy_bf16;
   decltype(&ops::dropout) dropout;

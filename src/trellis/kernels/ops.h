@@ -218,6 +218,13 @@ void position_forward(float* out, const float* wpe, int64_t row0, int64_t rows, 
                       int64_t C, const int32_t* pos = nullptr);
 void position_backward(float* dwpe, const float* dout, int64_t row0, int64_t rows, int64_t T,
                        int64_t C, const int32_t* pos = nullptr);
+// The same forwards over tables of bf16 bits (a bf16 model's bf16_embeddings), each element
+// widened exactly, so they equal the fp32 ones over the tables rounded with to_bf16. Their
+// backwards are the fp32 ones: they never read the table.
+void embedding_forward_bf16(float* out, const int32_t* tokens, const uint16_t* wte,
+                            int64_t vocab_start, int64_t vocab_rows, int64_t n, int64_t C);
+void position_forward_bf16(float* out, const uint16_t* wpe, int64_t row0, int64_t rows, int64_t T,
+                           int64_t C, const int32_t* pos = nullptr);
 
 // Combines per-row statistics across ranks that each hold a slice of the vocabulary:
 // combine(buf, n, is_max) reduces n doubles in place (max or sum). Empty = one rank holds all.

@@ -70,6 +70,13 @@ struct ModelConfig {
   // classifier's pooled vector. Not stored in checkpoints (run settings, like the optimizer's).
   float dropout = 0.0f, attn_dropout = 0.0f, classifier_dropout = 0.0f;
 
+  // A bf16 model's lookups of its tables (token, learned position, an encoder-decoder's decoder
+  // position and subword n-gram embeddings) read the tables rounded to bf16, as its GEMMs read
+  // the weights, and write fp32 rows; false: fp32 as autocast does. So mixed-precision state
+  // keeps no fp32 replica of them (model/model_chunk.h read_as_bf16_only). No effect in fp32.
+  // Stored in checkpoints (config.json), so that evaluating in bf16 reads them the same way.
+  bool bf16_embeddings = false;
+
   // Rows of the token embedding (and vocabulary head): the vocabulary padded to a multiple of
   // vocab_multiple * tp, so that each of tp vocabulary-parallel ranks holds the same number.
   int64_t padded_vocab(int tp = 1) const {

@@ -82,7 +82,7 @@ KVCache ModelChunk::encode(const std::vector<std::span<const uint32_t>>& sources
   ctx.dropping = false;
   set_doc_positions(ctx);
   start_pass();
-  embed(ctx.src_tokens.data(), pos_, ctx.embedded.f32(), ctx);
+  embed(ctx.src_tokens.data(), false, ctx.embedded.f32(), ctx);
   size_t i = 0;
   for (; i < blocks_.size() && !blocks_[i].decoder; ++i)
     block_forward(ctx, int(i), block_input(ctx, int(i)));
@@ -146,9 +146,8 @@ const std::vector<float>& ModelChunk::decode(KVCache& c,
   w.k.resize(size_t(rows)), w.v.resize(size_t(rows)), w.src_len.resize(size_t(rows));
 
   // The decoder's embedding: tokens plus learned positions (an encoder-decoder's own table).
-  k_.embedding_forward(w.x.data(), w.tokens.data(), emb_, 0, vocab_rows_, N, C);
-  if (const float* table = cfg_.encoder_decoder() ? dec_pos_ : pos_)
-    k_.position_forward(w.x.data(), table, 0, N, cfg_.block_size, C, w.positions.data());
+  lookup_tokens(w.x.data(), w.tokens.data(), N);
+  add_positions(w.x.data(), cfg_.encoder_decoder(), 0, N, cfg_.block_size, w.positions.data());
   int64_t li = 0;
   for (const Block& p : blocks_) {
     if (cfg_.encoder_decoder() && !p.decoder) continue;

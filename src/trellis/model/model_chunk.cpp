@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 
+#include "trellis/core/bf16.h"
 #include "trellis/core/error.h"
 #include "trellis/core/philox.h"
 #include "trellis/model/activation_memory.h"
@@ -178,7 +179,20 @@ ModelChunk::ModelChunk(const ParamLayout& layout, float* params, float* grads, T
                   "block {}: the family's tensors do not match the configured widths", l);
     blocks_.push_back(std::move(b));
   }
-  if (bf16_ && chunk_.head && cfg_.lm_head()) head_copy_ = copies_.add(head_w_, vocab_rows_ * C_);
+  if (bf16_ && cfg_.bf16_embeddings) {
+    auto table = [&](Slot slot, int layer, const float* w) {
+      return w ? copies_.add(w, int64_t(layout.find(slot, layer)->numel())) : -1;
+    };
+    if ((chunk_.embedding && !feature_input) || decoder_start_)
+      emb_copy_ = table(Slot::TokEmbed, -1, emb_);
+    pos_copy_ = table(Slot::PosEmbed, -1, pos_);
+    dec_pos_copy_ = table(Slot::DecPosEmbed, cfg_.n_layer, dec_pos_);
+    ngram_copy_ = table(Slot::NgramEmbed, -1, ngram_w_);
+  }
+  // A tied head multiplies the copy its lookup reads, where both run here.
+  if (bf16_ && chunk_.head && cfg_.lm_head())
+    head_copy_ =
+        cfg_.tied_head && emb_copy_ >= 0 ? emb_copy_ : copies_.add(head_w_, vocab_rows_ * C_);
 }
 
 // Self-attention is causal in decoders: an encoder-decoder's encoder blocks see the whole source.
@@ -310,14 +324,30 @@ const float* ModelChunk::encoder_output(Context& ctx) const {
   return ctx.enc.f32();
 }
 
-void ModelChunk::embed(const int32_t* tokens, const float* pos, float* out, const Context& ctx) {
+void ModelChunk::lookup_tokens(float* out, const int32_t* tokens, int64_t n) {
+  if (emb_copy_ >= 0)
+    k_.embedding_forward_bf16(out, tokens, copies_.bits(k_, emb_copy_), vocab_start_, vocab_rows_,
+                              n, C_);
+  else
+    k_.embedding_forward(out, tokens, emb_, vocab_start_, vocab_rows_, n, C_);
+}
+
+void ModelChunk::add_positions(float* out, bool decoder, int64_t row0, int64_t rows, int64_t T,
+                               const int32_t* positions) {
+  const float* table = decoder ? dec_pos_ : pos_;
+  const int copy = decoder ? dec_pos_copy_ : pos_copy_;
+  if (copy >= 0)
+    k_.position_forward_bf16(out, copies_.bits(k_, copy), row0, rows, T, C_, positions);
+  else if (table)
+    k_.position_forward(out, table, row0, rows, T, C_, positions);
+}
+
+void ModelChunk::embed(const int32_t* tokens, bool decoder, float* out, const Context& ctx) {
   const int64_t BT = ctx.B * ctx.T;
   if (!features_.empty()) {  // replicated: each rank projects its own rows
     const int64_t F = cfg_.input_features;
     features_.forward(out, ctx.features.data() + tp_.first_row(BT) * F, tp_.local_rows(BT));
-    if (pos)
-      k_.position_forward(out, pos, tp_.first_row(BT), tp_.local_rows(BT), ctx.T, C_,
-                          doc_positions(ctx));
+    add_positions(out, decoder, tp_.first_row(BT), tp_.local_rows(BT), ctx.T, doc_positions(ctx));
     return;
   }
   for (int64_t i = 0; i < BT; ++i)
@@ -325,12 +355,10 @@ void ModelChunk::embed(const int32_t* tokens, const float* pos, float* out, cons
                     "token id {} is outside the vocabulary (size {})", tokens[i], cfg_.vocab_size);
   // Each rank looks up the tokens of its vocabulary slice; leaving the region sums the slices.
   float* lookup = tp_.sequence_parallel() ? full_.f32() : out;
-  k_.embedding_forward(lookup, tokens, emb_, vocab_start_, vocab_rows_, BT, C_);
+  lookup_tokens(lookup, tokens, BT);
   if (ngram_w_) ngrams_forward(tokens, lookup, ctx);
   tp_.leave(lookup, out, BT, C_);
-  if (pos)
-    k_.position_forward(out, pos, tp_.first_row(BT), tp_.local_rows(BT), ctx.T, C_,
-                        doc_positions(ctx));
+  add_positions(out, decoder, tp_.first_row(BT), tp_.local_rows(BT), ctx.T, doc_positions(ctx));
 }
 
 // Backward of embed from d(out) in dres_.
@@ -363,11 +391,12 @@ void row_bags(const SubwordNgrams* ngrams, const int32_t* tokens, int64_t B, int
 }
 }  // namespace
 
-void ModelChunk::ngrams_forward(const int32_t* tokens, float* out, const Context& ctx) const {
+void ModelChunk::ngrams_forward(const int32_t* tokens, float* out, const Context& ctx) {
   std::vector<int32_t> ids;
   std::vector<int64_t> offsets;
   row_bags(subword_, tokens, ctx.B, ctx.T, ids, offsets);
   const int64_t C = C_;
+  const uint16_t* w16 = ngram_copy_ >= 0 ? copies_.bits(k_, ngram_copy_) : nullptr;
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < ctx.B * ctx.T; ++r) {
     const int64_t begin = offsets[size_t(r)], end = offsets[size_t(r + 1)];
@@ -375,8 +404,11 @@ void ModelChunk::ngrams_forward(const int32_t* tokens, float* out, const Context
     const float inv = 1.0f / float(end - begin);
     float* y = out + r * C;
     for (int64_t i = begin; i < end; ++i) {
-      const float* w = ngram_w_ + int64_t(ids[size_t(i)]) * C;
-      for (int64_t c = 0; c < C; ++c) y[c] += inv * w[c];
+      const int64_t row = int64_t(ids[size_t(i)]) * C;
+      if (w16)
+        for (int64_t c = 0; c < C; ++c) y[c] += inv * widen_bf16(w16[row + c]);
+      else
+        for (int64_t c = 0; c < C; ++c) y[c] += inv * ngram_w_[row + c];
     }
   }
 }
@@ -405,7 +437,7 @@ void ModelChunk::ngrams_backward(const int32_t* tokens, const float* dout,
 void ModelChunk::decoder_start_forward(Context& ctx, const float* x_enc) {
   const int64_t R = tp_.local_rows(ctx.B * ctx.T);
   enc_norm_.forward(ctx.enc.f32(), ctx.enc_mean.f32(), ctx.enc_rstd.f32(), x_enc, R);
-  embed(ctx.tokens.data(), dec_pos_, ctx.dec_embedded.f32(), ctx);
+  embed(ctx.tokens.data(), true, ctx.dec_embedded.f32(), ctx);
   if (const ops::Dropout d = dropout_of(ctx, cfg_.dropout, 0, kDecEmbedDrop); d.p > 0.0f)
     drop_rows(ctx, ctx.dec_embedded.f32(), ctx.dec_embedded.f32(), nullptr, d);
 }
@@ -643,7 +675,7 @@ void ModelChunk::blocks_forward(Context& ctx) {
   run_hooks(&BlockHooks::before_forward, -1);
   if (chunk_.embedding) {
     const bool src = cfg_.encoder_decoder() && !ctx.src_tokens.empty();
-    embed(src ? ctx.src_tokens.data() : ctx.tokens.data(), pos_, ctx.embedded.f32(), ctx);
+    embed(src ? ctx.src_tokens.data() : ctx.tokens.data(), false, ctx.embedded.f32(), ctx);
     if (const ops::Dropout d = dropout_of(ctx, cfg_.dropout, 0, kEmbedDrop); d.p > 0.0f)
       drop_rows(ctx, ctx.embedded.f32(), ctx.embedded.f32(), nullptr, d);
   }
@@ -1036,6 +1068,7 @@ std::vector<float> ModelChunk::logits_at(Context& ctx, const std::vector<int64_t
 
 int64_t weight_copy_bytes(const ParamLayout& layout, const StageSpec& chunk) {
   const ModelConfig& cfg = layout.config();
+  const ChunkRole role = chunk_role(cfg, chunk);
   const auto in_chunk = [&](int layer) {
     return std::find(chunk.layers.begin(), chunk.layers.end(), layer) != chunk.layers.end();
   };
@@ -1057,8 +1090,18 @@ int64_t weight_copy_bytes(const ParamLayout& layout, const StageSpec& chunk) {
       case Slot::Head:  // an untied head; a tied one multiplies the token embedding
         if (chunk.head && cfg.lm_head()) n += int64_t(s.numel());
         break;
-      case Slot::TokEmbed:
-        if (chunk.head && cfg.lm_head() && cfg.tied_head) n += int64_t(s.numel());
+      case Slot::TokEmbed:  // one copy for a tied head and the lookup
+        if ((chunk.head && cfg.tied_lm_head()) ||
+            (cfg.bf16_embeddings &&
+             ((chunk.embedding && cfg.input_features == 0) || role.decoder_start)))
+          n += int64_t(s.numel());
+        break;
+      case Slot::PosEmbed:
+      case Slot::NgramEmbed:
+        if (cfg.bf16_embeddings && chunk.embedding) n += int64_t(s.numel());
+        break;
+      case Slot::DecPosEmbed:
+        if (cfg.bf16_embeddings && role.decoder_start) n += int64_t(s.numel());
         break;
       default:
         break;
@@ -1071,7 +1114,15 @@ ModelChunk::WeightCopyPolicy training_weight_copies(int zero) {
   return zero >= 3 ? ModelChunk::WeightCopyPolicy::Off : ModelChunk::WeightCopyPolicy::UntilChanged;
 }
 
-bool multiplied_only(const ParamSpec& s) {
+namespace {
+// The tables a lookup reads: token, learned position, decoder position, n-gram embeddings.
+bool lookup_table(Slot slot) {
+  return slot == Slot::TokEmbed || slot == Slot::PosEmbed || slot == Slot::DecPosEmbed ||
+         slot == Slot::NgramEmbed;
+}
+}  // namespace
+
+bool read_as_bf16_only(const ParamSpec& s, const ModelConfig& cfg) {
   if (s.bias) return false;
   // clang-format off
   switch (s.slot) {
@@ -1081,7 +1132,7 @@ bool multiplied_only(const ParamSpec& s) {
     case Slot::FeatureEmbed: case Slot::Classifier: case Slot::Head:
       return true;
     default:
-      return false;
+      return cfg.bf16_embeddings && lookup_table(s.slot);
   }
   // clang-format on
 }
@@ -1089,7 +1140,8 @@ bool multiplied_only(const ParamSpec& s) {
 std::vector<FlatRange> fp32_read_ranges(const ParamLayout& layout) {
   std::vector<FlatRange> r;
   for (const ParamSpec& s : layout.specs())
-    if (!multiplied_only(s) && s.numel() > 0) r.push_back({s.offset, s.offset + s.numel()});
+    if (!read_as_bf16_only(s, layout.config()) && s.numel() > 0)
+      r.push_back({s.offset, s.offset + s.numel()});
   std::sort(r.begin(), r.end(),
             [](const FlatRange& a, const FlatRange& b) { return a.begin < b.begin; });
   std::vector<FlatRange> merged;

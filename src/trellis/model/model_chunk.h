@@ -189,8 +189,9 @@ class ModelChunk {
   void weights_changed() { copies_.changed(); }
   // A mixed-precision run's bf16 working weights (parallel/working_weights.h): bits laid out as
   // the fp32 buffer `params` this chunk was built over, which the caller keeps current. The
-  // GEMMs read them instead of copies of their own (the fp32 values of the weights they
-  // multiply may then be absent); replaces any WeightCopyPolicy. A bf16 chunk only.
+  // GEMMs (and bf16_embeddings' lookups) read them instead of copies of their own (the fp32
+  // values of what they read may then be absent); replaces any WeightCopyPolicy. A bf16 chunk
+  // only.
   void use_working_weights(const float* params, const uint16_t* bits);
   // Bytes of the bf16 weight copies held once made (0 for fp32 or with Off);
   // weight_copy_bytes (model/activation_memory.h) predicts them.
@@ -214,12 +215,20 @@ class ModelChunk {
     Linear qkv, proj, xq, xkv, xproj, up, down;  // up/down empty: no MLP
   };
   // l in block_* is the position of the block within this chunk.
-  // out = token embedding of `tokens` (+ learned positions pos), this rank's rows.
-  void embed(const int32_t* tokens, const float* pos, float* out, const Context& ctx);
+  // out = token embedding of `tokens` (+ learned positions: an encoder-decoder's decoder table
+  // when `decoder`, else the model's), this rank's rows.
+  void embed(const int32_t* tokens, bool decoder, float* out, const Context& ctx);
+  // The lookups (of bf16 copies with bf16_embeddings): out[n, C] = the tokens' rows of this
+  // rank's vocabulary slice (zero for other tokens); out += the position rows of rows row0..
+  // (position (row0 + i) % T, or as `positions` says) from the table `embed` would use (none
+  // under RoPE).
+  void lookup_tokens(float* out, const int32_t* tokens, int64_t n);
+  void add_positions(float* out, bool decoder, int64_t row0, int64_t rows, int64_t T,
+                     const int32_t* positions);
   void embed_backward(const int32_t* tokens, float* dpos, const Context& ctx);
   // out[b*T + t] += the mean of the n-gram rows of token t's bag (forward), and its backward
   // from d(out) into the n-gram table's gradient.
-  void ngrams_forward(const int32_t* tokens, float* out, const Context& ctx) const;
+  void ngrams_forward(const int32_t* tokens, float* out, const Context& ctx);
   void ngrams_backward(const int32_t* tokens, const float* dout, const Context& ctx) const;
   void decoder_start_forward(Context& ctx, const float* x_enc);
   void cross_forward(Context& ctx, int l, Context::BlockActs& a);
@@ -313,6 +322,8 @@ class ModelChunk {
   WeightCopies copies_;
   WeightCopyPolicy copy_policy_ = WeightCopyPolicy::PerPass;
   int head_copy_ = -1;
+  // With bf16_embeddings, the tables' copies (-1: not looked up here, or read in fp32).
+  int emb_copy_ = -1, pos_copy_ = -1, dec_pos_copy_ = -1, ngram_copy_ = -1;
   ModelConfig cfg_;
   StageSpec chunk_;
   TensorParallel& tp_;
@@ -342,17 +353,19 @@ class ModelChunk {
 };
 
 // The bytes of the bf16 weight copies a bf16 ModelChunk of `chunk` keeps (its linear layers' and
-// head's weights; ModelChunk::weight_copy_bytes, which test_activation_memory checks against it).
+// head's weights, with bf16_embeddings the tables it looks up; ModelChunk::weight_copy_bytes,
+// which test_activation_memory checks against it).
 int64_t weight_copy_bytes(const ParamLayout& layout, const StageSpec& chunk);
 // The policy a bf16 training run gives its chunks: UntilChanged, or Off under ZeRO-3 (whose
 // ranks hold a block's weights only while it runs).
 ModelChunk::WeightCopyPolicy training_weight_copies(int zero);
-// Whether a bf16 model reads tensor s only as a bf16 GEMM operand: a linear layer's or an untied
-// head's weight (not a bias). The rest (norms, biases, embeddings, a tied head's token embedding,
-// which its lookup reads) the kernels read in fp32.
-bool multiplied_only(const ParamSpec& s);
+// Whether a bf16 model reads tensor s only in bf16: a linear layer's or an untied head's weight
+// (not a bias), read as a bf16 GEMM operand, and with cfg.bf16_embeddings the lookup tables too.
+// The rest (norms, biases, and without the key the tables, a tied head's token embedding
+// included, which its lookup reads) the kernels read in fp32.
+bool read_as_bf16_only(const ParamSpec& s, const ModelConfig& cfg);
 // The ranges of the layout's buffer that a bf16 model reads in fp32 (every tensor but the
-// multiplied_only ones), sorted and merged: what a mixed-precision run keeps replicated in fp32.
+// read_as_bf16_only ones), sorted and merged: what a mixed-precision run keeps replicated in fp32.
 std::vector<FlatRange> fp32_read_ranges(const ParamLayout& layout);
 
 // Training FLOPs per token (forward + backward): 6 * params + attention's 12 * L * C * T.

@@ -23,6 +23,12 @@ const uint16_t* WeightCopies::get(const Backend& k, int h) {
   return bits_.data() + c.offset;
 }
 
+const uint16_t* WeightCopies::bits(const Backend& k, int h) {
+  if (const uint16_t* b = get(k, h)) return b;
+  const Copy& c = copies_[size_t(h)];
+  return round_once(k, c.w, c.n);
+}
+
 void WeightCopies::use_working(const float* base32, const uint16_t* base16) {
   base32_ = base32;
   base16_ = base16;

@@ -9,11 +9,12 @@
 
 namespace trellis {
 
-// The bf16 copies of the weights a bf16 model multiplies (the linear layers' and the head's):
-// each rounded once and read by every GEMM until the fp32 master weights change, instead of
-// rounded again by each GEMM call (every micro-batch's forward, backward and recompute). The
-// same bits either way: a bf16 GEMM rounds its fp32 operands exactly so. Not thread-safe: one
-// forward or backward of a model runs at a time.
+// The bf16 copies of the weights a bf16 model multiplies (the linear layers' and the head's; with
+// bf16_embeddings also the tables it looks up): each rounded once and read by every GEMM (and
+// lookup) until the fp32 master weights change, instead of rounded again by each GEMM call
+// (every micro-batch's forward, backward and recompute). The same bits either way: a bf16 GEMM
+// rounds its fp32 operands exactly so. Not thread-safe: one forward or backward of a model runs
+// at a time.
 class WeightCopies {
  public:
   // Registers the weight w[0, n) (before the first get) and returns its handle.
@@ -21,6 +22,9 @@ class WeightCopies {
   // The bf16 bits of weight h, rounded again if the weights changed since they were; null while
   // disabled (the caller passes the fp32 weight, and the GEMM rounds it).
   const uint16_t* get(const Backend& k, int h);
+  // get, or while disabled weight h rounded into round_once's scratch: a lookup table's bits
+  // (a lookup, unlike a GEMM, cannot round what it reads).
+  const uint16_t* bits(const Backend& k, int h);
   // The fp32 master weights may have changed (an optimizer step, a load, a ZeRO gather).
   void changed() { ++generation_; }
   // Disabled: no copies are held (ZeRO-3, whose rank holds a block's weights only while it

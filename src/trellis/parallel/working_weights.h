@@ -3,7 +3,8 @@
 // weights of its shard only, compact beside the optimizer's moments (the strategy's
 // owned_params); every rank holds the bf16 working weights the GEMMs read, one buffer laid out as
 // the fp32 one; and the fp32 values only of the tensors the kernels read in fp32 (norms, biases,
-// embeddings: model/fp32_read_ranges) in the fp32 buffer, whose other pages are returned. After
+// embeddings unless bf16_embeddings: model/fp32_read_ranges) in the fp32 buffer, whose other
+// pages are returned. After
 // the update a region's working weights are rounded from the masters of each shard and
 // all-gathered as bf16 bits (half the bytes of an fp32 gather), and its fp32-read elements
 // gathered in fp32: a large fp32-read tensor's part in the ranks' chunks straight into its place

@@ -54,6 +54,7 @@ ModelConfig TrainConfig::model_config(int vocab_size, int num_classes, int input
   m.dropout = float(dropout);
   m.attn_dropout = float(attn_dropout);
   m.classifier_dropout = float(classifier_dropout);
+  m.bf16_embeddings = bf16_embeddings;
   m.subword_ngrams = subword_ngrams;
   m.ngram_min = ngram_min;
   m.ngram_max = ngram_max;
@@ -276,10 +277,17 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       make_key("threads", "OpenMP threads per rank (0 = cores / ranks on this node)", &c.threads),
       make_key("precision",
                "GEMM precision: fp32; bf16 (operands rounded to bf16, fp32 accumulation, weights, "
-               "optimizer and everything else fp32; without AVX512-BF16 the products are emulated, slower "
+               "optimizer and everything else fp32; without AVX512-BF16 the products are emulated, "
+               "slower "
                "than fp32, with a notice); "
                "auto = bf16 where the CPU has it",
                &c.precision),
+      make_key("bf16_embeddings",
+               "with precision bf16: the lookups of the embedding tables (token, learned "
+               "position, decoder position, subword n-gram) read them rounded to bf16, as the "
+               "GEMMs read the weights (fp32 rows out), so ZeRO keeps no fp32 copy of them on "
+               "every rank; saved in the checkpoint; no effect in fp32",
+               &c.bf16_embeddings),
       make_key("optimizer", "adamw or sgd", &o.name),
       make_key("lr", "peak learning rate", &o.lr),
       make_key("lr_schedule",
@@ -325,10 +333,11 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       make_key("log_every", "print a progress line every N steps", &c.log_every),
       make_key("quiet", "no progress lines (files are still written)", &c.quiet),
       make_key("tensorboard", "write TensorBoard event files to out/tb", &c.tensorboard),
-      make_key("peak_gflops_per_core",
-               "per-core peak GFLOP/s that MFU divides by (0 = measure the peak of the precision in "
-               "use at start: fp32 FMA or bf16 dot products)",
-               &c.peak_gflops_per_core),
+      make_key(
+          "peak_gflops_per_core",
+          "per-core peak GFLOP/s that MFU divides by (0 = measure the peak of the precision in "
+          "use at start: fp32 FMA or bf16 dot products)",
+          &c.peak_gflops_per_core),
       make_key("layout",
                "auto: take `trellis plan`'s first layout for this model, batch and world (dp, tp, "
                "pp, schedule, virtual stages, ZeRO, recompute, sequence parallelism, micro-batch; "
@@ -358,7 +367,8 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
                &c.sequence_parallel),
       make_key("recompute",
                "activation recomputation: none (keep every activation), selective (drop the MLP's "
-               "up projection and activation, recompute them in backward) or full (keep only each block's input, rerun the block in backward); "
+               "up projection and activation, recompute them in backward) or full (keep only each "
+               "block's input, rerun the block in backward); "
                "bitwise the same results",
                &c.recompute),
       make_key("zero",

@@ -65,6 +65,7 @@ struct TrainConfig {
   uint64_t seed = 1337;
   int threads = 0;                 // OpenMP threads per rank; 0 = cores / local ranks
   std::string precision = "auto";  // GEMMs in fp32 | bf16 | auto (bf16 where the CPU has it)
+  bool bf16_embeddings = false;    // bf16 lookups of the embedding tables (ModelConfig's)
   OptimConfig optim = {.lr = 4e-3f, .min_lr = 4e-4f};
   // checkpoints, validation, logging
   int64_t save_every = 0;   // 0 = only at the end

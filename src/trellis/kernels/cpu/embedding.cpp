@@ -1,23 +1,56 @@
-// Token lookup over a vocabulary slice, position embedding, and their scatter-add backwards.
+// Token lookup over a vocabulary slice, position embedding (from fp32 or bf16 tables), and their
+// scatter-add backwards.
 #include <algorithm>
 #include <cstring>
 
+#include "trellis/core/bf16.h"
 #include "trellis/core/error.h"
 #include "trellis/kernels/ops.h"
 
 namespace trellis::ops {
 
-void embedding_forward(float* out, const int32_t* tokens, const float* wte, int64_t vocab_start,
-                       int64_t vocab_rows, int64_t n, int64_t C) {
+namespace {
+// A table element as the lookups read it: fp32, or bf16 bits widened (exact).
+float value(float w) { return w; }
+float value(uint16_t w) { return widen_bf16(w); }
+
+template <class W>
+void lookup(float* out, const int32_t* tokens, const W* wte, int64_t vocab_start,
+            int64_t vocab_rows, int64_t n, int64_t C) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const int64_t row = int64_t(tokens[i]) - vocab_start;
     float* y = out + i * C;
     if (row >= 0 && row < vocab_rows)
-      std::memcpy(y, wte + row * C, size_t(C) * sizeof(float));
+      for (int64_t c = 0; c < C; ++c) y[c] = value(wte[row * C + c]);
     else
       std::memset(y, 0, size_t(C) * sizeof(float));
   }
+}
+
+template <class W>
+void add_positions(float* out, const W* wpe, int64_t row0, int64_t rows, int64_t T, int64_t C,
+                   const int32_t* pos) {
+  for (int64_t i = 0; pos && i < rows; ++i)
+    TRELLIS_CHECK(pos[row0 + i] >= 0 && pos[row0 + i] < T, "position {} of row {} outside [0, {})",
+                  pos[row0 + i], row0 + i, T);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows; ++i) {
+    const W* p = wpe + (pos ? pos[row0 + i] : (row0 + i) % T) * C;
+    float* y = out + i * C;
+    for (int64_t c = 0; c < C; ++c) y[c] += value(p[c]);
+  }
+}
+}  // namespace
+
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, int64_t vocab_start,
+                       int64_t vocab_rows, int64_t n, int64_t C) {
+  lookup(out, tokens, wte, vocab_start, vocab_rows, n, C);
+}
+
+void embedding_forward_bf16(float* out, const int32_t* tokens, const uint16_t* wte,
+                            int64_t vocab_start, int64_t vocab_rows, int64_t n, int64_t C) {
+  lookup(out, tokens, wte, vocab_start, vocab_rows, n, C);
 }
 
 void embedding_backward(float* dwte, const float* dout, const int32_t* tokens, int64_t vocab_start,
@@ -38,15 +71,12 @@ void embedding_backward(float* dwte, const float* dout, const int32_t* tokens, i
 
 void position_forward(float* out, const float* wpe, int64_t row0, int64_t rows, int64_t T,
                       int64_t C, const int32_t* pos) {
-  for (int64_t i = 0; pos && i < rows; ++i)
-    TRELLIS_CHECK(pos[row0 + i] >= 0 && pos[row0 + i] < T, "position {} of row {} outside [0, {})",
-                  pos[row0 + i], row0 + i, T);
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < rows; ++i) {
-    const float* p = wpe + (pos ? pos[row0 + i] : (row0 + i) % T) * C;
-    float* y = out + i * C;
-    for (int64_t c = 0; c < C; ++c) y[c] += p[c];
-  }
+  add_positions(out, wpe, row0, rows, T, C, pos);
+}
+
+void position_forward_bf16(float* out, const uint16_t* wpe, int64_t row0, int64_t rows, int64_t T,
+                           int64_t C, const int32_t* pos) {
+  add_positions(out, wpe, row0, rows, T, C, pos);
 }
 
 void position_backward(float* dwpe, const float* dout, int64_t row0, int64_t rows, int64_t T,
