@@ -11,6 +11,7 @@
 #include "trellis/comm/communicator.h"
 #include "trellis/core/error.h"
 #include "trellis/train/config.h"
+#include "trellis/train/stop_signal.h"
 #include "trellis/train/trainer.h"
 
 namespace trellis {
@@ -94,6 +95,7 @@ Command add_train_command(CLI::App& app) {
       return 0;
     }
     if (args->dry_run) return dry_run(args->cfg, args->json);
+    catch_stop_signals();
     return train_ensemble(args->cfg, world);
   };
   return {sub, run};

@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <csignal>
 #include <chrono>
 #include <climits>
 #include <cmath>
@@ -46,6 +47,7 @@
 #include "trellis/train/fault.h"
 #include "trellis/train/metrics.h"
 #include "trellis/train/run_data.h"
+#include "trellis/train/stop_signal.h"
 #include "trellis/train/time_budget.h"
 #include "trellis/train/trace.h"
 #include "trellis/train/validate_run.h"
@@ -908,7 +910,8 @@ void Trainer::fit_time_budget(int64_t step, double step_seconds) {
 
 int Trainer::run() {
   double best_val = INFINITY, tokens_per_s_sum = 0.0;
-  int64_t timed_steps = 0;
+  int64_t timed_steps = 0, stopped_at = 0;
+  int stopped_by = 0;  // the stop signal that ended the run (stop_signal.h)
   std::string last_checkpoint;
   world_.barrier();  // a common time origin for the trace
   pipe_->record_trace(!cfg_.trace.empty());
@@ -949,6 +952,14 @@ int Trainer::run() {
       if ((last || early_stop_step == step) && lead_ && mc_.num_classes > 0)
         print_confusion(val.confusion);
     }
+    // A stop signal on any rank ends the run here on every rank, with this step saved.
+    double signal = double(caught_stop_signal());
+    world_.all_reduce_max(&signal, 1);
+    if (signal > 0.0) {
+      stopped_by = int(signal);
+      stopped_at = step;
+      stopping = true;
+    }
     if ((cfg_.save_every > 0 && step % cfg_.save_every == 0) || last || stopping)
       last_checkpoint = save(step);
     if (stopping) break;
@@ -956,6 +967,14 @@ int Trainer::run() {
   if (cfg_.steps <= start_step_ && early_stop_step < 0) last_checkpoint = save(start_step_);
   checkpointer_->finish();  // an --async-save still writing: wait for it, then commit it
   last_checkpoint = checkpointer_->last_committed();
+  if (stopped_by) {  // the shell's code for a process a signal ended: 128 + its number
+    if (lead_)
+      fmt::print(stderr,
+                 "trellis: {} stopped the run after step {}: checkpoint {} (train again with "
+                 "--resume to continue from it)\n",
+                 stopped_by == SIGINT ? "SIGINT" : "SIGTERM", stopped_at, last_checkpoint);
+    return 128 + stopped_by;
+  }
   if (!lead_ || cfg_.quiet) return 0;
   const int64_t end_step = early_stop_step >= 0         ? early_stop_step
                            : cfg_.stop_at > start_step_ ? std::min(cfg_.stop_at, cfg_.steps)
