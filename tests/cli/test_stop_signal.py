@@ -1,7 +1,8 @@
 """A stop signal ends `train` at the next step boundary with that step saved, and --resume then
 continues bit for bit: SIGTERM to one process (exit 143) and SIGINT (exit 130); under mpirun,
 SIGTERM to rank 1 only, which every rank must learn of at the same step (both save it, and the
-lead names it). Each stopped run is compared with a run that was never stopped: its losses and the
+lead names it), SIGTERM to mpirun, which passes it on to the ranks (a scheduler's way), and
+SIGTERM to `trellis launch`, which passes it on to its job and exits 130 without a restart. Each stopped run is compared with a run that was never stopped: its losses and the
 checkpoint after 4 more steps bitwise equal."""
 import os
 import re
@@ -34,9 +35,10 @@ def logged_steps(out):
         return 0
 
 
-def stop_mid_run(what, sig, np_=1, extra=()):
-    """Starts the run, signals it after 3 logged steps (the process, or rank 1 under mpirun);
-    returns (exit code, stderr, out dir)."""
+def stop_mid_run(what, sig, np_=1, extra=(), to_rank=None, launch=False):
+    """Starts the run (under `trellis launch` with launch), signals it after 3 logged steps (the
+    process, mpirun or launch, or the rank to_rank under mpirun); returns (exit code, stderr, out
+    dir)."""
     out = fresh_dir(what)
     args = with_precision(["train", "--out", out] + common + list(extra))
     session = tempfile.mkdtemp(prefix="ompi-") if np_ > 1 else None
@@ -45,6 +47,8 @@ def stop_mid_run(what, sig, np_=1, extra=()):
     if np_ > 1:
         cmd = ["mpirun", "--oversubscribe", "-np", str(np_)] + cmd
         env = dict(MPI_ENV, OMPI_MCA_orte_tmpdir_base=session)
+    if launch:
+        cmd = [BIN, "launch", "--np", str(np_), "--"] + args
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         deadline = time.time() + 120
@@ -53,14 +57,14 @@ def stop_mid_run(what, sig, np_=1, extra=()):
                 fail(f"{what}: the run ended or stalled before 3 steps: {p.communicate()}")
             time.sleep(0.1)
         target = p.pid
-        if np_ > 1:
+        if to_rank is not None:
             ranks = {}
             for pid in training_ranks(out):
                 with open(f"/proc/{pid}/environ", "rb") as f:
                     env_vars = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
                 ranks[int(env_vars.get(b"OMPI_COMM_WORLD_RANK", b"-1"))] = pid
             check(sorted(ranks) == list(range(np_)), f"{what}: found the ranks {sorted(ranks)}")
-            target = ranks[1]
+            target = ranks[to_rank]
         os.kill(target, sig)
         _, err = p.communicate(timeout=120)
     except BaseException:
@@ -77,7 +81,7 @@ def check_stopped(what, rc, err, out, want_rc, name, np_=1, extra=()):
                   r"again with --resume", err)
     check(m is not None, f"{what}: the lead says where it stopped ({err[-600:]!r})")
     n = int(m.group(1))
-    if np_ == 1:
+    if want_rc is not None:
         check(rc == want_rc, f"{what}: exit code {rc}, expected {want_rc}")
     else:
         check(rc != 0, f"{what}: mpirun reports the stop ({rc})")
@@ -106,6 +110,10 @@ for what, sig, want, name in (("term", signal.SIGTERM, 143, "SIGTERM"),
     check_stopped(what, rc, err, out, want, name)
 
 dp = ["--dp", 2, "--zero", 1]
-rc, err, out = stop_mid_run("dp2", signal.SIGTERM, np_=2, extra=dp)
-check_stopped("dp2", rc, err, out, None, "SIGTERM", np_=2, extra=dp)
+for what, to_rank in (("dp2_rank1", 1), ("dp2_mpirun", None)):
+    rc, err, out = stop_mid_run(what, signal.SIGTERM, np_=2, extra=dp, to_rank=to_rank)
+    check_stopped(what, rc, err, out, None, "SIGTERM", np_=2, extra=dp)
+rc, err, out = stop_mid_run("launch", signal.SIGTERM, np_=2, extra=dp, launch=True)
+check("restart" not in err, "launch: no restart of a job a signal stopped")
+check_stopped("launch", rc, err, out, 130, "SIGTERM", np_=2, extra=dp)
 print("PASS test_stop_signal")

@@ -35,7 +35,14 @@ struct LaunchArgs {
 };
 
 volatile sig_atomic_t g_interrupted = 0;
-void on_signal(int) { g_interrupted = 1; }
+volatile sig_atomic_t g_job = 0;  // the running attempt's pid (0: none)
+// SIGTERM (a scheduler, `kill`) reaches this process alone, so it goes on to the job, whose ranks
+// then save their step and exit (train/stop_signal.h); Ctrl-C's SIGINT reaches the whole
+// process group already.
+void on_signal(int sig) {
+  g_interrupted = 1;
+  if (sig == SIGTERM && g_job > 0) kill(pid_t(g_job), SIGTERM);
+}
 
 // What the supervisor needs of the run's settings, read back from `train … --dump-config` so
 // that config files, --set and flags resolve exactly as `train` resolves them.
@@ -52,7 +59,7 @@ struct Child {
 
 // Runs argv with TRELLIS_RESTART=restart in its environment; waits for it. capture: collect its
 // stdout instead of passing it through.
-Child spawn(const std::vector<std::string>& argv, int restart, bool capture) {
+Child spawn(const std::vector<std::string>& argv, int restart, bool capture, bool job = false) {
   int pipefd[2] = {-1, -1};
   if (capture) TRELLIS_CHECK(pipe(pipefd) == 0, "pipe failed");
   const pid_t pid = fork();
@@ -72,6 +79,7 @@ Child spawn(const std::vector<std::string>& argv, int restart, bool capture) {
     _exit(kExitBadInput);
   }
   Child c;
+  if (job) g_job = pid;
   if (capture) {
     close(pipefd[1]);
     char buf[4096];
@@ -80,6 +88,7 @@ Child spawn(const std::vector<std::string>& argv, int restart, bool capture) {
   }
   while (waitpid(pid, &c.status, 0) < 0 && errno == EINTR) {
   }
+  g_job = 0;
   return c;
 }
 
@@ -263,7 +272,8 @@ int run_launch(const LaunchArgs& a) {
   std::string resumed_from;  // the checkpoint the current attempt started from
   for (int restart = 0;; ++restart) {
     const auto started = Clock::now();
-    const Child c = spawn(job_argv(a, self, w.np, a.command, restart > 0, w.dp), restart, false);
+    const Child c =
+        spawn(job_argv(a, self, w.np, a.command, restart > 0, w.dp), restart, false, true);
     const auto failed_at = Clock::now();
     const int code = exit_code(c.status);
     if (code == kExitOk) {
