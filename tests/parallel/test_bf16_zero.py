@@ -13,9 +13,10 @@ LLaMA (llama-tiny: an untied head, no biases):
 (c) A bf16 ZeRO-3 checkpoint resumes in one process (ZeRO-0) and at dp2 ZeRO-1: both go on as
     the uninterrupted dp2 ZeRO-3 run, to the same tolerance.
 (d) With bf16_embeddings (the lookups read the tables' bf16 working weights, and no rank keeps
-    their fp32 values) dp2 ZeRO-2 and ZeRO-3 equal one bf16 process with the key, as (a) checks
-    the stages (its checkpoint records the key); test_memory_prediction checks the pages it
-    saves.
+    their fp32 values) dp2 ZeRO-1, 2 and 3 equal one bf16 process with the key, as (a) checks
+    the stages (its checkpoint records the key), and so do tp2 with sequence parallelism (each
+    rank's vocabulary slice of the table) and pp2 (GPT-2's tied head, on the last stage, keeps its
+    own copy of the table); test_memory_prediction checks the pages it saves.
 
 On a CPU without AVX512-BF16 --precision bf16 runs the emulated bf16 GEMM: what is checked here is
 the state's layout, not the GEMM's speed."""
@@ -57,16 +58,17 @@ for model, args in models.items():
               f"{name}: all parameters {whole:.1e} from ZeRO-0, {whole / gap:.2f} of the fp32 "
               f"run's distance {gap:.1e} (<= {GAP_FRACTION})")
 
-    # (d) bf16_embeddings: one process against dp2 ZeRO-2/3
+    # (d) bf16_embeddings: one process against dp2 ZeRO-1/2/3, tp2 + SP and pp2
     keyed = LayoutCheck(args + ["--precision", "bf16", "--bf16-embeddings", "true"], n_embd=32,
                         steps=STEPS, tol=TOL, name=f"{model}_emb")
     with open(os.path.join(TMP, f"{model}_emb", f"step_{STEPS:08d}", "config.json")) as f:
         check(json.load(f)["trellis"].get("bf16_embeddings") is True,
               f"{model}_emb: the checkpoint records bf16_embeddings")
     _, _, gap = compare_params(keyed.base[2], fp32_params, 32)
-    for zero in (2, 3):
-        name = f"{model}_emb_zero{zero}"
-        keyed.check(name, 2, ["--dp", 2, "--zero", zero])
+    for name, extra in [(f"zero{z}", ["--dp", 2, "--zero", z]) for z in (1, 2, 3)] + [
+            ("tp2_sp", ["--tp", 2, "--sequence-parallel"]), ("pp2", ["--pp", 2])]:
+        name = f"{model}_emb_{name}"
+        keyed.check(name, 2, extra)
         _, _, whole = compare_params(keyed._result(os.path.join(TMP, name))[2], keyed.base[2], 32)
         check(whole <= GAP_FRACTION * gap,
               f"{name}: all parameters {whole:.1e} from one process, {whole / gap:.2f} of the "

@@ -264,7 +264,8 @@ Command add_grad_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_flag("--bf16-embeddings", a->bf16_embeddings,
                 "with --precision bf16, look the embedding tables up in bf16, as training's "
-                "bf16_embeddings (default: what the checkpoint was trained with)");
+                "bf16_embeddings (it turns the key on: a checkpoint trained with it is looked up "
+                "in bf16 either way)");
   return {sub, [a](Communicator&) {
             TRELLIS_REQUIRE(a->label_smoothing >= 0.0f && a->label_smoothing < 1.0f,
                             "--label-smoothing {} is outside [0, 1)", a->label_smoothing);

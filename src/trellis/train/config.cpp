@@ -278,9 +278,7 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       make_key("precision",
                "GEMM precision: fp32; bf16 (operands rounded to bf16, fp32 accumulation, weights, "
                "optimizer and everything else fp32; without AVX512-BF16 the products are emulated, "
-               "slower "
-               "than fp32, with a notice); "
-               "auto = bf16 where the CPU has it",
+               "slower than fp32, with a notice); auto = bf16 where the CPU has it",
                &c.precision),
       make_key("bf16_embeddings",
                "with precision bf16: the lookups of the embedding tables (token, learned "
@@ -333,11 +331,10 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       make_key("log_every", "print a progress line every N steps", &c.log_every),
       make_key("quiet", "no progress lines (files are still written)", &c.quiet),
       make_key("tensorboard", "write TensorBoard event files to out/tb", &c.tensorboard),
-      make_key(
-          "peak_gflops_per_core",
-          "per-core peak GFLOP/s that MFU divides by (0 = measure the peak of the precision in "
-          "use at start: fp32 FMA or bf16 dot products)",
-          &c.peak_gflops_per_core),
+      make_key("peak_gflops_per_core",
+               "per-core peak GFLOP/s that MFU divides by (0 = measure the peak of the precision in "
+               "use at start: fp32 FMA or bf16 dot products)",
+               &c.peak_gflops_per_core),
       make_key("layout",
                "auto: take `trellis plan`'s first layout for this model, batch and world (dp, tp, "
                "pp, schedule, virtual stages, ZeRO, recompute, sequence parallelism, micro-batch; "

@@ -5,10 +5,10 @@
 #include <sys/resource.h>
 
 #include <algorithm>
-#include <csignal>
 #include <chrono>
 #include <climits>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -953,10 +953,10 @@ int Trainer::run() {
         print_confusion(val.confusion);
     }
     // A stop signal on any rank ends the run here on every rank, with this step saved.
-    double signal = double(caught_stop_signal());
-    world_.all_reduce_max(&signal, 1);
-    if (signal > 0.0) {
-      stopped_by = int(signal);
+    double caught = double(caught_stop_signal());
+    world_.all_reduce_max(&caught, 1);
+    if (caught > 0.0) {
+      stopped_by = int(caught);
       stopped_at = step;
       stopping = true;
     }
