@@ -148,16 +148,21 @@ TEST(PipelineProgress, OtherBlockHooksRunInOrderBesideThePolling) {
     std::vector<std::string> log;
     Recorder first("first", log), second("second", log);
     checked += expect_polled_during_next_op(run_stage(rank, {&first, &second}));
-    // Two blocks per stage, forward and backward of every micro-batch.
-    int forwards = 0;
+    // Two blocks per stage, forward and backward of every micro-batch; each forward also opens
+    // with before_forward(-1).
+    int forwards = 0, opened = 0;
     ASSERT_EQ(log.size() % 2, 0u);
     for (size_t i = 0; i < log.size(); i += 2) {
       const std::string event = log[i].substr(log[i].find(' '));
       EXPECT_EQ(log[i], "first" + event);
       EXPECT_EQ(log[i + 1], "second" + event);
-      if (event.rfind(" before_forward", 0) == 0) ++forwards;
+      if (event == " before_forward -1")
+        ++opened;
+      else if (event.rfind(" before_forward", 0) == 0)
+        ++forwards;
     }
     EXPECT_EQ(forwards, 2 * kMicro);
+    EXPECT_EQ(opened, kMicro);
   }
   EXPECT_EQ(checked, 2 * (kMicro - 1));
 }
