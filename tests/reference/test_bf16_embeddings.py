@@ -7,13 +7,14 @@ Why exact: rounding a bf16-representable value gives it back, so the GEMMs that 
 (a tied head) see the same bits either way, and backward never reads a table (it scatters the
 output gradient). So, per family, on checkpoint C and C' = C with its tables rounded to bf16
 (torch's nearest-even conversion, written into the shard in place):
-  1. `trellis grad --precision bf16 --bf16-embeddings` on C equals `trellis grad --precision
+  1. `trellis grad --precision bf16 --bf16-embeddings true` on C equals `trellis grad --precision
      bf16` on C': the loss and every gradient, bit for bit;
   2. it differs from `trellis grad --precision bf16` on C (the key acts: some gradient moves);
   3. a checkpoint trained with the key (`train --bf16-embeddings true`, 0 steps) records it in
      its config.json, and `trellis grad --precision bf16` on it, without the flag, equals 1
-     (eval, sample, classify and translate read the checkpoint's config the same way);
-  4. in fp32 the key changes nothing: `grad --precision fp32 --bf16-embeddings` on C equals
+     (eval, sample, classify and translate read the checkpoint's config the same way), and
+     `--bf16-embeddings false` on it equals the plain bf16 run on C (the flag turns it off);
+  4. in fp32 the key changes nothing: `grad --precision fp32 --bf16-embeddings true` on C equals
      `grad --precision fp32` on C.
 Families: GPT-2 (tied head, learned positions), LLaMA (untied head, RoPE: the token table
 alone), the encoder-decoder (the decoder's own position table, a tied head) and an encoder
@@ -108,7 +109,7 @@ def check_family(case, fam, data_dir, tables, data=None):
     if changed == 0:
         fail(f"{case}: rounding the tables changed nothing (they were bf16 already)")
         return
-    keyed = grad(f"{case}_key", c, data, "bf16", ["--bf16-embeddings"])
+    keyed = grad(f"{case}_key", c, data, "bf16", ["--bf16-embeddings", "true"])
     on_rounded = grad(f"{case}_rounded", c_rounded, data, "bf16")
     plain = grad(f"{case}_plain", c, data, "bf16")
     ok = True
@@ -137,8 +138,15 @@ def check_family(case, fam, data_dir, tables, data=None):
         fail(f"{case}: the checkpoint trained with the key does not read its tables in bf16 "
              f"({bad[:6]} differ from --bf16-embeddings)")
 
+    bad = bitwise(grad(f"{case}_key_off", trained, data, "bf16", ["--bf16-embeddings", "false"]),
+                  plain)
+    if bad:
+        ok = False
+        fail(f"{case}: --bf16-embeddings false on the checkpoint trained with the key differs "
+             f"from the plain bf16 run in {bad[:6]}")
+
     # 4: fp32 ignores the key
-    bad = bitwise(grad(f"{case}_fp32_key", c, data, "fp32", ["--bf16-embeddings"]),
+    bad = bitwise(grad(f"{case}_fp32_key", c, data, "fp32", ["--bf16-embeddings", "true"]),
                   grad(f"{case}_fp32", c, data, "fp32"))
     if bad:
         ok = False
@@ -146,7 +154,7 @@ def check_family(case, fam, data_dir, tables, data=None):
     print(f"{'PASS' if ok else 'FAIL'} {case}: tables {tables} ({changed} values rounded): "
           f"the key on C is bitwise the plain bf16 run on C' (loss {keyed[0]:.7f}); without "
           f"the key on C {len(moved)} of {len(plain[1])} gradients differ (up to {worst:.1e}); "
-          f"config.json carries it; fp32 unchanged", flush=True)
+          f"config.json carries it, false turns it off; fp32 unchanged", flush=True)
 
 
 def main():

@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <filesystem>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "trellis/cli/commands.h"
@@ -45,7 +46,7 @@ struct EvalArgs {
   uint64_t dropout_seed = 0;
   int64_t dropout_step = 0;
   float label_smoothing = 0.0f;  // grad: the training loss's (eval reports the plain loss)
-  bool bf16_embeddings = false;  // grad: as training's key (else the checkpoint's)
+  std::optional<bool> bf16_embeddings;  // grad: as training's key (unset: the checkpoint's)
 };
 
 void add_eval_options(CLI::App* sub, EvalArgs& a, bool ensemble) {
@@ -262,10 +263,9 @@ Command add_grad_command(CLI::App& app) {
                   "label smoothing in [0, 1) of the loss and gradients, as training's "
                   "label_smoothing")
       ->capture_default_str();
-  sub->add_flag("--bf16-embeddings", a->bf16_embeddings,
-                "with --precision bf16, look the embedding tables up in bf16, as training's "
-                "bf16_embeddings (it turns the key on: a checkpoint trained with it is looked up "
-                "in bf16 either way)");
+  sub->add_option("--bf16-embeddings", a->bf16_embeddings,
+                  "true|false: with --precision bf16, look the embedding tables up in bf16, as "
+                  "training's bf16_embeddings (default: as the checkpoint was trained)");
   return {sub, [a](Communicator&) {
             TRELLIS_REQUIRE(a->label_smoothing >= 0.0f && a->label_smoothing < 1.0f,
                             "--label-smoothing {} is outside [0, 1)", a->label_smoothing);
@@ -273,7 +273,7 @@ Command add_grad_command(CLI::App& app) {
             ck.model.dropout = a->dropout;
             ck.model.attn_dropout = a->attn_dropout;
             ck.model.classifier_dropout = a->classifier_dropout;
-            ck.model.bf16_embeddings |= a->bf16_embeddings;
+            if (a->bf16_embeddings) ck.model.bf16_embeddings = *a->bf16_embeddings;
             ck.model.validate();  // the probabilities in [0, 1)
             const ParamLayout layout(ck.model);
             std::vector<float> grads(layout.size(), 0.0f);
