@@ -134,12 +134,17 @@ void print_plan(const PlanArgs& a, const PlanRequest& req, const Machine& machin
       n_params / 1e9, req.world, req.ranks_per_node, machine.name, req.batch, req.seq_len,
       req.precision);
   fmt::print(
-      "{} layouts, {} fit {:.1f} GiB; memory is trellis's own ({}, fp32 gradients, AdamW state "
-      "and activations, as `train --dry-run`)\n",
+      "{} layouts, {} fit {:.1f} GiB; memory is trellis's own ({}; {}; AdamW state and "
+      "activations; as `train --dry-run`)\n",
       plan.candidates.size(), plan.fitting, gib(machine.memory_bytes),
       req.precision == "bf16"
           ? "bf16 working weights with fp32 masters in the ZeRO shards, or fp32 replicas"
-          : "fp32 weights");
+          : "fp32 weights",
+      // zero.h's bf16_gradient_storage: where a bf16 reduction also stores the gradients.
+      req.bf16_grad_reduce
+          ? "bf16 gradients under ZeRO-0 without tp and ZeRO-1, on dp > 1 without a pipeline, "
+            "fp32 otherwise"
+          : "fp32 gradients");
   if (plan.fitting == 0) {
     const Candidate& lean = plan.candidates.front();
     fmt::print("nothing fits: the leanest layout, {}, needs {:.1f} GiB per rank\n",
